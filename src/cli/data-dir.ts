@@ -1,0 +1,12 @@
+import { mkdirSync } from 'node:fs';
+import path from 'node:path';
+
+/**
+ * The one data directory every keygate command shares: `--data DIR`, else `KEYGATE_DATA_DIR`,
+ * else `./data`. Created with mode 0700 because it holds the master key and encrypted stores.
+ */
+export function resolveDataDir(flag?: string, env: NodeJS.ProcessEnv = process.env): string {
+  const dir = path.resolve(flag ?? env.KEYGATE_DATA_DIR ?? 'data');
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  return dir;
+}

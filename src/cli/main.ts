@@ -1,0 +1,63 @@
+#!/usr/bin/env node
+// The `keygate` binary: picks the sub-command and hands it the remaining arguments.
+// Each command lives in its own module and is imported lazily, so `keygate proxy` never loads
+// the database driver and `keygate deploy` never loads the TLS interception code.
+
+import { CliError } from './errors.js';
+
+type CommandModule = { run(argv: string[]): Promise<number | void> };
+
+const commands: Record<string, { summary: string; load: () => Promise<CommandModule> }> = {
+  start: { summary: 'start the whole stack on embedded defaults (quick start)', load: () => import('./start.js') },
+  proxy: { summary: 'run the auth proxy sidecar', load: () => import('./proxy.js') },
+  ca: { summary: 'create the CA, print the environment a sandbox needs', load: () => import('./ca.js') },
+  secrets: { summary: 'manage workspace secrets in the local store', load: () => import('./secrets.js') },
+  serve: { summary: 'run the sandbox API, control plane and auth service', load: () => import('./serve.js') },
+  app: { summary: 'serve an application (POST /runs/stream)', load: () => import('./app.js') },
+  deploy: { summary: 'deploy an application and manage deployments', load: () => import('./deploy.js') },
+};
+
+function usage(): string {
+  const width = Math.max(...Object.keys(commands).map((c) => c.length));
+  const lines = Object.entries(commands).map(([name, c]) => `  ${name.padEnd(width)}  ${c.summary}`);
+  return `usage: keygate <command> [options]\n\ncommands:\n${lines.join('\n')}\n\nRun 'keygate <command> --help' for a command's options.`;
+}
+
+async function main(argv: string[]): Promise<number> {
+  const [name, ...rest] = argv;
+  if (!name || name === '--help' || name === '-h' || name === 'help') {
+    process.stdout.write(usage() + '\n');
+    return name ? 0 : 2;
+  }
+  if (name === '--version' || name === '-v') {
+    const { version } = await import('../version.js');
+    process.stdout.write(version + '\n');
+    return 0;
+  }
+  const command = commands[name];
+  if (!command) {
+    process.stderr.write(`keygate: unknown command '${name}'\n\n${usage()}\n`);
+    return 2;
+  }
+  const mod = await command.load();
+  const code = await mod.run(rest);
+  return typeof code === 'number' ? code : 0;
+}
+
+main(process.argv.slice(2)).then(
+  (code) => {
+    // Long-running commands (servers) resolve only when they stop, so exiting here is safe.
+    process.exitCode = code;
+  },
+  (err: unknown) => {
+    // Expected failures are one line; anything else is a bug and keeps its stack (which never
+    // carries secret values: they are not put into errors in the first place).
+    if (err instanceof CliError) {
+      process.stderr.write(`keygate: ${err.message}\n`);
+      process.exitCode = err.exitCode;
+    } else {
+      process.stderr.write(`keygate: unexpected error: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+      process.exitCode = 1;
+    }
+  },
+);

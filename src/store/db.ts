@@ -1,0 +1,195 @@
+import { AsyncLocalStorage } from 'node:async_hooks';
+import { mkdirSync } from 'node:fs';
+import path from 'node:path';
+
+/**
+ * The database keygate's servers share: an embedded SQLite file by default, PostgreSQL when
+ * `DATABASE_URL` is set. Callers write portable SQL with `?` placeholders (rewritten to `$n` for
+ * PostgreSQL) and portable types: TEXT (ids, ISO-8601 timestamps, JSON documents, sealed values),
+ * INTEGER/BIGINT, booleans as INTEGER 0/1. Timestamps are produced by the application (`nowIso()`),
+ * never by the database, so both backends order and compare them the same way.
+ */
+export interface Db {
+  readonly kind: 'sqlite' | 'postgres';
+  all<T = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<T[]>;
+  get<T = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<T | undefined>;
+  run(sql: string, params?: unknown[]): Promise<{ changes: number }>;
+  /** Runs `fn` in one transaction; it commits when `fn` resolves, rolls back when it throws. */
+  tx<T>(fn: (db: Db) => Promise<T>): Promise<T>;
+  close(): Promise<void>;
+}
+
+export interface OpenDbOptions {
+  /** Directory for the SQLite file (`keygate.db`) when no database URL is given. */
+  dataDir: string;
+  /** `postgres://...`; defaults to `DATABASE_URL`. */
+  databaseUrl?: string;
+}
+
+export function nowIso(): string {
+  return new Date().toISOString();
+}
+
+export async function openDb(opts: OpenDbOptions): Promise<Db> {
+  const url = opts.databaseUrl ?? process.env.DATABASE_URL;
+  if (url) return openPostgres(url);
+  mkdirSync(opts.dataDir, { recursive: true, mode: 0o700 });
+  return openSqlite(path.join(opts.dataDir, 'keygate.db'));
+}
+
+// ---------------------------------------------------------------------------------------------
+// SQLite (better-sqlite3): synchronous, one connection. Async transactions are serialised with a
+// lock so that statements from other requests never land inside someone else's transaction.
+
+class Mutex {
+  private tail: Promise<void> = Promise.resolve();
+  lock(): Promise<() => void> {
+    let release!: () => void;
+    const next = new Promise<void>((r) => (release = r));
+    const prev = this.tail;
+    this.tail = prev.then(() => next);
+    return prev.then(() => release);
+  }
+}
+
+export async function openSqlite(file: string): Promise<Db> {
+  const { default: Database } = await import('better-sqlite3');
+  const sqlite = new Database(file);
+  sqlite.pragma('journal_mode = WAL');
+  sqlite.pragma('foreign_keys = ON');
+  sqlite.pragma('busy_timeout = 5000');
+  const mutex = new Mutex();
+  const inTx = new AsyncLocalStorage<boolean>();
+
+  const params = (p: unknown[] = []) => p.map((v) => (typeof v === 'boolean' ? (v ? 1 : 0) : v === undefined ? null : v));
+  const stmt = (sql: string) => sqlite.prepare(sql);
+  // Outside a transaction a statement waits for any running transaction to finish first.
+  const guarded = async <T>(fn: () => T): Promise<T> => {
+    if (inTx.getStore()) return fn();
+    const release = await mutex.lock();
+    try {
+      return fn();
+    } finally {
+      release();
+    }
+  };
+
+  const db: Db = {
+    kind: 'sqlite',
+    all: <T>(sql: string, p?: unknown[]) => guarded(() => stmt(sql).all(...params(p)) as T[]),
+    get: <T>(sql: string, p?: unknown[]) => guarded(() => stmt(sql).get(...params(p)) as T | undefined),
+    run: (sql: string, p?: unknown[]) =>
+      guarded(() => {
+        const s = stmt(sql);
+        if (!s.reader) return { changes: s.run(...params(p)).changes };
+        s.all(...params(p));
+        return { changes: 0 };
+      }),
+    async tx<T>(fn: (db: Db) => Promise<T>): Promise<T> {
+      if (inTx.getStore()) return fn(db);
+      const release = await mutex.lock();
+      try {
+        sqlite.exec('BEGIN IMMEDIATE');
+        try {
+          const result = await inTx.run(true, () => fn(db));
+          sqlite.exec('COMMIT');
+          return result;
+        } catch (err) {
+          sqlite.exec('ROLLBACK');
+          throw err;
+        }
+      } finally {
+        release();
+      }
+    },
+    async close() {
+      const release = await mutex.lock();
+      try {
+        sqlite.close();
+      } finally {
+        release();
+      }
+    },
+  };
+  return db;
+}
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL (pg): a pool; a transaction checks out one client and routes its statements there.
+
+function toPg(sql: string): string {
+  let n = 0;
+  let out = '';
+  let quote: string | null = null;
+  for (const ch of sql) {
+    if (quote) {
+      if (ch === quote) quote = null;
+      out += ch;
+    } else if (ch === "'" || ch === '"') {
+      quote = ch;
+      out += ch;
+    } else if (ch === '?') {
+      out += `$${++n}`;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+export async function openPostgres(url: string): Promise<Db> {
+  const { default: pg } = await import('pg');
+  // BIGINT (int8) comes back as a string by default; keygate's counters fit in a JS number.
+  pg.types.setTypeParser(20, (v: string) => Number(v));
+  const pool = new pg.Pool({ connectionString: url, max: 10 });
+  await pool.query('SELECT 1');
+
+  type Queryable = { query: (sql: string, params?: unknown[]) => Promise<{ rows: unknown[]; rowCount: number | null }> };
+  const make = (q: Queryable, inTx: boolean): Db => {
+    const self: Db = {
+      kind: 'postgres',
+      all: async <T>(sql: string, p: unknown[] = []) => (await q.query(toPg(sql), p)).rows as T[],
+      get: async <T>(sql: string, p: unknown[] = []) => (await q.query(toPg(sql), p)).rows[0] as T | undefined,
+      run: async (sql: string, p: unknown[] = []) => ({ changes: (await q.query(toPg(sql), p)).rowCount ?? 0 }),
+      async tx<T>(fn: (db: Db) => Promise<T>): Promise<T> {
+        if (inTx) return fn(self);
+        const client = await pool.connect();
+        try {
+          await client.query('BEGIN');
+          const result = await fn(make(client as unknown as Queryable, true));
+          await client.query('COMMIT');
+          return result;
+        } catch (err) {
+          await client.query('ROLLBACK').catch(() => undefined);
+          throw err;
+        } finally {
+          client.release();
+        }
+      },
+      close: async () => {
+        if (!inTx) await pool.end();
+      },
+    };
+    return self;
+  };
+  return make(pool as unknown as Queryable, false);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Migrations: each area owns a namespace and an append-only list of steps. A step is one or more
+// statements separated by `;` on their own line ends. Applied steps are recorded per namespace.
+
+export async function migrate(db: Db, namespace: string, steps: string[]): Promise<void> {
+  await db.run('CREATE TABLE IF NOT EXISTS schema_migrations (namespace TEXT NOT NULL, step INTEGER NOT NULL, applied_at TEXT NOT NULL, PRIMARY KEY (namespace, step))');
+  await db.tx(async (tx) => {
+    const done = await tx.all<{ step: number }>('SELECT step FROM schema_migrations WHERE namespace = ?', [namespace]);
+    const applied = new Set(done.map((r) => Number(r.step)));
+    for (let i = 0; i < steps.length; i++) {
+      if (applied.has(i)) continue;
+      for (const statement of steps[i].split(/;\s*(?:\n|$)/).map((s) => s.trim()).filter(Boolean)) {
+        await tx.run(statement);
+      }
+      await tx.run('INSERT INTO schema_migrations (namespace, step, applied_at) VALUES (?, ?, ?)', [namespace, i, nowIso()]);
+    }
+  });
+}
