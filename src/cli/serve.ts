@@ -1,6 +1,99 @@
+import { parseArgs } from 'node:util';
+import { createLogger } from '../log.js';
+import { buildServer } from '../server/app.js';
+import { AUTH_MIGRATIONS, createApiKey, DEFAULT_WORKSPACE_ID } from '../server/auth.js';
+import { migrate, openDb } from '../store/db.js';
+import { resolveDataDir } from './data-dir.js';
 import { CliError } from './errors.js';
+import { parseListen } from './listen.js';
 
-// Placeholder until this command lands; replaced by its implementation.
-export async function run(_argv: string[]): Promise<number> {
-  throw new CliError("'keygate serve' is not available yet");
+const HELP = `usage: keygate serve [--listen HOST:PORT] [--data DIR] [--config-dir DIR]
+       keygate serve keys create [--workspace NAME] [--user NAME] [--name LABEL] [--data DIR]
+
+Runs the sandbox API (/api/...), the control plane (/v2/deployments...) and the Auth Service
+(/v2/auth/...) on one address. Storage: SQLite under --data (default ./data or KEYGATE_DATA_DIR), or
+PostgreSQL when DATABASE_URL is set. The first API key comes from KEYGATE_API_KEY, else one is
+generated into <data>/api-key (mode 0600).
+
+  --listen HOST:PORT   address to listen on (default 127.0.0.1:8080; port 0 picks a free port)
+  --data DIR           data directory (database, master key, CA, secrets)
+  --config-dir DIR     operator configuration (templates.json, providers); default: the shipped config/
+
+keys create prints a new API key for a user of a workspace (created if needed). It is shown once.`;
+
+async function keysCreate(argv: string[]): Promise<number> {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      workspace: { type: 'string', default: DEFAULT_WORKSPACE_ID },
+      user: { type: 'string', default: 'admin' },
+      name: { type: 'string', default: 'cli' },
+      data: { type: 'string' },
+    },
+    strict: true,
+  });
+  const dataDir = resolveDataDir(values.data);
+  const db = await openDb({ dataDir });
+  try {
+    await migrate(db, 'auth', AUTH_MIGRATIONS);
+    const created = await createApiKey(db, { workspace: values.workspace!, user: values.user!, name: values.name });
+    // The one place a key is printed: the operator asked for it, on their terminal.
+    process.stdout.write(`${created.key}\n`);
+    process.stderr.write(`created API key ${created.id} for user '${values.user}' of workspace '${values.workspace}' (${created.workspaceId})\n`);
+  } finally {
+    await db.close();
+  }
+  return 0;
+}
+
+export async function run(argv: string[]): Promise<number> {
+  if (argv[0] === 'keys') {
+    if (argv[1] !== 'create') throw new CliError(`unknown 'serve keys' command; try 'keygate serve keys create'`);
+    return keysCreate(argv.slice(2));
+  }
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: argv,
+      options: {
+        listen: { type: 'string', default: process.env.KEYGATE_LISTEN ?? '127.0.0.1:8080' },
+        data: { type: 'string' },
+        'config-dir': { type: 'string' },
+        help: { type: 'boolean', short: 'h' },
+      },
+      strict: true,
+    }));
+  } catch (err) {
+    throw new CliError(`${(err as Error).message}\n${HELP}`, 2);
+  }
+  if (values.help) {
+    process.stdout.write(HELP + '\n');
+    return 0;
+  }
+  const { host, port } = parseListen(values.listen!);
+  const dataDir = resolveDataDir(values.data);
+  const logger = createLogger({ name: 'keygate-serve' });
+  const server = await buildServer({ dataDir, logger, configDir: values['config-dir'] });
+  const url = await server.listen(host, port);
+  const addr = new URL(url);
+  process.stdout.write(`keygate serve listening on ${addr.host} (data: ${dataDir}${process.env.DATABASE_URL ? ', database: PostgreSQL' : ''})\n`);
+  if (server.keyFile) process.stdout.write(`API key file: ${server.keyFile}\n`);
+
+  await new Promise<void>((resolve) => {
+    let stopping = false;
+    const stop = (signal: string) => {
+      if (stopping) return;
+      stopping = true;
+      logger.info({ signal }, 'shutting down');
+      const force = setTimeout(() => process.exit(1), 15_000);
+      force.unref();
+      server.close().then(resolve, (err: Error) => {
+        logger.error({ err: { message: err.message } }, 'error during shutdown');
+        resolve();
+      });
+    };
+    process.once('SIGTERM', () => stop('SIGTERM'));
+    process.once('SIGINT', () => stop('SIGINT'));
+  });
+  return 0;
 }

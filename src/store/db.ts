@@ -41,6 +41,11 @@ export async function openDb(opts: OpenDbOptions): Promise<Db> {
 // SQLite (better-sqlite3): synchronous, one connection. Async transactions are serialised with a
 // lock so that statements from other requests never land inside someone else's transaction.
 
+/** Booleans are stored as INTEGER 0/1 and `undefined` as NULL on both backends. */
+function bindParams(p: unknown[] = []): unknown[] {
+  return p.map((v) => (typeof v === 'boolean' ? (v ? 1 : 0) : v === undefined ? null : v));
+}
+
 class Mutex {
   private tail: Promise<void> = Promise.resolve();
   lock(): Promise<() => void> {
@@ -61,7 +66,7 @@ export async function openSqlite(file: string): Promise<Db> {
   const mutex = new Mutex();
   const inTx = new AsyncLocalStorage<boolean>();
 
-  const params = (p: unknown[] = []) => p.map((v) => (typeof v === 'boolean' ? (v ? 1 : 0) : v === undefined ? null : v));
+  const params = bindParams;
   const stmt = (sql: string) => sqlite.prepare(sql);
   // Outside a transaction a statement waits for any running transaction to finish first.
   const guarded = async <T>(fn: () => T): Promise<T> => {
@@ -148,9 +153,9 @@ export async function openPostgres(url: string): Promise<Db> {
   const make = (q: Queryable, inTx: boolean): Db => {
     const self: Db = {
       kind: 'postgres',
-      all: async <T>(sql: string, p: unknown[] = []) => (await q.query(toPg(sql), p)).rows as T[],
-      get: async <T>(sql: string, p: unknown[] = []) => (await q.query(toPg(sql), p)).rows[0] as T | undefined,
-      run: async (sql: string, p: unknown[] = []) => ({ changes: (await q.query(toPg(sql), p)).rowCount ?? 0 }),
+      all: async <T>(sql: string, p?: unknown[]) => (await q.query(toPg(sql), bindParams(p))).rows as T[],
+      get: async <T>(sql: string, p?: unknown[]) => (await q.query(toPg(sql), bindParams(p))).rows[0] as T | undefined,
+      run: async (sql: string, p?: unknown[]) => ({ changes: (await q.query(toPg(sql), bindParams(p))).rowCount ?? 0 }),
       async tx<T>(fn: (db: Db) => Promise<T>): Promise<T> {
         if (inTx) return fn(self);
         const client = await pool.connect();
