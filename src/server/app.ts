@@ -4,7 +4,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstanc
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from '../log.js';
-import { Envelope, loadMasterKey } from '../secrets/envelope.js';
+import { loadKeyring } from '../secrets/keyring.js';
 import { openDb, type Db } from '../store/db.js';
 import { ajvToIssues, type ValidationIssue } from '../validation/errors.js';
 import { apiKeyAuthenticator, authenticate, bootstrapAuth, type Authenticator } from './auth.js';
@@ -56,15 +56,18 @@ function makeAjv(coerce: boolean): Ajv {
 export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer> {
   const env = opts.env ?? process.env;
   const db: Db = await openDb({ dataDir: opts.dataDir, databaseUrl: opts.databaseUrl ?? env.DATABASE_URL });
-  const master = loadMasterKey(opts.dataDir, env);
-  const envelope = new Envelope(master.key);
+  // Fail at start on a bad KEYGATE_MASTER_KEY; afterwards key material is re-read on every use so
+  // that `keygate secrets rotate-key` run by another process takes effect here at once.
+  loadKeyring(opts.dataDir, env);
   const { keyFile } = await bootstrapAuth(db, opts.dataDir, env);
 
   let baseUrl = '';
   const ctx: ServerContext = {
     db,
     dataDir: opts.dataDir,
-    envelope,
+    get envelope() {
+      return loadKeyring(opts.dataDir, env).envelope;
+    },
     logger: opts.logger,
     configDir: opts.configDir ?? env.KEYGATE_CONFIG_DIR ?? PACKAGE_CONFIG_DIR,
     env,

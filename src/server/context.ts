@@ -6,7 +6,8 @@ import type { Db } from '../store/db.js';
 export interface ServerContext {
   db: Db;
   dataDir: string;
-  envelope: Envelope;
+  /** The current keyring's envelope (re-read on access, so key rotation applies immediately). */
+  readonly envelope: Envelope;
   logger: Logger;
   /** The address clients use to reach this server (e.g. `http://127.0.0.1:8080`), once listening. */
   publicUrl(): string;
