@@ -1,0 +1,119 @@
+import { randomBytes } from 'node:crypto';
+import { closeSync, linkSync, openSync, readFileSync, renameSync, statSync, unlinkSync, writeSync } from 'node:fs';
+import os from 'node:os';
+import { setTimeout as sleep } from 'node:timers/promises';
+
+/**
+ * An exclusive lock file (O_CREAT|O_EXCL) guarding a read-modify-write of a small file shared by
+ * several processes (the CLI and a running `keygate serve` both write the secrets file).
+ *
+ * The lock holds `host pid nonce`. A lock left behind by a crash is broken when its process is
+ * gone (same host) or when it is older than `staleMs` (another host or PID namespace sharing the
+ * volume; locks are held for milliseconds). Breaking renames the lock aside first and checks it is
+ * still the stale one, so two processes breaking at once cannot delete a fresh lock.
+ */
+export interface LockOptions {
+  /** Give up after this long (default 10 s). */
+  timeoutMs?: number;
+  /** A lock older than this is considered abandoned (default 30 s). */
+  staleMs?: number;
+}
+
+export class LockTimeoutError extends Error {
+  constructor(lockFile: string, holder: string) {
+    super(`could not lock ${lockFile} (held by ${holder || 'another process'}); if no keygate process is running, remove the file`);
+    this.name = 'LockTimeoutError';
+  }
+}
+
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+function readLock(lockFile: string): { content: string; mtimeMs: number } | undefined {
+  try {
+    const mtimeMs = statSync(lockFile).mtimeMs;
+    return { content: readFileSync(lockFile, 'utf8'), mtimeMs };
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw err;
+  }
+}
+
+function isStale(lock: { content: string; mtimeMs: number }, staleMs: number): boolean {
+  if (Date.now() - lock.mtimeMs > staleMs) return true;
+  const [host, pidText] = lock.content.split(' ');
+  const pid = Number(pidText);
+  if (host === os.hostname() && Number.isInteger(pid) && pid > 0) return !pidAlive(pid);
+  // A lock still being written (empty) or from another host: only age can tell.
+  return false;
+}
+
+function breakStale(lockFile: string, staleContent: string): void {
+  const aside = `${lockFile}.breaking.${randomBytes(6).toString('hex')}`;
+  try {
+    renameSync(lockFile, aside);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return; // someone else broke it
+    throw err;
+  }
+  try {
+    if (readFileSync(aside, 'utf8') !== staleContent) {
+      // We moved a fresh lock taken after our check: put it back unless a new one exists already.
+      try {
+        linkSync(aside, lockFile);
+      } catch {
+        /* a new holder exists; the one we moved has finished or will find its file gone */
+      }
+    }
+  } finally {
+    unlinkSync(aside);
+  }
+}
+
+function tryAcquire(lockFile: string, content: string): boolean {
+  let fd: number;
+  try {
+    fd = openSync(lockFile, 'wx', 0o600);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'EEXIST') return false;
+    throw err;
+  }
+  try {
+    writeSync(fd, content);
+  } finally {
+    closeSync(fd);
+  }
+  return true;
+}
+
+export async function withFileLock<T>(lockFile: string, fn: () => Promise<T> | T, opts: LockOptions = {}): Promise<T> {
+  const timeoutMs = opts.timeoutMs ?? 10_000;
+  const staleMs = opts.staleMs ?? 30_000;
+  const content = `${os.hostname()} ${process.pid} ${randomBytes(8).toString('hex')}`;
+  const deadline = Date.now() + timeoutMs;
+  let delay = 2;
+  for (;;) {
+    if (tryAcquire(lockFile, content)) break;
+    const held = readLock(lockFile);
+    if (held && isStale(held, staleMs)) {
+      breakStale(lockFile, held.content);
+      continue;
+    }
+    if (Date.now() >= deadline) throw new LockTimeoutError(lockFile, held ? held.content.split(' ').slice(0, 2).join(' pid ') : '');
+    await sleep(delay + Math.random() * delay);
+    delay = Math.min(delay * 2, 50);
+  }
+  try {
+    return await fn();
+  } finally {
+    // Only remove our own lock: if it was (wrongly) broken, the file now belongs to someone else.
+    const held = readLock(lockFile);
+    if (held?.content === content) unlinkSync(lockFile);
+  }
+}
