@@ -1,6 +1,152 @@
+import { parseArgs } from 'node:util';
+import { createLogger } from '../log.js';
+import { AppConfigError, loadApp } from '../runtime/app.js';
+import { startAppServer } from '../runtime/server.js';
 import { CliError } from './errors.js';
 
-// Placeholder until this command lands; replaced by its implementation.
-export async function run(_argv: string[]): Promise<number> {
-  throw new CliError("'keygate app' is not available yet");
+const USAGE = `usage: keygate app serve --app DIR [--listen HOST:PORT] [--api-key KEY] [--heartbeat-ms N] [--grace-ms N]
+       keygate app validate --app DIR
+
+serve     load the application in DIR (its keygate.json) and serve POST /runs/stream, GET /assistants, GET /ok.
+          Prints "listening on HOST:PORT" (the real port when 0 is asked) once ready.
+          --listen        address to listen on (default 127.0.0.1:8123; port 0 picks a free port)
+          --api-key       require this X-Api-Key on every route but GET /ok (prefer KEYGATE_API_KEY:
+                          command lines are visible to other users of the machine)
+          --heartbeat-ms  silence before a ": heartbeat" comment on a stream (default 4000)
+          --grace-ms      on SIGTERM/SIGINT, how long running runs may finish before they are cancelled (default 10000)
+validate  load the application and print its assistants (name, id) as JSON; exit 1 if keygate.json is invalid.`;
+
+/** `HOST:PORT`, `[v6]:PORT`. */
+export function parseListen(value: string): { host: string; port: number } {
+  const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:\s[\]]+)):(\d{1,5})$/.exec(value);
+  const port = m ? Number(m[3]) : NaN;
+  if (!m || port > 65535) throw new CliError(`--listen: expected HOST:PORT (e.g. 127.0.0.1:0), got '${value}'`, 2);
+  return { host: m[1] ?? m[2], port };
+}
+
+function positiveInt(name: string, value: string | undefined, fallback: number): number {
+  if (value === undefined) return fallback;
+  if (!/^\d+$/.test(value) || Number(value) < 1) throw new CliError(`--${name}: expected a positive integer, got '${value}'`, 2);
+  return Number(value);
+}
+
+async function load(dir: string) {
+  try {
+    return await loadApp(dir);
+  } catch (err) {
+    if (err instanceof AppConfigError) throw new CliError(`invalid application:\n${err.message}`);
+    throw err;
+  }
+}
+
+async function serve(argv: string[]): Promise<number> {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      app: { type: 'string' },
+      listen: { type: 'string', default: '127.0.0.1:8123' },
+      'api-key': { type: 'string' },
+      'heartbeat-ms': { type: 'string' },
+      'grace-ms': { type: 'string' },
+      help: { type: 'boolean', short: 'h' },
+    },
+    strict: true,
+  });
+  if (values.help) {
+    process.stdout.write(USAGE + '\n');
+    return 0;
+  }
+  if (!values.app) throw new CliError('--app DIR is required', 2);
+  const listen = parseListen(values.listen!);
+  const heartbeatMs = positiveInt('heartbeat-ms', values['heartbeat-ms'], 4000);
+  const graceMs = positiveInt('grace-ms', values['grace-ms'], 10_000);
+
+  // Read the key before the app's env file is applied (a project .env may hold a different
+  // KEYGATE_API_KEY, the one its deploy tool uses), then hide it from the app's code.
+  const envKey = process.env.KEYGATE_API_KEY;
+  delete process.env.KEYGATE_API_KEY;
+  const apiKey = values['api-key'] ?? envKey;
+  if (apiKey !== undefined && apiKey.length === 0) {
+    // Fail closed: an empty key is a mistake (an unset variable), not a wish for an open server.
+    throw new CliError(values['api-key'] !== undefined ? '--api-key must not be empty' : 'KEYGATE_API_KEY is set but empty');
+  }
+
+  const logger = createLogger({ name: 'keygate-app' });
+  const app = await load(values.app);
+  for (const w of app.warnings) logger.warn({ app: app.name }, w);
+  if (apiKey === undefined) {
+    logger.warn({ app: app.name }, 'no API key configured (--api-key or KEYGATE_API_KEY): requests are not authenticated');
+  }
+
+  let handle;
+  try {
+    handle = await startAppServer({ app, host: listen.host, port: listen.port, apiKey, heartbeatMs, logger });
+  } catch (err) {
+    const e = err as NodeJS.ErrnoException;
+    throw new CliError(`cannot listen on ${values.listen}: ${e.code ?? e.message}`);
+  }
+  const shown = handle.host.includes(':') ? `[${handle.host}]` : handle.host;
+  logger.info(
+    { app: app.name, host: handle.host, port: handle.port, assistants: app.assistants.map((a) => ({ name: a.name, id: a.id })), env_applied: app.envApplied, auth: apiKey !== undefined },
+    'application ready',
+  );
+  // The supervisor (control plane) parses this exact line for the real port.
+  process.stdout.write(`listening on ${shown}:${handle.port}\n`);
+
+  const server = handle;
+  await new Promise<void>((resolve) => {
+    let stopping = false;
+    const stop = (signal: NodeJS.Signals) => {
+      if (stopping) {
+        logger.warn({ signal }, 'second signal: exiting now');
+        process.exit(1);
+      }
+      stopping = true;
+      logger.info({ signal, active_runs: server.activeRuns(), grace_ms: graceMs }, 'shutting down');
+      server.close(graceMs).then(resolve, (err: unknown) => {
+        logger.error({ err: { message: (err as Error)?.message } }, 'shutdown failed');
+        resolve();
+      });
+    };
+    process.on('SIGTERM', stop);
+    process.on('SIGINT', stop);
+  });
+  logger.info({ app: app.name }, 'stopped');
+  // An abandoned assistant (one that ignored its cancellation) may still hold timers or sockets;
+  // they must not keep a stopped server's process alive.
+  setTimeout(() => process.exit(0), 500).unref();
+  return 0;
+}
+
+async function validate(argv: string[]): Promise<number> {
+  const { values } = parseArgs({ args: argv, options: { app: { type: 'string' }, help: { type: 'boolean', short: 'h' } }, strict: true });
+  if (values.help) {
+    process.stdout.write(USAGE + '\n');
+    return 0;
+  }
+  if (!values.app) throw new CliError('--app DIR is required', 2);
+  const app = await load(values.app);
+  for (const w of app.warnings) process.stderr.write(`warning: ${w}\n`);
+  const out = { name: app.name, assistants: app.assistants.map((a) => ({ name: a.name, id: a.id, description: a.description, source: a.source })) };
+  process.stdout.write(JSON.stringify(out, null, 2) + '\n');
+  return 0;
+}
+
+export async function run(argv: string[]): Promise<number> {
+  const [sub, ...rest] = argv;
+  try {
+    if (sub === 'serve') return await serve(rest);
+    if (sub === 'validate') return await validate(rest);
+  } catch (err) {
+    // parseArgs reports unknown or malformed options as TypeErrors with a usable message.
+    if (err instanceof TypeError && (err as NodeJS.ErrnoException).code?.startsWith('ERR_PARSE_ARGS')) {
+      throw new CliError(`${err.message}\n\n${USAGE}`, 2);
+    }
+    throw err;
+  }
+  if (!sub || sub === '--help' || sub === '-h' || sub === 'help') {
+    process.stdout.write(USAGE + '\n');
+    return sub ? 0 : 2;
+  }
+  throw new CliError(`unknown 'app' sub-command '${sub}'\n\n${USAGE}`, 2);
 }
