@@ -130,11 +130,32 @@ export function apiKeyAuthenticator(db: Db): Authenticator {
   };
 }
 
-/** Runs the authenticators in order; no recognised credential at all is a 401. */
+/** The `X-Tenant-Id` header, trimmed; `undefined` when absent. */
+export function tenantHeader(req: FastifyRequest): string | undefined {
+  return headerValue(req, 'x-tenant-id')?.trim();
+}
+
+/**
+ * Runs the authenticators in order; no recognised credential at all is a 401.
+ *
+ * `X-Tenant-Id` selects a workspace (tenant) but is never a credential: a header anyone can type
+ * must not make them a user. Alone it is a 401. Next to an API key or a bearer token it must name
+ * the workspace id that credential belongs to, else 403 (a credential never reaches into another
+ * tenant by naming it).
+ */
 export async function authenticate(req: FastifyRequest, authenticators: Authenticator[]): Promise<Principal> {
+  const tenant = tenantHeader(req);
   for (const a of authenticators) {
     const principal = await a(req);
-    if (principal) return principal;
+    if (principal) {
+      if (tenant !== undefined && tenant !== principal.workspaceId) {
+        throw new HttpError(403, 'X-Tenant-Id names a workspace the credential does not belong to.');
+      }
+      return principal;
+    }
+  }
+  if (tenant !== undefined) {
+    throw new HttpError(401, 'X-Tenant-Id selects a workspace but is not a credential: send it with an API key (X-Api-Key) or a bearer token (Authorization: Bearer).');
   }
   throw new HttpError(401, 'Missing credentials: send an API key in the X-Api-Key header.');
 }

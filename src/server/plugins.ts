@@ -22,5 +22,6 @@ export interface Area {
 /** The areas, in registration order. Each area adds its import and entry here. */
 export async function loadAreas(): Promise<Area[]> {
   const areas: Area[] = [];
+  areas.push((await import('../auth/area.js')).authArea);
   return areas;
 }

@@ -1,0 +1,55 @@
+/**
+ * Storage of the Auth Service (migrate namespace 'oauth'). Append-only: never edit a step that has
+ * shipped, add a new one. Secrets (client secrets, PKCE verifiers, access and refresh tokens) are
+ * envelope-sealed strings without aad, so generic key rotation can re-seal them.
+ */
+export const OAUTH_MIGRATIONS = [
+  `CREATE TABLE oauth_providers (
+     workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+     provider_id TEXT NOT NULL,
+     name TEXT NOT NULL,
+     client_id TEXT NOT NULL,
+     client_secret_sealed TEXT,
+     auth_url TEXT NOT NULL,
+     token_url TEXT NOT NULL,
+     revocation_url TEXT,
+     uses_pkce INTEGER NOT NULL,
+     token_endpoint_auth_method TEXT NOT NULL,
+     scopes TEXT NOT NULL,
+     source TEXT NOT NULL,
+     created_at TEXT NOT NULL,
+     updated_at TEXT NOT NULL,
+     PRIMARY KEY (workspace_id, provider_id));
+   CREATE TABLE oauth_auth_flows (
+     auth_id TEXT PRIMARY KEY,
+     state_hash TEXT NOT NULL UNIQUE,
+     verifier_sealed TEXT,
+     workspace_id TEXT NOT NULL,
+     user_id TEXT NOT NULL,
+     provider_id TEXT NOT NULL,
+     scopes TEXT NOT NULL,
+     redirect_uri TEXT NOT NULL,
+     status TEXT NOT NULL,
+     token_id TEXT,
+     created_at TEXT NOT NULL,
+     expires_at TEXT NOT NULL,
+     updated_at TEXT NOT NULL);
+   CREATE TABLE oauth_tokens (
+     id TEXT PRIMARY KEY,
+     workspace_id TEXT NOT NULL,
+     user_id TEXT NOT NULL,
+     provider_id TEXT NOT NULL,
+     access_token_sealed TEXT NOT NULL,
+     refresh_token_sealed TEXT,
+     token_type TEXT,
+     scopes TEXT NOT NULL,
+     expires_at TEXT,
+     provider_account_label TEXT,
+     is_default INTEGER NOT NULL,
+     deleting_at TEXT,
+     created_at TEXT NOT NULL,
+     updated_at TEXT NOT NULL,
+     FOREIGN KEY (workspace_id, provider_id) REFERENCES oauth_providers(workspace_id, provider_id));
+   CREATE INDEX oauth_tokens_owner ON oauth_tokens (workspace_id, user_id, provider_id);
+   CREATE INDEX oauth_auth_flows_expiry ON oauth_auth_flows (expires_at)`,
+];
