@@ -1,0 +1,86 @@
+import { Envelope } from '../secrets/envelope.js';
+import { TEMPLATE_REF_RE } from '../secrets/keys.js';
+import { ValidationFailure, type ValidationIssue } from '../validation/errors.js';
+import type { ResolvedProxyConfig } from '../rules/compile.js';
+import { isLegalFieldValue, type ProxyConfig } from './schema.js';
+
+export type { ResolvedProxyConfig } from '../rules/compile.js';
+
+export interface ResolveOptions {
+  /** Decrypts a sealed opaque value (Envelope.open). Without it a sealed value is an error. */
+  openOpaque?: (stored: string) => string;
+}
+
+/** Every `{KEY}` a configuration references, with the loc of the header value holding it. */
+export function referencedSecretKeys(config: ProxyConfig): { key: string; loc: (string | number)[] }[] {
+  const out: { key: string; loc: (string | number)[] }[] = [];
+  (config.rules ?? []).forEach((rule, i) =>
+    (rule.headers ?? []).forEach((h, j) => {
+      if (h.type !== 'workspace_secret') return;
+      for (const m of h.value.matchAll(TEMPLATE_REF_RE)) out.push({ key: m[1], loc: ['rules', i, 'headers', j, 'value'] });
+    }),
+  );
+  return out;
+}
+
+/**
+ * Resolves a validated configuration into the values the proxy sends: `{KEY}` references
+ * replaced by `lookup(KEY)`, sealed opaque values decrypted, plaintext as written. Every problem
+ * is collected (all missing keys, not just the first) and thrown as one ValidationFailure whose
+ * messages name the rule, the header and the key, never a value.
+ */
+export function resolveProxyConfig(
+  config: ProxyConfig,
+  lookup: (key: string) => string | undefined,
+  opts: ResolveOptions = {},
+): ResolvedProxyConfig {
+  const issues: ValidationIssue[] = [];
+  const rules = (config.rules ?? []).map((rule, i) => ({
+    name: rule.name,
+    match_hosts: [...rule.match_hosts],
+    match_paths: rule.match_paths ? [...rule.match_paths] : undefined,
+    no_proxy: rule.no_proxy ? [...rule.no_proxy] : undefined,
+    headers: (rule.headers ?? []).map((h, j) => {
+      const loc = ['rules', i, 'headers', j, 'value'];
+      const where = `rule '${rule.name}', header '${h.name}'`;
+      let value = h.value;
+      if (h.type === 'workspace_secret') {
+        const missing: string[] = [];
+        value = h.value.replace(TEMPLATE_REF_RE, (_m, key: string) => {
+          const v = lookup(key);
+          if (v === undefined) {
+            missing.push(key);
+            return '';
+          }
+          return v;
+        });
+        for (const key of missing) {
+          issues.push({ loc, msg: `Secret '${key}' referenced by ${where} does not exist`, type: 'missing_secret' });
+        }
+        if (missing.length) return { name: h.name, value: '' };
+      } else if (h.type === 'opaque' && Envelope.isSealed(h.value)) {
+        if (!opts.openOpaque) {
+          issues.push({ loc, msg: `Opaque value of ${where} is encrypted and no key is available to open it`, type: 'value_error' });
+          return { name: h.name, value: '' };
+        }
+        try {
+          value = opts.openOpaque(h.value);
+        } catch {
+          // The envelope's message says why (wrong key, tampered) without the value.
+          issues.push({ loc, msg: `Opaque value of ${where} cannot be decrypted`, type: 'value_error' });
+          return { name: h.name, value: '' };
+        }
+      }
+      if (!isLegalFieldValue(value)) {
+        issues.push({
+          loc,
+          msg: `Resolved value of ${where} is not a legal HTTP field value (control characters, characters above U+00FF, or leading/trailing whitespace)`,
+          type: 'value_error',
+        });
+      }
+      return { name: h.name, value };
+    }),
+  }));
+  if (issues.length) throw new ValidationFailure(issues);
+  return { rules, no_proxy: [...(config.no_proxy ?? [])] };
+}

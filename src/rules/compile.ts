@@ -1,0 +1,120 @@
+import { inspect } from 'node:util';
+import { compileHostPattern, compilePathPattern, type HostPattern, type PathPattern } from './patterns.js';
+
+/** A header to inject, already resolved (secret values in clear, in memory only). */
+export interface ResolvedHeader {
+  name: string;
+  value: string;
+}
+
+export interface ResolvedRule {
+  name: string;
+  match_hosts: string[];
+  match_paths?: string[];
+  no_proxy?: string[];
+  headers: ResolvedHeader[];
+}
+
+/** A proxy_config whose `{KEY}` templates and opaque values have been resolved. */
+export interface ResolvedProxyConfig {
+  rules: ResolvedRule[];
+  no_proxy: string[];
+}
+
+export type Decision = 'bypass' | 'intercept' | 'tunnel';
+
+/**
+ * One rule ready for the data path: patterns compiled, header names lower-cased, the injected
+ * list pre-built so a request allocates nothing for it. Header values are kept out of JSON and
+ * util.inspect so that logging a rule by mistake cannot print a credential.
+ */
+export class CompiledRule {
+  /** Lower-cased names of the injected headers (what logs may show). */
+  readonly headerNames: readonly string[];
+  /** For deleting client-sent headers of the same names. */
+  readonly headerNameSet: ReadonlySet<string>;
+  readonly #headers: readonly (readonly [string, string])[];
+
+  constructor(
+    readonly name: string,
+    readonly index: number,
+    readonly hosts: readonly HostPattern[],
+    readonly noProxy: readonly HostPattern[],
+    readonly paths: readonly PathPattern[],
+    headers: ResolvedHeader[],
+  ) {
+    this.#headers = Object.freeze(headers.map((h) => Object.freeze([h.name.toLowerCase(), h.value] as const)));
+    this.headerNames = Object.freeze(this.#headers.map((h) => h[0]));
+    this.headerNameSet = new Set(this.headerNames);
+    Object.freeze(this);
+  }
+
+  /** `[lower-case name, value]` pairs to set on a matching request. */
+  get headers(): readonly (readonly [string, string])[] {
+    return this.#headers;
+  }
+
+  matchesHost(host: string, port: number): boolean {
+    return this.hosts.some((p) => p.test(host, port)) && !this.noProxy.some((p) => p.test(host, port));
+  }
+
+  matchesPath(path: string): boolean {
+    return this.paths.length === 0 || this.paths.some((p) => p.test(path));
+  }
+
+  toJSON(): object {
+    return { name: this.name, headers: this.headerNames };
+  }
+
+  [inspect.custom](): string {
+    return `CompiledRule(${this.name}: ${this.headerNames.join(', ')})`;
+  }
+}
+
+export interface CompiledConfig {
+  readonly rules: readonly CompiledRule[];
+  /** Config-level no_proxy entries as written (for the sandbox's NO_PROXY). */
+  readonly noProxy: readonly string[];
+  decide(host: string, port: number): Decision;
+  pickRule(host: string, port: number, path: string): CompiledRule | undefined;
+}
+
+/**
+ * Compiles a resolved configuration into an immutable value. Hosts and paths given to
+ * decide/pickRule must already be normalised (normaliseHost, normalisePath). Throws PatternError
+ * for a pattern that validation should have caught.
+ */
+export function compileConfig(resolved: ResolvedProxyConfig): CompiledConfig {
+  const bypass = (resolved.no_proxy ?? []).map(compileHostPattern);
+  const rules = (resolved.rules ?? []).map(
+    (r, i) =>
+      new CompiledRule(
+        r.name,
+        i,
+        r.match_hosts.map(compileHostPattern),
+        (r.no_proxy ?? []).map(compileHostPattern),
+        (r.match_paths ?? []).map(compilePathPattern),
+        r.headers ?? [],
+      ),
+  );
+  const noProxy = Object.freeze([...(resolved.no_proxy ?? [])]);
+  const config: CompiledConfig = {
+    rules: Object.freeze(rules),
+    noProxy,
+    decide(host, port) {
+      if (bypass.some((p) => p.test(host, port))) return 'bypass';
+      for (const rule of rules) if (rule.matchesHost(host, port)) return 'intercept';
+      return 'tunnel';
+    },
+    pickRule(host, port, path) {
+      for (const rule of rules) if (rule.matchesHost(host, port) && rule.matchesPath(path)) return rule;
+      return undefined;
+    },
+  };
+  return Object.freeze(config);
+}
+
+/** A configuration that intercepts nothing (every CONNECT becomes a blind tunnel). */
+export function emptyConfig(): CompiledConfig {
+  return compileConfig({ rules: [], no_proxy: [] });
+}

@@ -1,0 +1,109 @@
+import { isIPv4, isIPv6 } from 'node:net';
+
+/** A host (or path) that cannot be normalised without ambiguity: the request is refused. */
+export class RuleInputError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'RuleInputError';
+  }
+}
+
+// Characters that would make the WHATWG host parser read something other than a host name
+// (userinfo, port, path, query, fragment, percent-escapes) or that never belong in one.
+const NOT_IN_HOST = /[\s\u0000-\u001f\u007f/\\?#@%:[\]<>^|"'`{}]/;
+const LABEL = /^(?!-)[a-z0-9_-]{1,63}$/;
+
+/** Canonical text of an IPv6 literal (compressed, lower-case), or undefined. */
+function canonicalIPv6(raw: string): string | undefined {
+  if (raw.includes('%') || !isIPv6(raw)) return undefined; // zone ids are local, never a destination
+  return new URL(`http://[${raw}]/`).hostname.slice(1, -1);
+}
+
+/**
+ * The one form of a host every comparison uses: lower-case, one trailing dot removed,
+ * internationalised names in punycode, IPv4 in dotted decimal (so `0x7f.1` and `2130706433` are
+ * `127.0.0.1`), IPv6 compressed and without brackets. Throws RuleInputError for anything else.
+ */
+export function normaliseHost(raw: string): string {
+  if (typeof raw !== 'string' || raw.length === 0 || raw.length > 1024) throw new RuleInputError('empty or oversized host');
+  if (raw.startsWith('[')) {
+    if (!raw.endsWith(']')) throw new RuleInputError('unterminated IPv6 literal');
+    const v6 = canonicalIPv6(raw.slice(1, -1));
+    if (!v6) throw new RuleInputError('invalid IPv6 literal');
+    return v6;
+  }
+  if (raw.includes(':')) {
+    const v6 = canonicalIPv6(raw);
+    if (!v6) throw new RuleInputError('invalid host');
+    return v6;
+  }
+  let host = raw.endsWith('.') ? raw.slice(0, -1) : raw;
+  if (host.length === 0 || NOT_IN_HOST.test(host)) throw new RuleInputError('invalid host');
+  try {
+    host = new URL(`http://${host}/`).hostname;
+  } catch {
+    throw new RuleInputError('invalid host');
+  }
+  if (isIPv4(host)) return host;
+  if (host.length > 253) throw new RuleInputError('host name longer than 253 characters');
+  for (const label of host.split('.')) {
+    if (!LABEL.test(label) || label.endsWith('-')) throw new RuleInputError('invalid host name');
+  }
+  // A name whose last label is numeric is an IPv4 form the URL parser did not accept (e.g. 1.2.3.256).
+  if (/^[0-9]+$/.test(host.slice(host.lastIndexOf('.') + 1))) throw new RuleInputError('invalid IPv4 address');
+  return host;
+}
+
+/** normaliseHost without throwing. */
+export function tryNormaliseHost(raw: string): string | undefined {
+  try {
+    return normaliseHost(raw);
+  } catch {
+    return undefined;
+  }
+}
+
+export function isIpLiteral(host: string): boolean {
+  return isIPv4(host) || isIPv6(host);
+}
+
+/**
+ * Splits an authority (`host`, `host:port`, `[v6]`, `[v6]:port`) into a normalised host and a
+ * port (`defaultPort` when absent). Throws RuleInputError.
+ */
+export function parseAuthority(raw: string, defaultPort: number | undefined): { host: string; port: number } {
+  let hostPart = raw;
+  let portPart: string | undefined;
+  if (raw.startsWith('[')) {
+    const end = raw.indexOf(']');
+    if (end < 0) throw new RuleInputError('unterminated IPv6 literal');
+    hostPart = raw.slice(0, end + 1);
+    const rest = raw.slice(end + 1);
+    if (rest) {
+      if (!rest.startsWith(':')) throw new RuleInputError('invalid authority');
+      portPart = rest.slice(1);
+    }
+  } else {
+    const colon = raw.lastIndexOf(':');
+    if (colon >= 0) {
+      if (raw.indexOf(':') !== colon) throw new RuleInputError('IPv6 literal must be in brackets');
+      hostPart = raw.slice(0, colon);
+      portPart = raw.slice(colon + 1);
+    }
+  }
+  let port: number;
+  if (portPart === undefined) {
+    if (defaultPort === undefined) throw new RuleInputError('port required');
+    port = defaultPort;
+  } else {
+    if (!/^[0-9]{1,5}$/.test(portPart)) throw new RuleInputError('invalid port');
+    port = Number(portPart);
+    if (port < 1 || port > 65535) throw new RuleInputError('port out of range');
+  }
+  return { host: normaliseHost(hostPart), port };
+}
+
+/** `host:port` with brackets around IPv6, for keys, logs and URLs. */
+export function formatAuthority(host: string, port: number): string {
+  return `${host.includes(':') ? `[${host}]` : host}:${port}`;
+}
