@@ -1,0 +1,32 @@
+# syntax=docker/dockerfile:1
+# keygate: one image for every role (proxy sidecar, serve, app runtime, CLI).
+
+# ---- build: compile TypeScript and the native SQLite addon ----------------------------------
+FROM node:22-bookworm-slim AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 make g++ \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+COPY package.json package-lock.json ./
+# Dependencies first (cached layer); scripts off until the sources are there for `prepare`.
+RUN npm ci --no-audit --no-fund --ignore-scripts && npm rebuild better-sqlite3
+COPY tsconfig.json tsconfig.build.json ./
+COPY src ./src
+RUN npm run build && npm prune --omit=dev --no-audit --no-fund
+
+# ---- runtime: slim, non-root ------------------------------------------------------------------
+FROM node:22-bookworm-slim
+ENV NODE_ENV=production \
+    KEYGATE_DATA_DIR=/data
+WORKDIR /app
+COPY --from=build /app/node_modules ./node_modules
+COPY --from=build /app/dist ./dist
+COPY package.json ./
+COPY config ./config
+COPY examples ./examples
+RUN mkdir -p /data /certs && chown node:node /data /certs
+USER node
+VOLUME ["/data"]
+EXPOSE 8080 3128
+ENTRYPOINT ["node", "/app/dist/cli/main.js"]
+CMD ["serve", "--listen", "0.0.0.0:8080", "--data", "/data"]
