@@ -98,8 +98,13 @@ async function serve(argv: string[]): Promise<number> {
     let stopping = false;
     const stop = (signal: NodeJS.Signals) => {
       if (stopping) {
-        logger.warn({ signal }, 'second signal: exiting now');
-        process.exit(1);
+        // A repeated SIGTERM (supervisors resend it) keeps the graceful stop going; a second
+        // Ctrl-C is a person who does not want to wait.
+        if (signal === 'SIGINT') {
+          logger.warn({ signal }, 'second interrupt: exiting now');
+          process.exit(130);
+        }
+        return;
       }
       stopping = true;
       logger.info({ signal, active_runs: server.activeRuns(), grace_ms: graceMs }, 'shutting down');
