@@ -192,6 +192,7 @@ describe('keygate app with an invalid application', () => {
     ['extra-field', '{"assistants": {"a": "./src/a.js"}, "graphs": {}}', { 'src/a.js': 'export default { run() {} }' }, /keygate\.json: graphs: Extra inputs are not permitted/],
     ['missing-module', '{"assistants": {"agent": "./src/missing.js"}}', {}, /keygate\.json: assistants\.agent: module \.\/src\/missing\.js does not exist/],
     ['no-run', '{"assistants": {"agent": "./src/a.js"}}', { 'src/a.js': 'export default { description: "x" }' }, /keygate\.json: assistants\.agent: .*has no run\(input, ctx\) function/],
+    ['syntax-error', '{"assistants": {"agent": "./src/a.js"}}', { 'src/a.js': 'export default {{ nope' }, /keygate\.json: assistants\.agent: cannot load module \.\/src\/a\.js: SyntaxError: /],
     ['bad-type', '{"assistants": {"agent": 5}}', {}, /keygate\.json: assistants\.agent: Must be string/],
   ];
 
