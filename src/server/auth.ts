@@ -51,7 +51,9 @@ export function generateApiKey(): string {
   return `kg_${randomBytes(32).toString('base64url')}`;
 }
 
-export async function ensureWorkspace(db: Db, name: string, id: string = randomUUID()): Promise<{ id: string; name: string }> {
+// The default workspace's id is always 'default' (tenant ids name it), even when `keys create`
+// runs before the first `serve`.
+export async function ensureWorkspace(db: Db, name: string, id: string = name === DEFAULT_WORKSPACE_ID ? DEFAULT_WORKSPACE_ID : randomUUID()): Promise<{ id: string; name: string }> {
   const existing = await db.get<{ id: string; name: string }>('SELECT id, name FROM workspaces WHERE name = ?', [name]);
   if (existing) return existing;
   await db.run('INSERT INTO workspaces (id, name, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING', [id, name, nowIso()]);

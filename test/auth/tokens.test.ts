@@ -1,0 +1,343 @@
+// The Auth Service (v2) end to end: the real `keygate serve` binary against a real OAuth / OpenID
+// authorization server (oidc-provider), on SQLite and on PostgreSQL.
+import { generateKeyPairSync, type KeyObject } from 'node:crypto';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { SignJWT } from 'jose';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { runCli, startCli, type RunningCli } from '../helpers/cli.js';
+import { freshPgDatabase, pgAvailable } from '../helpers/pg.js';
+import { AuthorizationServer, browse, type TestClient } from './authorization-server.js';
+
+const dirs: string[] = [];
+const tmp = () => {
+  const d = mkdtempSync(path.join(os.tmpdir(), 'keygate-auth-'));
+  dirs.push(d);
+  return d;
+};
+
+/** Every secret the tests handle: none may ever appear in keygate's output. */
+const secrets = new Set<string>();
+const outputs: (() => string)[] = [];
+const servers: AuthorizationServer[] = [];
+
+afterAll(async () => {
+  for (const s of servers) await s.close();
+  dirs.forEach((d) => rmSync(d, { recursive: true, force: true }));
+});
+
+interface Res {
+  status: number;
+  body: any;
+  text: string;
+  headers: Headers;
+}
+
+async function call(base: string, method: string, p: string, opts: { key?: string; headers?: Record<string, string>; body?: unknown } = {}): Promise<Res> {
+  const headers: Record<string, string> = { ...opts.headers };
+  if (opts.key) headers['x-api-key'] = opts.key;
+  if (opts.body !== undefined) headers['content-type'] = 'application/json';
+  const res = await fetch(`${base}${p}`, { method, headers, body: opts.body === undefined ? undefined : JSON.stringify(opts.body) });
+  const text = await res.text();
+  let body: unknown;
+  try {
+    body = text ? JSON.parse(text) : undefined;
+  } catch {
+    body = undefined;
+  }
+  return { status: res.status, body, text, headers: res.headers };
+}
+
+function createKey(dataDir: string, workspace: string, user: string, env: NodeJS.ProcessEnv): { key: string; workspaceId: string } {
+  const r = runCli(['serve', 'keys', 'create', '--workspace', workspace, '--user', user, '--data', dataDir], { env });
+  if (r.status !== 0) throw new Error(`keys create failed: ${r.stderr}`);
+  const key = r.stdout.trim();
+  secrets.add(key);
+  return { key, workspaceId: /\(([^)]+)\)\s*$/.exec(r.stderr.trim())![1] };
+}
+
+/** A port nothing listens on (bound, then released). */
+async function closedPort(): Promise<number> {
+  const srv = net.createServer();
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  const port = (srv.address() as net.AddressInfo).port;
+  await new Promise((r) => srv.close(r));
+  return port;
+}
+
+/** A revocation endpoint that accepts connections and never answers. */
+async function blackHole(): Promise<{ url: string; close: () => Promise<void> }> {
+  const sockets = new Set<net.Socket>();
+  const srv = net.createServer((s) => {
+    sockets.add(s);
+    s.on('error', () => undefined);
+  });
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  return {
+    url: `http://127.0.0.1:${(srv.address() as net.AddressInfo).port}/revoke`,
+    close: async () => {
+      sockets.forEach((s) => s.destroy());
+      await new Promise((r) => srv.close(r));
+    },
+  };
+}
+
+const TIMEOUT_MS = 1500;
+const ISSUER = 'https://issuer.keygate.test';
+const AUDIENCE = 'keygate-api';
+
+interface Harness {
+  server: RunningCli;
+  as: AuthorizationServer;
+  dataDir: string;
+  alice: string;
+  bob: string;
+  carol: string;
+  carolWorkspace: string;
+  basic: TestClient;
+  post: TestClient;
+  jwtKey: KeyObject;
+  env: NodeJS.ProcessEnv;
+}
+
+/** keygate serve + the authorization server, wired to each other. */
+async function startHarness(databaseUrl: string): Promise<Harness> {
+  const dataDir = tmp();
+  const env: NodeJS.ProcessEnv = { DATABASE_URL: databaseUrl, KEYGATE_API_KEY: '' };
+  const as = await AuthorizationServer.listen();
+  servers.push(as);
+  const alice = createKey(dataDir, 'default', 'alice', env).key;
+  const bob = createKey(dataDir, 'default', 'bob', env).key;
+  const carolKey = createKey(dataDir, 'team-b', 'carol', env);
+
+  const { publicKey, privateKey } = generateKeyPairSync('ec', { namedCurve: 'P-256' });
+  const keyFile = path.join(dataDir, 'issuer.pem');
+  writeFileSync(keyFile, publicKey.export({ type: 'spki', format: 'pem' }));
+
+  const basic: TestClient = { client_id: 'kg-basic', client_secret: 'basic-secret-7f3a9c1e5b2d', token_endpoint_auth_method: 'client_secret_basic', redirect_uris: [] };
+  const post: TestClient = { client_id: 'kg-post', client_secret: 'post-secret-4e8b2a6c9d1f', token_endpoint_auth_method: 'client_secret_post', redirect_uris: [] };
+  secrets.add(basic.client_secret!);
+  secrets.add(post.client_secret!);
+  // Registered at start-up from a config file, with the secret from the environment.
+  const providersFile = path.join(dataDir, 'providers.json');
+  writeFileSync(
+    providersFile,
+    JSON.stringify([
+      {
+        provider_id: 'oidc-post',
+        name: 'Test OP (client_secret_post)',
+        client_id: post.client_id,
+        client_secret_env: 'TEST_OP_POST_SECRET',
+        auth_url: `${as.authUrl}?prompt=consent`,
+        token_url: as.tokenUrl,
+        revocation_url: as.revocationUrl,
+        uses_pkce: true,
+        token_endpoint_auth_method: 'client_secret_post',
+        scopes: ['openid', 'offline_access'],
+      },
+    ]),
+  );
+
+  const server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir, '--config-dir', dataDir], {
+    env: {
+      ...env,
+      KEYGATE_PROVIDERS_FILE: providersFile,
+      TEST_OP_POST_SECRET: post.client_secret,
+      KEYGATE_JWT_ISSUER: ISSUER,
+      KEYGATE_JWT_AUDIENCE: AUDIENCE,
+      KEYGATE_JWT_PUBLIC_KEY_FILE: keyFile,
+      KEYGATE_OAUTH_HTTP_TIMEOUT_MS: String(TIMEOUT_MS),
+    },
+  });
+  outputs.push(() => server.output());
+  const callback = (id: string) => `${server.url}/v2/auth/callback/${id}`;
+  basic.redirect_uris = [callback('oidc'), callback('norevoke')];
+  post.redirect_uris = [callback('oidc-post')];
+  as.configure([basic, post]);
+
+  for (const p of [
+    { provider_id: 'oidc', name: 'Test OP', revocation_url: as.revocationUrl },
+    { provider_id: 'norevoke', name: 'Test OP without revocation' },
+  ]) {
+    const r = await call(server.url, 'POST', '/v2/auth/providers', {
+      key: alice,
+      body: { ...p, client_id: basic.client_id, client_secret: basic.client_secret, auth_url: `${as.authUrl}?prompt=consent`, token_url: as.tokenUrl, scopes: ['openid', 'offline_access'] },
+    });
+    expect(r.status).toBe(201);
+  }
+  return { server, as, dataDir, alice, bob, carol: carolKey.key, carolWorkspace: carolKey.workspaceId, basic, post, jwtKey: privateKey, env };
+}
+
+/** authenticate -> browser at the provider -> callback -> wait: the stored token's id. */
+async function signIn(h: Harness, key: string, provider = 'oidc', scopes?: string[]): Promise<{ tokenId: string; callbackUrl: string }> {
+  const start = await call(h.server.url, 'POST', '/v2/auth/authenticate', { key, body: { provider, ...(scopes ? { scopes } : {}) } });
+  expect(start.status).toBe(200);
+  expect(start.body.status).toBe('pending');
+  const landed = await browse(start.body.url, `${h.server.url}/v2/auth/callback/`);
+  expect(landed.status).toBe(200);
+  expect(landed.body).toContain('You can close this window');
+  const done = await call(h.server.url, 'GET', `/v2/auth/wait/${start.body.auth_id}?timeout=5`, { key });
+  expect(done.body.status).toBe('completed');
+  return { tokenId: done.body.token_id, callbackUrl: landed.callbackUrl };
+}
+
+/** The access and refresh token the provider issued last, both still active. */
+async function latestTokens(h: Harness, client?: TestClient): Promise<{ access: string; refresh: string }> {
+  const access = h.as.accessTokens.at(-1)!;
+  const refresh = h.as.refreshTokens.at(-1)!;
+  expect(access).toBeTruthy();
+  expect(refresh).toBeTruthy();
+  expect((await h.as.introspect(access, client)).active).toBe(true);
+  expect((await h.as.introspect(refresh, client)).active).toBe(true);
+  return { access, refresh };
+}
+
+function jwt(h: Harness, claims: Record<string, unknown>, opts: { key?: KeyObject; alg?: string; exp?: string | number; aud?: string; iss?: string } = {}): Promise<string> {
+  const token = new SignJWT(claims)
+    .setProtectedHeader({ alg: opts.alg ?? 'ES256' })
+    .setIssuer(opts.iss ?? ISSUER)
+    .setAudience(opts.aud ?? AUDIENCE)
+    .setIssuedAt()
+    .setExpirationTime(opts.exp ?? '5m')
+    .sign(opts.key ?? h.jwtKey);
+  return token.then((t) => {
+    secrets.add(t);
+    return t;
+  });
+}
+
+function defineSuite(name: string, databaseUrl: () => Promise<string>, full: boolean) {
+  describe(name, () => {
+    let h: Harness;
+    beforeAll(async () => {
+      h = await startHarness(await databaseUrl());
+    });
+    afterAll(async () => {
+      expect(await h.server.stop()).toBe(0);
+    });
+
+    it('runs the full code flow with PKCE and lists the token without its values', async () => {
+      const { tokenId } = await signIn(h, h.alice);
+      expect(tokenId).toMatch(/^[0-9a-f-]{36}$/);
+      const { access, refresh } = await latestTokens(h);
+      const list = await call(h.server.url, 'GET', '/v2/auth/tokens', { key: h.alice });
+      expect(list.status).toBe(200);
+      expect(list.body).toHaveLength(1);
+      expect(Object.keys(list.body[0]).sort()).toEqual(['created_at', 'expires_at', 'id', 'is_default', 'provider_account_label', 'provider_id', 'scopes', 'updated_at']);
+      expect(list.body[0]).toMatchObject({ id: tokenId, provider_id: 'oidc', provider_account_label: null, is_default: true });
+      expect(list.body[0].scopes).toEqual(expect.arrayContaining(['openid', 'offline_access']));
+      expect(Date.parse(list.body[0].expires_at)).toBeGreaterThan(Date.now());
+      expect(list.text).not.toContain(access);
+      expect(list.text).not.toContain(refresh);
+      expect((await call(h.server.url, 'GET', '/v2/auth/tokens?provider_id=norevoke', { key: h.alice })).body).toEqual([]);
+      // The caller already holds a valid token for these scopes: no new sign-in.
+      const again = await call(h.server.url, 'POST', '/v2/auth/authenticate', { key: h.alice, body: { provider: 'oidc' } });
+      expect(again.body).toEqual({ status: 'completed', token_id: tokenId });
+    });
+
+    it('deletes only for the owner: others, unknown and malformed ids are refused', async () => {
+      const [mine] = (await call(h.server.url, 'GET', '/v2/auth/tokens', { key: h.alice })).body;
+      const unknown = await call(h.server.url, 'DELETE', '/v2/auth/tokens/7d0f5a34-1c1e-4f57-9a43-0b6a1e1f0c11', { key: h.alice });
+      expect(unknown.status).toBe(404);
+      const byBob = await call(h.server.url, 'DELETE', `/v2/auth/tokens/${mine.id}`, { key: h.bob });
+      expect(byBob.status).toBe(404);
+      expect(byBob.body).toEqual(unknown.body);
+      const byCarol = await call(h.server.url, 'DELETE', `/v2/auth/tokens/${mine.id}`, { key: h.carol });
+      expect(byCarol.status).toBe(404);
+      expect(byCarol.body).toEqual(unknown.body);
+      const bad = await call(h.server.url, 'DELETE', '/v2/auth/tokens/not-a-uuid', { key: h.alice });
+      expect(bad.status).toBe(422);
+      expect(bad.body.detail[0].loc).toEqual(['path', 'token_id']);
+      expect(bad.body.detail[0]).toEqual({ loc: ['path', 'token_id'], msg: expect.any(String), type: expect.any(String) });
+      const anon = await call(h.server.url, 'DELETE', `/v2/auth/tokens/${mine.id}`);
+      expect(anon.status).toBe(401);
+      expect(anon.body.detail).toEqual(expect.any(String));
+      const tenantOnly = await call(h.server.url, 'DELETE', `/v2/auth/tokens/${mine.id}`, { headers: { 'X-Tenant-Id': 'default' } });
+      expect(tenantOnly.status).toBe(401);
+      const mismatch = await call(h.server.url, 'DELETE', `/v2/auth/tokens/${mine.id}`, { key: h.alice, headers: { 'X-Tenant-Id': h.carolWorkspace } });
+      expect(mismatch.status).toBe(403);
+      const wrongKey = await call(h.server.url, 'DELETE', `/v2/auth/tokens/${mine.id}`, { key: 'kg_not-a-real-key-0000000000000000' });
+      expect(wrongKey.status).toBe(401);
+      // Nothing was revoked or deleted by any of that.
+      expect(h.as.revocations).toBe(0);
+      expect((await call(h.server.url, 'GET', '/v2/auth/tokens', { key: h.alice })).body).toHaveLength(1);
+      expect((await call(h.server.url, 'GET', '/v2/auth/tokens', { key: h.bob })).body).toEqual([]);
+      const patchByBob = await call(h.server.url, 'PATCH', `/v2/auth/tokens/${mine.id}/metadata`, { key: h.bob, body: { provider_account_label: 'x' } });
+      expect(patchByBob.status).toBe(404);
+    });
+
+    it('answers 502 and keeps the token while the provider is down; a retry after it is back revokes and deletes', async () => {
+      const [mine] = (await call(h.server.url, 'GET', '/v2/auth/tokens', { key: h.alice })).body;
+      const { access, refresh } = await latestTokens(h);
+      await h.as.stop();
+      try {
+        const down = await call(h.server.url, 'DELETE', `/v2/auth/tokens/${mine.id}`, { key: h.alice });
+        expect(down.status).toBe(502);
+        expect(down.body.detail).toMatch(/revocation .*failed/i);
+        expect(down.text).not.toContain(access);
+        expect((await call(h.server.url, 'GET', '/v2/auth/tokens', { key: h.alice })).body.map((t: { id: string }) => t.id)).toEqual([mine.id]);
+      } finally {
+        await h.as.resume();
+      }
+      expect((await h.as.introspect(access)).active).toBe(true);
+      const ok = await call(h.server.url, 'DELETE', `/v2/auth/tokens/${mine.id}`, { key: h.alice });
+      expect(ok.status).toBe(204);
+      expect(ok.text).toBe('');
+      // Both were revoked at the provider (each one on its own: the provider's grant stays).
+      expect((await h.as.introspect(access)).active).toBe(false);
+      expect((await h.as.introspect(refresh)).active).toBe(false);
+      expect((await call(h.server.url, 'GET', '/v2/auth/tokens', { key: h.alice })).body).toEqual([]);
+      const gone = await call(h.server.url, 'DELETE', `/v2/auth/tokens/${mine.id}`, { key: h.alice });
+      expect(gone.status).toBe(404);
+    });
+
+    it('revokes exactly once when the same token is deleted concurrently', async () => {
+      const { tokenId } = await signIn(h, h.alice);
+      const { access, refresh } = await latestTokens(h);
+      h.as.revocations = 0;
+      h.as.revocationDelayMs = 300;
+      try {
+        const results = await Promise.all(Array.from({ length: 6 }, () => call(h.server.url, 'DELETE', `/v2/auth/tokens/${tokenId}`, { key: h.alice })));
+        const statuses = results.map((r) => r.status);
+        expect(statuses.filter((s) => s === 204)).toHaveLength(1);
+        expect(statuses.every((s) => s === 204 || s === 409 || s === 404)).toBe(true);
+      } finally {
+        h.as.revocationDelayMs = 0;
+      }
+      expect(h.as.revocations).toBe(2); // one revocation: refresh token, then access token
+      expect((await h.as.introspect(access)).active).toBe(false);
+      expect((await h.as.introspect(refresh)).active).toBe(false);
+    });
+
+    it('accepts a bearer JWT from the configured issuer for the owner, with or without a matching X-Tenant-Id', async () => {
+      const { tokenId } = await signIn(h, h.alice);
+      const { access } = await latestTokens(h);
+      const aliceJwt = await jwt(h, { sub: 'alice', tenant_id: 'default' });
+      const bobJwt = await jwt(h, { sub: 'bob', tenant_id: 'default' });
+      const byBob = await call(h.server.url, "DELETE", `/v2/auth/tokens/${tokenId}`, { headers: { authorization: `Bearer ${bobJwt}` } });
+      expect(byBob.body).toEqual({ detail: "Token not found." });
+      expect(byBob.status).toBe(404);
+      expect((await call(h.server.url, 'DELETE', `/v2/auth/tokens/${tokenId}`, { headers: { authorization: `Bearer ${aliceJwt}`, 'x-tenant-id': h.carolWorkspace } })).status).toBe(403);
+      const ok = await call(h.server.url, 'DELETE', `/v2/auth/tokens/${tokenId}`, { headers: { authorization: `Bearer ${aliceJwt}`, 'X-Tenant-Id': 'default' } });
+      expect(ok.status).toBe(204);
+      expect((await h.as.introspect(access)).active).toBe(false);
+    });
+  });
+}
+
+defineSuite('Auth Service on SQLite', async () => '', true);
+describe.skipIf(!pgAvailable())('PostgreSQL', () => {
+  defineSuite('Auth Service on PostgreSQL (DATABASE_URL)', () => freshPgDatabase(), false);
+});
+
+describe('logs of the whole run', () => {
+  it('never contain a token, code, client secret, API key or JWT', () => {
+    const all = outputs.map((o) => o()).join('\n');
+    expect(all.length).toBeGreaterThan(0);
+    const issued = servers.flatMap((s) => [...s.issued]);
+    expect(issued.length).toBeGreaterThan(0);
+    for (const value of [...issued, ...secrets]) expect(all.includes(value), 'a secret value appears in the server output').toBe(false);
+  });
+});
