@@ -1,0 +1,302 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { CliError } from '../cli/errors.js';
+import { isSecretKey } from '../secrets/keys.js';
+import { checkAppDir } from './appdir.js';
+import { ApiError, ControlPlaneClient, type Deployment, type Revision, type Secret } from './client.js';
+import { checkContainerRuntime, localImagePlatform, suggestedBuildCommand, TARGET_PLATFORM } from './docker.js';
+import { formatBytes, formatElapsed } from './duration.js';
+import { selectFiles, type FileSelection } from './files.js';
+import { nameForDirectory, nameProblem } from './names.js';
+import type { Reporter } from './output.js';
+import { packToFile } from './pack.js';
+import { CLI_VARIABLES, readEnvFile, requireApiKey, resolveSettings } from './settings.js';
+
+export const TIMEOUT_EXIT_CODE = 124;
+export const TAIL_LINES = 30;
+
+export const TERMINAL_OK = new Set(['DEPLOYED']);
+export const TERMINAL_FAILED = new Set(['CREATE_FAILED', 'BUILD_FAILED', 'DEPLOY_FAILED', 'SKIPPED', 'INTERRUPTED']);
+
+export interface DeployOptions {
+  dir: string;
+  name?: string;
+  deploymentType: 'dev' | 'prod';
+  wait: boolean;
+  timeoutMs: number;
+  /** Deploy an existing container image (external_docker) instead of packing the directory. */
+  image?: string;
+  env?: NodeJS.ProcessEnv;
+}
+
+interface Outcome {
+  ok: boolean;
+  code: number;
+  deployment?: Deployment;
+  revisionId?: string | null;
+  status?: string;
+  created?: boolean;
+  error?: string;
+}
+
+/** Only the names are ever shown; values go to the control plane in the request body only. */
+function appSecrets(envFile: string | undefined, reporter: Reporter): Secret[] | undefined {
+  if (!envFile) return undefined;
+  const vars = readEnvFile(envFile);
+  if (vars.size === 0) return undefined;
+  const secrets: Secret[] = [];
+  const skipped: string[] = [];
+  for (const [name, value] of vars) {
+    if ((CLI_VARIABLES as readonly string[]).includes(name)) continue;
+    if (!isSecretKey(name)) {
+      skipped.push(name);
+      continue;
+    }
+    secrets.push({ name, value });
+  }
+  if (skipped.length) reporter.warn(`not sent as secrets (names must be letters, digits and _): ${skipped.join(', ')}`);
+  return secrets.length ? secrets : undefined;
+}
+
+function urlOf(d: Deployment | undefined): string | null {
+  return d?.url ?? (typeof d?.source_config?.custom_url === 'string' ? d.source_config.custom_url : null) ?? null;
+}
+
+/** `keygate deploy`: prerequisites, pack, upload, create-or-update, wait. Returns the exit code. */
+export async function deploy(opts: DeployOptions, reporter: Reporter): Promise<number> {
+  const env = opts.env ?? process.env;
+  const dir = path.resolve(opts.dir);
+  const total = opts.image ? 2 : 4;
+  let client: ControlPlaneClient | undefined;
+  let tmp: string | undefined;
+  let outcome: Outcome = { ok: false, code: 1 };
+  try {
+    // [1] Prerequisites, each with its own message, before anything is sent anywhere.
+    reporter.step(1, total, 'Checking prerequisites');
+    const app = opts.image ? undefined : checkAppDir(dir);
+    if (app) reporter.ok(`application ${dir} (assistants: ${app.assistants.join(', ')})`);
+    const name = opts.name ?? nameForDirectory(dir);
+    if (!opts.name && !name) throw new CliError(`cannot derive a deployment name from the directory '${path.basename(dir)}'; pass --name NAME`);
+    const problem = nameProblem(name);
+    if (problem) throw new CliError(`${problem}${opts.name ? '' : ` (derived from the directory '${path.basename(dir)}'; pass --name NAME)`}`);
+    const settings = resolveSettings(dir, env);
+    const apiKey = requireApiKey(settings, dir);
+    reporter.ok(`API key (from ${settings.apiKeySource === 'environment' ? 'the environment' : settings.envFile})`, { api_key_source: settings.apiKeySource });
+    if (opts.image) {
+      const version = checkContainerRuntime();
+      reporter.ok(`container runtime (docker ${version})`);
+      const platform = localImagePlatform(opts.image);
+      if (platform && platform !== TARGET_PLATFORM) {
+        reporter.warn(`image ${opts.image} is ${platform}; the control plane runs ${TARGET_PLATFORM}. Build it with: ${suggestedBuildCommand(opts.image)}`);
+      }
+    }
+    client = new ControlPlaneClient({ baseUrl: settings.url, apiKey });
+    await client.health();
+    const existing = await client.findByName(name); // also proves the key is accepted
+    reporter.ok(`control plane ${settings.url}`, { url: settings.url });
+    if (existing) {
+      reporter.info(`deployment '${name}' exists (${existing.id}): it will be updated in place`, { deployment_id: existing.id, name, action: 'update' });
+      const type = existing.source_config?.deployment_type;
+      if (type && type !== opts.deploymentType) {
+        reporter.warn(`deployment '${name}' is of type ${type}; the type cannot change, so --deployment-type ${opts.deploymentType} is ignored`);
+      }
+    } else {
+      reporter.info(`deployment '${name}' does not exist yet: it will be created (${opts.deploymentType})`, { name, action: 'create' });
+    }
+
+    let revisionConfig: { source_tarball_path?: string; image_uri?: string };
+    if (app) {
+      // [2] Pack
+      reporter.step(2, total, 'Packing');
+      const sel = selectFiles(dir);
+      checkModulesPacked(sel, app.modules);
+      tmp = mkdtempSync(path.join(os.tmpdir(), 'keygate-deploy-'));
+      const tarball = path.join(tmp, 'source.tar.gz');
+      const size = await packToFile(sel, tarball);
+      reporter.info(`${sel.files.length} files, ${formatBytes(sel.bytes)} -> ${formatBytes(size)} compressed`, { files: sel.files.length, bytes: sel.bytes, compressed_bytes: size });
+      const never = sel.excluded.filter((e) => e.reason === 'always').map((e) => e.path);
+      const ignored = sel.excluded.filter((e) => e.reason === 'ignored').length;
+      if (never.length || ignored) {
+        reporter.info(`excluded: ${[...never.slice(0, 5), ...(never.length > 5 ? [`${never.length - 5} more`] : [])].join(', ') || 'nothing always-excluded'}${ignored ? `; ${ignored} ignored by .gitignore/.keygateignore` : ''}`, {
+          excluded: never,
+          ignored,
+        });
+      }
+      // [3] Upload
+      reporter.step(3, total, 'Uploading');
+      const up = await client.upload(tarball, size, (sent) => reporter.progress(sent, size));
+      reporter.info(`uploaded ${up.size ?? size} bytes (sha256 ${String(up.sha256 ?? '').slice(0, 12)})`, { bytes: up.size ?? size, sha256: up.sha256 });
+      revisionConfig = { source_tarball_path: up.source_tarball_path };
+    } else {
+      revisionConfig = { image_uri: opts.image };
+    }
+
+    // [4] Create or update
+    reporter.step(total, total, 'Deploying');
+    const secrets = appSecrets(app?.envFile, reporter);
+    if (secrets) reporter.info(`secrets from ${app?.envFile}: ${secrets.map((s) => s.name).join(', ')}`, { secrets: secrets.map((s) => s.name) });
+    let deployment: Deployment;
+    let created = false;
+    if (existing) {
+      deployment = await client.patchDeployment(existing.id, { source_revision_config: revisionConfig, ...(secrets ? { secrets } : {}) });
+    } else {
+      try {
+        deployment = await client.createDeployment({
+          name,
+          source: opts.image ? 'external_docker' : 'internal_source',
+          source_config: { deployment_type: opts.deploymentType },
+          source_revision_config: revisionConfig,
+          ...(secrets ? { secrets } : {}),
+        });
+        created = true;
+      } catch (err) {
+        // Someone created it between the search and now: update theirs rather than failing.
+        if (!(err instanceof ApiError && err.status === 409)) throw err;
+        const raced = await client.findByName(name);
+        if (!raced) throw err;
+        deployment = await client.patchDeployment(raced.id, { source_revision_config: revisionConfig, ...(secrets ? { secrets } : {}) });
+      }
+    }
+    const revisionId = deployment.latest_revision_id;
+    reporter.info(`${created ? 'created' : 'updated'} deployment ${deployment.id} (${deployment.name}), revision ${revisionId}`, {
+      deployment_id: deployment.id,
+      revision_id: revisionId,
+      created,
+    });
+    outcome = { ok: true, code: 0, deployment, revisionId, created, status: undefined };
+    if (!revisionId) throw new CliError('the control plane did not report a revision for the deployment');
+    if (!opts.wait) {
+      reporter.line(`Not waiting (--no-wait). Follow it with: keygate deploy logs ${deployment.id} --type build --follow`);
+      return 0;
+    }
+    outcome = await waitForRevision(client, deployment, revisionId, opts.timeoutMs, reporter);
+    outcome.created = created;
+    return outcome.code;
+  } catch (err) {
+    outcome = { ...outcome, ok: false, code: err instanceof CliError ? err.exitCode : 1, error: (err as Error).message };
+    throw err;
+  } finally {
+    reporter.close();
+    if (tmp) rmSync(tmp, { recursive: true, force: true });
+    await client?.close();
+    if (reporter.json) {
+      reporter.emit({
+        event: 'result',
+        ok: outcome.ok,
+        deployment_id: outcome.deployment?.id ?? null,
+        revision_id: outcome.revisionId ?? null,
+        status: outcome.status ?? null,
+        url: urlOf(outcome.deployment),
+        created: outcome.created ?? false,
+        ...(outcome.error ? { error: outcome.error } : {}),
+      });
+    }
+  }
+}
+
+/** The build would fail later with a vaguer message: say now that an assistant module is excluded. */
+function checkModulesPacked(sel: FileSelection, modules: string[]): void {
+  const packed = new Set(sel.files);
+  for (const m of modules) {
+    if (!packed.has(m)) throw new CliError(`keygate.json names ${m}, but it is excluded from the upload (by .gitignore/.keygateignore or the built-in rules)`);
+  }
+}
+
+/**
+ * Polls the revision until it is terminal (backoff 0.5 s -> 2 s), printing each status change with
+ * the time since the deployment was submitted. A revision interrupted by a control-plane restart
+ * is followed to its replacement when the control plane queued one.
+ */
+async function waitForRevision(client: ControlPlaneClient, deployment: Deployment, firstRevisionId: string, timeoutMs: number, reporter: Reporter): Promise<Outcome> {
+  const started = Date.now();
+  let revisionId = firstRevisionId;
+  let last = '';
+  let since = started;
+  let delay = 500;
+  let unreachableSince: number | undefined;
+  reporter.spin(() => `${last || 'waiting'} ${formatElapsed(Date.now() - since)} (total ${formatElapsed(Date.now() - started)})`);
+  for (;;) {
+    const elapsed = Date.now() - started;
+    if (elapsed >= timeoutMs) {
+      reporter.stopSpin();
+      const msg = `timed out after ${formatElapsed(elapsed)} waiting for revision ${revisionId} (last status ${last || 'unknown'}); it may still finish: keygate deploy logs ${deployment.id} --type build`;
+      reporter.fail(msg);
+      return { ok: false, code: TIMEOUT_EXIT_CODE, deployment, revisionId, status: last || undefined, error: msg };
+    }
+    let rev: Revision | undefined;
+    try {
+      rev = await client.getRevision(deployment.id, revisionId);
+      unreachableSince = undefined;
+    } catch (err) {
+      // A control plane restarting mid-wait is not a failed deployment: keep trying until the timeout.
+      if (err instanceof ApiError || !(err instanceof CliError)) throw err;
+      if (unreachableSince === undefined) {
+        unreachableSince = Date.now();
+        reporter.warn(`${err.message}; retrying`);
+      }
+    }
+    if (rev) {
+      if (rev.status !== last) {
+        reporter.stopSpin();
+        reporter.status(rev.status, Date.now() - started, revisionId, TERMINAL_FAILED.has(rev.status) ? rev.status_message : undefined);
+        last = rev.status;
+        since = Date.now();
+        delay = 500;
+        reporter.spin(() => `${last} ${formatElapsed(Date.now() - since)} (total ${formatElapsed(Date.now() - started)})`);
+      }
+      if (TERMINAL_OK.has(rev.status)) {
+        reporter.stopSpin();
+        const fresh = await client.getDeployment(deployment.id);
+        const url = urlOf(fresh);
+        reporter.line(`Deployed ${fresh.name} (revision ${revisionId}) in ${formatElapsed(Date.now() - started)}`);
+        if (url) reporter.line(`URL: ${url}`);
+        return { ok: true, code: 0, deployment: fresh, revisionId, status: rev.status };
+      }
+      if (rev.status === 'INTERRUPTED') {
+        const fresh = await client.getDeployment(deployment.id);
+        if (fresh.latest_revision_id && fresh.latest_revision_id !== revisionId) {
+          reporter.info(`revision ${revisionId} was interrupted (control plane restart); following its rebuild ${fresh.latest_revision_id}`);
+          revisionId = fresh.latest_revision_id;
+          last = '';
+          continue;
+        }
+      }
+      if (TERMINAL_FAILED.has(rev.status)) {
+        reporter.stopSpin();
+        await printFailureTail(client, deployment.id, revisionId, rev, reporter);
+        const msg =
+          rev.status === 'SKIPPED'
+            ? `revision ${revisionId} was skipped: a newer revision of ${deployment.name} superseded it`
+            : `revision ${revisionId} ended ${rev.status}${rev.status_message ? `: ${rev.status_message}` : ''}`;
+        reporter.fail(msg);
+        return { ok: false, code: 1, deployment, revisionId, status: rev.status, error: msg };
+      }
+    }
+    await sleep(Math.max(0, Math.min(delay, timeoutMs - (Date.now() - started))));
+    delay = Math.min(2000, Math.round(delay * 1.5));
+  }
+}
+
+async function printFailureTail(client: ControlPlaneClient, deploymentId: string, revisionId: string, rev: Revision, reporter: Reporter): Promise<void> {
+  if (rev.status === 'SKIPPED') return;
+  const type = rev.status === 'DEPLOY_FAILED' ? 'deploy' : 'build';
+  try {
+    let { lines } = await client.tailLogs(deploymentId, { type, revisionId }, TAIL_LINES);
+    let shown = type;
+    if (lines.length === 0 && type === 'deploy') {
+      ({ lines } = await client.tailLogs(deploymentId, { type: 'build', revisionId }, TAIL_LINES));
+      shown = 'build';
+    }
+    if (lines.length === 0) {
+      reporter.info(`the ${type} log of revision ${revisionId} is empty`);
+      return;
+    }
+    reporter.line(`--- last ${lines.length} lines of the ${shown} log (revision ${revisionId}) ---`);
+    for (const l of lines) reporter.log(l);
+    reporter.line('---');
+  } catch (err) {
+    reporter.warn(`could not read the ${type} log: ${(err as Error).message}`);
+  }
+}
