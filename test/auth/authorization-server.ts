@@ -106,9 +106,9 @@ export class AuthorizationServer {
       method: 'POST',
       headers: {
         'content-type': 'application/x-www-form-urlencoded',
-        authorization: `Basic ${Buffer.from(`${client.client_id}:${client.client_secret}`).toString('base64')}`,
+        ...(client.token_endpoint_auth_method === 'client_secret_basic' ? { authorization: `Basic ${Buffer.from(`${client.client_id}:${client.client_secret}`).toString('base64')}` } : {}),
       },
-      body: new URLSearchParams({ token }).toString(),
+      body: new URLSearchParams(client.token_endpoint_auth_method === 'client_secret_post' ? { token, client_id: client.client_id, client_secret: client.client_secret! } : { token }).toString(),
     });
     if (res.status !== 200) throw new Error(`introspection answered ${res.status}`);
     return (await res.json()) as { active: boolean };

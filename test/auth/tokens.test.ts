@@ -153,17 +153,19 @@ async function startHarness(databaseUrl: string): Promise<Harness> {
   });
   outputs.push(() => server.output());
   const callback = (id: string) => `${server.url}/v2/auth/callback/${id}`;
-  basic.redirect_uris = [callback('oidc'), callback('norevoke')];
+  basic.redirect_uris = [callback('oidc'), callback('norevoke'), callback('badsecret')];
   post.redirect_uris = [callback('oidc-post')];
   as.configure([basic, post]);
 
   for (const p of [
     { provider_id: 'oidc', name: 'Test OP', revocation_url: as.revocationUrl },
     { provider_id: 'norevoke', name: 'Test OP without revocation' },
+    { provider_id: 'badsecret', name: 'Test OP, wrong secret', client_secret: 'wrong-secret-9a8b7c6d5e4f' },
   ]) {
+    secrets.add('wrong-secret-9a8b7c6d5e4f');
     const r = await call(server.url, 'POST', '/v2/auth/providers', {
       key: alice,
-      body: { ...p, client_id: basic.client_id, client_secret: basic.client_secret, auth_url: `${as.authUrl}?prompt=consent`, token_url: as.tokenUrl, scopes: ['openid', 'offline_access'] },
+      body: { client_id: basic.client_id, client_secret: basic.client_secret, ...p, auth_url: `${as.authUrl}?prompt=consent`, token_url: as.tokenUrl, scopes: ['openid', 'offline_access'] },
     });
     expect(r.status).toBe(201);
   }
@@ -323,6 +325,174 @@ function defineSuite(name: string, databaseUrl: () => Promise<string>, full: boo
       const ok = await call(h.server.url, 'DELETE', `/v2/auth/tokens/${tokenId}`, { headers: { authorization: `Bearer ${aliceJwt}`, 'X-Tenant-Id': 'default' } });
       expect(ok.status).toBe(204);
       expect((await h.as.introspect(access)).active).toBe(false);
+    });
+
+    if (!full) return;
+
+    it('times out a revocation endpoint that never answers: 502 within the bound, token kept', async () => {
+      const { tokenId } = await signIn(h, h.alice);
+      const hole = await blackHole();
+      try {
+        expect((await call(h.server.url, 'PATCH', '/v2/auth/providers/oidc', { key: h.alice, body: { revocation_url: hole.url } })).status).toBe(200);
+        const started = Date.now();
+        const r = await call(h.server.url, 'DELETE', `/v2/auth/tokens/${tokenId}`, { key: h.alice });
+        const elapsed = Date.now() - started;
+        expect(r.status).toBe(502);
+        expect(r.body.detail).toMatch(/did not answer within/);
+        expect(elapsed).toBeGreaterThanOrEqual(TIMEOUT_MS - 100);
+        expect(elapsed).toBeLessThan(TIMEOUT_MS * 4);
+        // An unreachable endpoint (closed port) is a 502 too.
+        const closed = `http://127.0.0.1:${await closedPort()}/revoke`;
+        expect((await call(h.server.url, 'PATCH', '/v2/auth/providers/oidc', { key: h.alice, body: { revocation_url: closed } })).status).toBe(200);
+        const r2 = await call(h.server.url, 'DELETE', `/v2/auth/tokens/${tokenId}`, { key: h.alice });
+        expect(r2.status).toBe(502);
+        expect(r2.body.detail).toMatch(/could not be reached/);
+        expect((await call(h.server.url, 'GET', '/v2/auth/tokens', { key: h.alice })).body.map((t: { id: string }) => t.id)).toContain(tokenId);
+      } finally {
+        await call(h.server.url, 'PATCH', '/v2/auth/providers/oidc', { key: h.alice, body: { revocation_url: h.as.revocationUrl } });
+        await hole.close();
+      }
+      expect((await call(h.server.url, 'DELETE', `/v2/auth/tokens/${tokenId}`, { key: h.alice })).status).toBe(204);
+    });
+
+    it('deletes a token of a provider without revocation endpoint and logs the missing revocation', async () => {
+      const { tokenId } = await signIn(h, h.alice, 'norevoke');
+      const { access } = await latestTokens(h);
+      const before = h.as.revocations;
+      const r = await call(h.server.url, 'DELETE', `/v2/auth/tokens/${tokenId}`, { key: h.alice });
+      expect(r.status).toBe(204);
+      expect(h.as.revocations).toBe(before);
+      expect((await h.as.introspect(access)).active).toBe(true); // nothing told the provider
+      const line = h.server.output().split('\n').find((l) => l.includes('no revocation endpoint') && l.includes(tokenId));
+      expect(line).toBeTruthy();
+      expect(JSON.parse(line!)).toMatchObject({ level: 40, token_id: tokenId, provider_id: 'norevoke' });
+    });
+
+    it('uses a provider registered from the config file at start-up (client_secret_post, secret from the environment)', async () => {
+      const listed = await call(h.server.url, 'GET', '/v2/auth/providers/oidc-post', { key: h.alice });
+      expect(listed.status).toBe(200);
+      expect(listed.body).toMatchObject({ provider_id: 'oidc-post', has_client_secret: true, token_endpoint_auth_method: 'client_secret_post' });
+      expect(listed.text).not.toContain(h.post.client_secret!);
+      const { tokenId } = await signIn(h, h.alice, 'oidc-post');
+      const { access, refresh } = await latestTokens(h, h.post);
+      expect((await call(h.server.url, 'DELETE', `/v2/auth/tokens/${tokenId}`, { key: h.alice })).status).toBe(204);
+      expect((await h.as.introspect(access, h.post)).active).toBe(false);
+      expect((await h.as.introspect(refresh, h.post)).active).toBe(false);
+    });
+
+    it('treats the callback state as single use and never reflects what the provider sent', async () => {
+      const start = await call(h.server.url, 'POST', '/v2/auth/authenticate', { key: h.bob, body: { provider: 'oidc', scopes: ['openid'] } });
+      expect(start.body.status).toBe('pending');
+      const url = new URL(start.body.url);
+      expect(url.searchParams.get('code_challenge_method')).toBe('S256');
+      expect(url.searchParams.get('redirect_uri')).toBe(`${h.server.url}/v2/auth/callback/oidc`);
+      expect(url.searchParams.get('prompt')).toBe('consent'); // parameters of auth_url are kept
+      expect((await call(h.server.url, 'GET', `/v2/auth/wait/${start.body.auth_id}?timeout=0`, { key: h.bob })).body).toEqual({ status: 'pending' });
+      expect((await call(h.server.url, 'GET', `/v2/auth/wait/${start.body.auth_id}?timeout=1`, { key: h.bob })).body).toEqual({ status: 'timeout' });
+      expect((await call(h.server.url, 'GET', `/v2/auth/wait/${start.body.auth_id}?timeout=0`, { key: h.alice })).body).toEqual({ status: 'not_found' });
+      const landed = await browse(start.body.url, `${h.server.url}/v2/auth/callback/`);
+      expect(landed.status).toBe(200);
+      const replay = await fetch(landed.callbackUrl);
+      expect(replay.status).toBe(400);
+      const page = await replay.text();
+      expect(page).not.toContain(new URL(landed.callbackUrl).searchParams.get('code')!);
+      expect(replay.headers.get('cache-control')).toBe('no-store');
+      const forged = await fetch(`${h.server.url}/v2/auth/callback/oidc?code=%3Cscript%3E&state=forged`);
+      expect(forged.status).toBe(400);
+      expect(await forged.text()).not.toContain('<script>');
+      const tokens = (await call(h.server.url, 'GET', '/v2/auth/tokens', { key: h.bob })).body;
+      expect(tokens).toHaveLength(1);
+      expect(tokens[0].scopes).toEqual(['openid']);
+      expect((await call(h.server.url, 'DELETE', `/v2/auth/tokens/${tokens[0].id}`, { key: h.bob })).status).toBe(204);
+    });
+
+    it('reports a refused sign-in and a failed code exchange as failed', async () => {
+      const refused = await call(h.server.url, 'POST', '/v2/auth/authenticate', { key: h.alice, body: { provider: 'oidc' } });
+      const state = new URL(refused.body.url).searchParams.get('state')!;
+      const r = await fetch(`${h.server.url}/v2/auth/callback/oidc?error=access_denied&state=${state}`);
+      expect(r.status).toBe(400);
+      expect((await call(h.server.url, 'GET', `/v2/auth/wait/${refused.body.auth_id}?timeout=1`, { key: h.alice })).body).toEqual({ status: 'failed' });
+
+      const bad = await call(h.server.url, 'POST', '/v2/auth/authenticate', { key: h.alice, body: { provider: 'badsecret' } });
+      const landed = await browse(bad.body.url, `${h.server.url}/v2/auth/callback/`);
+      expect(landed.status).toBe(502);
+      expect((await call(h.server.url, 'GET', `/v2/auth/wait/${bad.body.auth_id}?timeout=1`, { key: h.alice })).body).toEqual({ status: 'failed' });
+      expect(h.server.output()).toMatch(/"reason":"the token endpoint answered HTTP 401 \(invalid_client\)"/);
+      expect((await call(h.server.url, 'GET', '/v2/auth/tokens?provider_id=badsecret', { key: h.alice })).body).toEqual([]);
+    });
+
+    it('refuses bearer tokens that are not from the issuer, expired, for another audience, unsigned-by-key or tenant-less', async () => {
+      const list = (token: string, headers: Record<string, string> = {}) => call(h.server.url, 'GET', '/v2/auth/tokens', { headers: { authorization: `Bearer ${token}`, ...headers } });
+      const other = generateKeyPairSync('ec', { namedCurve: 'P-256' }).privateKey;
+      expect((await list(await jwt(h, { sub: 'alice', tenant_id: 'default' }, { key: other }))).status).toBe(401);
+      expect((await list(await jwt(h, { sub: 'alice', tenant_id: 'default' }, { exp: Math.floor(Date.now() / 1000) - 600 }))).status).toBe(401);
+      expect((await list(await jwt(h, { sub: 'alice', tenant_id: 'default' }, { aud: 'someone-else' }))).status).toBe(401);
+      expect((await list(await jwt(h, { sub: 'alice', tenant_id: 'default' }, { iss: 'https://evil.test' }))).status).toBe(401);
+      const hs = await new SignJWT({ sub: 'alice', tenant_id: 'default' }).setProtectedHeader({ alg: 'HS256' }).setIssuer(ISSUER).setAudience(AUDIENCE).setExpirationTime('5m').sign(new TextEncoder().encode('a-shared-secret-of-32-bytes-long!!'));
+      secrets.add(hs);
+      expect((await list(hs)).status).toBe(401);
+      expect((await list(await jwt(h, { sub: 'alice' }))).status).toBe(401);
+      expect((await list(await jwt(h, { sub: 'alice', tenant_id: 'no-such-workspace' }))).status).toBe(401);
+      expect((await list('not.a.jwt')).status).toBe(401);
+      // A valid token for a user never seen before creates that user.
+      const dave = await list(await jwt(h, { sub: 'dave', workspace_id: 'default' }));
+      expect(dave.status).toBe(200);
+      expect(dave.body).toEqual([]);
+      // The tenant header with an API key: its own workspace passes, another is refused.
+      expect((await call(h.server.url, 'GET', '/v2/auth/tokens', { key: h.carol, headers: { 'X-Tenant-Id': h.carolWorkspace } })).status).toBe(200);
+      expect((await call(h.server.url, 'GET', '/v2/auth/tokens', { key: h.carol, headers: { 'X-Tenant-Id': 'default' } })).status).toBe(403);
+    });
+
+    it('manages providers per workspace with a write-only client secret', async () => {
+      const body = { provider_id: 'gh', name: 'GitHub', client_id: 'Iv1.abc', client_secret: 'gh-secret-0a1b2c3d4e5f', auth_url: 'https://github.com/login/oauth/authorize', token_url: 'https://github.com/login/oauth/access_token', revocation_url: null, scopes: ['repo', 'repo'] };
+      secrets.add(body.client_secret);
+      const created = await call(h.server.url, 'POST', '/v2/auth/providers', { key: h.carol, body });
+      expect(created.status).toBe(201);
+      expect(created.body).toMatchObject({ provider_id: 'gh', has_client_secret: true, uses_pkce: true, token_endpoint_auth_method: 'client_secret_basic', scopes: ['repo'], revocation_url: null });
+      expect(created.text).not.toContain(body.client_secret);
+      expect((await call(h.server.url, 'POST', '/v2/auth/providers', { key: h.carol, body })).status).toBe(409);
+      expect((await call(h.server.url, 'GET', '/v2/auth/providers/gh', { key: h.alice })).status).toBe(404);
+      expect((await call(h.server.url, 'GET', '/v2/auth/providers', { key: h.carol })).body.map((p: { provider_id: string }) => p.provider_id)).toEqual(['gh']);
+      const noSecret = await call(h.server.url, 'POST', '/v2/auth/providers', { key: h.carol, body: { ...body, provider_id: 'gh2', client_secret: undefined } });
+      expect(noSecret.status).toBe(422);
+      expect(noSecret.body.detail[0].loc).toEqual(['body', 'client_secret']);
+      const badUrl = await call(h.server.url, 'POST', '/v2/auth/providers', { key: h.carol, body: { ...body, provider_id: 'gh3', token_url: 'ftp://x' } });
+      expect(badUrl.status).toBe(422);
+      expect(badUrl.body.detail[0].loc).toEqual(['body', 'token_url']);
+      const patched = await call(h.server.url, 'PATCH', '/v2/auth/providers/gh', { key: h.carol, body: { token_endpoint_auth_method: 'none', client_secret: null } });
+      expect(patched.status).toBe(200);
+      expect(patched.body).toMatchObject({ has_client_secret: false, token_endpoint_auth_method: 'none' });
+      expect((await call(h.server.url, 'PATCH', '/v2/auth/providers/gh', { key: h.carol, body: { token_endpoint_auth_method: 'client_secret_post' } })).status).toBe(422);
+      expect((await call(h.server.url, 'DELETE', '/v2/auth/providers/gh', { key: h.carol })).status).toBe(204);
+      expect((await call(h.server.url, 'GET', '/v2/auth/providers/gh', { key: h.carol })).status).toBe(404);
+      // A provider with stored tokens cannot be removed (its tokens could no longer be revoked).
+      const { tokenId } = await signIn(h, h.alice);
+      expect((await call(h.server.url, 'DELETE', '/v2/auth/providers/oidc', { key: h.alice })).status).toBe(409);
+      expect((await call(h.server.url, 'DELETE', `/v2/auth/tokens/${tokenId}`, { key: h.alice })).status).toBe(204);
+    });
+
+    it('updates token metadata for the owner, with one default per provider', async () => {
+      const first = (await signIn(h, h.alice, 'oidc', ['openid'])).tokenId;
+      const second = (await signIn(h, h.alice, 'oidc', ['openid', 'offline_access'])).tokenId;
+      const label = await call(h.server.url, 'PATCH', `/v2/auth/tokens/${second}/metadata`, { key: h.alice, body: { provider_account_label: 'work account', is_default: true } });
+      expect(label.status).toBe(200);
+      expect(label.body).toMatchObject({ id: second, provider_account_label: 'work account', is_default: true });
+      const list = (await call(h.server.url, 'GET', '/v2/auth/tokens?provider_id=oidc', { key: h.alice })).body;
+      expect(list.map((t: { id: string; is_default: boolean }) => [t.id, t.is_default])).toEqual([
+        [first, false],
+        [second, true],
+      ]);
+      expect((await call(h.server.url, 'PATCH', `/v2/auth/tokens/${second}/metadata`, { key: h.alice, body: { is_default: 'yes' } })).status).toBe(422);
+      expect((await call(h.server.url, 'PATCH', `/v2/auth/tokens/${second}/metadata`, { key: h.alice, body: { token: 'x' } })).status).toBe(422);
+      for (const id of [first, second]) expect((await call(h.server.url, 'DELETE', `/v2/auth/tokens/${id}`, { key: h.alice })).status).toBe(204);
+    });
+
+    it('describes the routes in the OpenAPI document with the three security schemes', async () => {
+      const doc = (await call(h.server.url, 'GET', '/openapi.json')).body;
+      const del = doc.paths['/v2/auth/tokens/{token_id}'].delete;
+      expect(del.security).toEqual([{ 'API Key': [] }, { 'Tenant ID': [] }, { 'Bearer Auth': [] }]);
+      expect(Object.keys(del.responses)).toEqual(expect.arrayContaining(['204', '404', '502']));
+      expect(doc.paths['/v2/auth/callback/{provider_id}'].get.security).toEqual([]);
     });
   });
 }
