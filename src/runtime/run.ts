@@ -39,7 +39,11 @@ const MAX_ERROR_MESSAGE = 4000;
 /** The `error` event payload: name and message, never a stack. */
 export function errorPayload(err: unknown): { error: string; message: string } {
   if (err instanceof Error) {
-    return { error: err.name || 'Error', message: String(err.message ?? '').slice(0, MAX_ERROR_MESSAGE) };
+    let message = String(err.message ?? '');
+    // undici's "fetch failed" says nothing by itself; the reason is in its cause.
+    const cause = (err as { cause?: unknown }).cause;
+    if (cause instanceof Error && cause.message) message += ` (${cause.name}: ${cause.message})`;
+    return { error: err.name || 'Error', message: message.slice(0, MAX_ERROR_MESSAGE) };
   }
   return { error: 'Error', message: String(err).slice(0, MAX_ERROR_MESSAGE) };
 }
