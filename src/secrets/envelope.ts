@@ -40,6 +40,11 @@ export class Envelope {
     this.keys = new Map([...older, primary].map((k) => [keyIdOf(k), k]));
   }
 
+  /** Whether this keyring holds the key a value sealed under `keyId` needs. */
+  hasKey(keyId: string): boolean {
+    return this.keys.has(keyId);
+  }
+
   static isSealed(value: unknown): value is string {
     return typeof value === 'string' && value.startsWith(SEALED_PREFIX);
   }

@@ -117,6 +117,18 @@ export class EncryptedFileSecretStore implements SecretStore {
     }
   }
 
+  /** Refuses to add values under a key that cannot open what the file already holds (a wrong KEYGATE_MASTER_KEY). */
+  private assertSameKey(doc: SecretsDoc, envelope: Envelope): void {
+    for (const entries of Object.values(doc.workspaces)) {
+      for (const sealed of Object.values(entries)) {
+        const keyId = sealed.split('.')[1] ?? '';
+        if (!envelope.hasKey(keyId)) {
+          throw new SecretStoreError(`${this.file} holds values encrypted with another master key (key id ${keyId}); this key is ${envelope.keyId}. Nothing was written`);
+        }
+      }
+    }
+  }
+
   async get(key: string): Promise<string | undefined> {
     assertSecretKey(key);
     const entries = this.entries(readSecretsDoc(this.file));
@@ -143,7 +155,9 @@ export class EncryptedFileSecretStore implements SecretStore {
       const doc = readSecretsDoc(this.file);
       // Keys are loaded under the lock: a rotation holds the same lock, so this seals with the
       // key that is current once it has finished, never with the one it just retired.
-      const sealed = this.keys().seal(value, key);
+      const envelope = this.keys();
+      this.assertSameKey(doc, envelope);
+      const sealed = envelope.seal(value, key);
       doc.workspaces[this.workspaceId] = { ...this.entries(doc), [key]: sealed };
       writeSecretsDoc(this.file, doc);
     }, this.lockOpts);

@@ -80,6 +80,14 @@ describe('encrypted file store', () => {
     expect(await fileStore(undefined, other).list()).toEqual(['K']);
   });
 
+  it('refuses to write with a master key that cannot open the existing values', async () => {
+    await fileStore().set('K', 'v1');
+    const other = { KEYGATE_MASTER_KEY: randomBytes(32).toString('base64') };
+    await expect(fileStore(undefined, other).set('NEW', 'v2')).rejects.toThrow(/another master key .*Nothing was written/);
+    await expect(fileStore('elsewhere', other).set('NEW', 'v2')).rejects.toThrow(/another master key/);
+    expect(await fileStore().list()).toEqual(['K']);
+  });
+
   it('a flipped byte in the ciphertext fails authentication', async () => {
     await fileStore().set('K', 'secret-value-2');
     const file = path.join(dir, 'secrets.json');
