@@ -23,5 +23,6 @@ export interface Area {
 export async function loadAreas(): Promise<Area[]> {
   const areas: Area[] = [];
   areas.push((await import('../auth/area.js')).authArea);
+  areas.push((await import('../sandbox-api/area.js')).sandboxArea);
   return areas;
 }
