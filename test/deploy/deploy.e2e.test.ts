@@ -1,0 +1,350 @@
+// `keygate deploy` end to end: the real CLI against a real `keygate serve` (control plane, builds,
+// app processes) on loopback, SQLite in a temp dir.
+import { spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { createServer } from 'node:net';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import { fileURLToPath } from 'node:url';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { CLI, startCli, type RunningCli } from '../helpers/cli.js';
+import { cleanEnv, copyEcho, findUnpacked, listTree, runDeploy, spawnDeploy } from './helpers.js';
+
+const dirs: string[] = [];
+const tmp = (prefix = 'keygate-deploy-e2e-') => {
+  const d = mkdtempSync(path.join(os.tmpdir(), prefix));
+  dirs.push(d);
+  return d;
+};
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const hasPython = spawnSync('python3', ['-c', 'import pty'], { encoding: 'utf8' }).status === 0;
+if (!hasPython) console.warn('python3 with the pty module is not available: the terminal prompt test of deploy delete is skipped');
+
+const KEY = `kg_deploytest_${randomBytes(16).toString('hex')}`;
+const SECRET_VALUE = `Deployed-${randomBytes(6).toString('hex')} says: `;
+
+let server: RunningCli;
+let dataDir: string;
+let work: string;
+
+async function api(method: string, p: string, key = KEY): Promise<{ status: number; body: any }> {
+  const res = await fetch(`${server.url}${p}`, { method, headers: { 'x-api-key': key } });
+  const text = await res.text();
+  return { status: res.status, body: text ? JSON.parse(text) : undefined };
+}
+
+/** JSON lines of a --json run; every stdout line must parse. */
+function jsonLines(stdout: string): any[] {
+  return stdout
+    .split('\n')
+    .filter((l) => l.length > 0)
+    .map((l) => JSON.parse(l));
+}
+
+function expectNoSecrets(text: string) {
+  expect(text).not.toContain(KEY);
+  expect(text).not.toContain(SECRET_VALUE.trim());
+}
+
+const withKey = () => ({ KEYGATE_API_KEY: KEY, KEYGATE_URL: server.url });
+
+beforeAll(async () => {
+  dataDir = tmp('keygate-deploy-data-');
+  work = tmp();
+  server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir], { env: { KEYGATE_API_KEY: KEY, DATABASE_URL: '' } });
+});
+afterAll(async () => {
+  await server?.stop();
+  for (const d of dirs) rmSync(d, { recursive: true, force: true });
+});
+
+describe('keygate deploy against a real keygate serve', () => {
+  let appDir: string;
+  let deploymentId: string;
+  let firstRevision: string;
+
+  it('creates the deployment named after the directory, with the key and URL from .env, and waits for DEPLOYED', async () => {
+    appDir = copyEcho(work, 'Echo_App');
+    // What must never be uploaded: local secrets, installed modules, git data, ignored files.
+    writeFileSync(path.join(appDir, '.env'), `KEYGATE_API_KEY=${KEY}\nKEYGATE_URL=${server.url}\nECHO_PREFIX="${SECRET_VALUE}"\n`);
+    writeFileSync(path.join(appDir, '.env.local'), 'LOCAL=1\n');
+    mkdirSync(path.join(appDir, 'node_modules/left-pad'), { recursive: true });
+    writeFileSync(path.join(appDir, 'node_modules/left-pad/index.js'), 'module.exports = 1');
+    mkdirSync(path.join(appDir, '.git'));
+    writeFileSync(path.join(appDir, '.git/HEAD'), 'ref: refs/heads/main\n');
+    writeFileSync(path.join(appDir, '.gitignore'), 'scratch/\n*.tmp\n');
+    writeFileSync(path.join(appDir, '.keygateignore'), 'notes.md\n');
+    mkdirSync(path.join(appDir, 'scratch'));
+    writeFileSync(path.join(appDir, 'scratch/big.bin'), 'x');
+    writeFileSync(path.join(appDir, 'draft.tmp'), 'x');
+    writeFileSync(path.join(appDir, 'notes.md'), 'x');
+    writeFileSync(path.join(appDir, 'README.md'), 'packed');
+
+    const r = await runDeploy([], { cwd: appDir });
+    expect(r.stderr).not.toMatch(/unexpected error/);
+    expect(r.code, r.stdout + r.stderr).toBe(0);
+    for (const step of ['[1/4] Checking prerequisites', '[2/4] Packing', '[3/4] Uploading', '[4/4] Deploying']) expect(r.stdout).toContain(step);
+    expect(r.stdout).toMatch(/API key \(from .*\.env\)/);
+    expect(r.stdout).toMatch(/uploaded \d+ bytes/);
+    expect(r.stdout).toMatch(/created deployment [0-9a-f-]{36} \(echo-app\)/);
+    // Every status change with the elapsed time, ending with DEPLOYED and the URL.
+    expect(r.stdout).toMatch(/BUILDING \(\d+\.\d+s\)/);
+    expect(r.stdout).toMatch(/DEPLOYED \(\d+\.\d+s\)/);
+    expect(r.stdout).toMatch(/URL: http:\/\/127\.0\.0\.1:\d+/);
+    // The app's env file became the deployment's secrets: names shown, values never.
+    expect(r.stdout).toMatch(/secrets from .*\.env: ECHO_PREFIX/);
+    expectNoSecrets(r.stdout + r.stderr);
+
+    const list = await api('GET', '/v2/deployments?name_contains=echo-app');
+    const d = list.body.resources.find((x: any) => x.name === 'echo-app');
+    expect(d).toBeDefined();
+    deploymentId = d.id;
+    firstRevision = d.latest_revision_id;
+    expect(d.source_config.deployment_type).toBe('dev');
+    expect(d.active_revision_id).toBe(firstRevision);
+    expect((d.secrets ?? []).map((s: any) => s.name)).toEqual(['ECHO_PREFIX']);
+    expect((await api('GET', `/v2/deployments/${d.id}/revisions/${firstRevision}`)).body.status).toBe('DEPLOYED');
+
+    // The control plane unpacked exactly what the ignore rules let through.
+    const unpacked = findUnpacked(dataDir, firstRevision);
+    expect(unpacked, 'unpacked revision directory').toBeDefined();
+    const files = listTree(unpacked!).filter((f) => !f.startsWith('node_modules/') || f.includes('left-pad'));
+    expect(files).toEqual(expect.arrayContaining(['.gitignore', '.keygateignore', 'README.md', 'keygate.json', 'package.json', 'src/agent.js']));
+    for (const never of ['.env', '.env.local', '.env.example', 'node_modules/left-pad/index.js', '.git/HEAD', 'scratch/big.bin', 'draft.tmp', 'notes.md']) {
+      expect(files).not.toContain(never);
+    }
+  });
+
+  it('deploys again: updated in place (same ID, a new revision), --json lines with a final result', async () => {
+    writeFileSync(path.join(appDir, 'README.md'), 'changed');
+    const r = await runDeploy(['--json'], { cwd: appDir });
+    expect(r.code, r.stdout + r.stderr).toBe(0);
+    const events = jsonLines(r.stdout); // throws if any stdout line is not JSON
+    expect(events.length).toBeGreaterThan(5);
+    expect(events.filter((e) => e.event === 'step').map((e) => e.step)).toEqual([1, 2, 3, 4]);
+    const statuses = events.filter((e) => e.event === 'status');
+    expect(statuses.at(-1)).toMatchObject({ status: 'DEPLOYED' });
+    for (const s of statuses) expect(typeof s.elapsed_s).toBe('number');
+    const result = events.at(-1);
+    expect(result).toMatchObject({ event: 'result', ok: true, deployment_id: deploymentId, status: 'DEPLOYED', created: false });
+    expect(result.revision_id).not.toBe(firstRevision);
+    expect(result.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+/);
+    expectNoSecrets(r.stdout + r.stderr);
+
+    const d = (await api('GET', `/v2/deployments/${deploymentId}`)).body;
+    expect(d.latest_revision_id).toBe(result.revision_id);
+    expect(d.active_revision_id).toBe(result.revision_id);
+    const all = await api('GET', '/v2/deployments?name_contains=echo-app');
+    expect(all.body.resources.filter((x: any) => x.name === 'echo-app')).toHaveLength(1);
+  });
+
+  it('--name and --deployment-type prod, with the key passed inline and DIR as the argument', async () => {
+    const dir = copyEcho(work, 'prod-src');
+    const r = await runDeploy([dir, '--name', 'echo-prod', '--deployment-type', 'prod'], { cwd: work, env: withKey() });
+    expect(r.code, r.stdout + r.stderr).toBe(0);
+    expect(r.stdout).toContain('API key (from the environment)');
+    expect(r.stdout).toMatch(/created deployment [0-9a-f-]{36} \(echo-prod\)/);
+    const list = await api('GET', '/v2/deployments?name_contains=echo-prod');
+    const d = list.body.resources.find((x: any) => x.name === 'echo-prod');
+    expect(d.source_config.deployment_type).toBe('prod');
+    expect((await api('GET', `/v2/deployments/${d.id}/revisions/${d.latest_revision_id}`)).body.status).toBe('DEPLOYED');
+    expect((await api('GET', '/v2/deployments?name_contains=prod-src')).body.resources).toHaveLength(0);
+  });
+
+  it('deploy list shows every deployment as a table and as JSON', async () => {
+    const r = await runDeploy(['list'], { cwd: work, env: withKey() });
+    expect(r.code, r.stderr).toBe(0);
+    const lines = r.stdout.trim().split('\n');
+    expect(lines[0]).toMatch(/^ID\s+NAME\s+TYPE\s+STATUS\s+URL\s+UPDATED$/);
+    const row = lines.find((l) => l.includes(deploymentId))!;
+    expect(row).toMatch(new RegExp(`^${deploymentId}\\s+echo-app\\s+dev\\s+DEPLOYED\\s+http://127\\.0\\.0\\.1:\\d+\\S*\\s+\\d{4}-`));
+    expect(lines.find((l) => /\becho-prod\b/.test(l))).toMatch(/\bprod\s+DEPLOYED\b/);
+
+    const j = await runDeploy(['list', '--json'], { cwd: work, env: withKey() });
+    expect(j.code).toBe(0);
+    const rows = JSON.parse(j.stdout);
+    expect(rows.find((x: any) => x.id === deploymentId)).toMatchObject({ name: 'echo-app', type: 'dev', status: 'DEPLOYED' });
+    expect(rows.map((x: any) => x.name).sort()).toEqual(['echo-app', 'echo-prod']);
+  });
+
+  it('deploy logs shows build lines (by ID, by --name, and for the current directory)', async () => {
+    const byId = await runDeploy(['logs', deploymentId, '--type', 'build'], { cwd: work, env: withKey() });
+    expect(byId.code, byId.stderr).toBe(0);
+    const lines = byId.stdout.trim().split('\n');
+    expect(lines.length).toBeGreaterThan(0);
+    for (const l of lines) expect(l).toMatch(/^\d{4}-\d\d-\d\dT\S+ build  /);
+
+    const byName = await runDeploy(['logs', '--name', 'echo-app', '--type', 'build', '--json'], { cwd: work, env: withKey() });
+    expect(byName.code).toBe(0);
+    const entries = byName.stdout.trim().split('\n').map((l) => JSON.parse(l));
+    expect(entries.every((e: any) => e.type === 'build')).toBe(true);
+    expect(entries.length).toBe(lines.length);
+
+    // In the app directory itself the deployment is found by the directory's name (key from .env).
+    const here = await runDeploy(['logs', '--type', 'deploy', '--tail', '3'], { cwd: appDir });
+    expect(here.code, here.stderr).toBe(0);
+    const hereLines = here.stdout.trim().split('\n').filter(Boolean);
+    expect(hereLines.length).toBeGreaterThan(0);
+    expect(hereLines.length).toBeLessThanOrEqual(3);
+    expectNoSecrets(byId.stdout + byName.stdout + here.stdout);
+
+    const unknown = await runDeploy(['logs', '--name', 'no-such-app'], { cwd: work, env: withKey() });
+    expect(unknown.code).toBe(1);
+    expect(unknown.stderr).toContain("no deployment named 'no-such-app'");
+  });
+
+  it('deploy logs --follow streams until Ctrl-C and exits 0', async () => {
+    const f = spawnDeploy(['logs', deploymentId, '--type', 'build', '--follow'], { cwd: work, env: withKey() });
+    const deadline = Date.now() + 20_000;
+    while (!/ build  /.test(f.stdout()) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
+    expect(f.stdout()).toMatch(/ build  /);
+    // Let it attach to the stream, then interrupt as a user would.
+    await new Promise((r) => setTimeout(r, 500));
+    f.proc.kill('SIGINT');
+    const r = await f.done;
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stderr).not.toMatch(/unexpected error/);
+  });
+
+  it('a broken app exits non-zero and shows the tail of the build log', async () => {
+    const dir = copyEcho(work, 'broken-app');
+    writeFileSync(
+      path.join(dir, 'package.json'),
+      JSON.stringify({ name: 'broken', private: true, type: 'module', scripts: { build: `node -e "console.error('build-marker-7f3a: compiler exploded'); process.exit(3)"` } }),
+    );
+    const r = await runDeploy([], { cwd: dir, env: withKey() });
+    expect(r.code).toBe(1);
+    expect(r.stdout).toMatch(/BUILD_FAILED \(\d+\.\d+s\)/);
+    expect(r.stdout).toMatch(/--- last \d+ lines of the build log/);
+    expect(r.stdout).toContain('build-marker-7f3a: compiler exploded');
+    expect(r.stderr).toMatch(/ended BUILD_FAILED/);
+
+    const j = await runDeploy(['--json'], { cwd: dir, env: withKey() });
+    expect(j.code).toBe(1);
+    const events = jsonLines(j.stdout);
+    expect(events.some((e) => e.event === 'log' && String(e.message).includes('build-marker-7f3a'))).toBe(true);
+    expect(events.at(-1)).toMatchObject({ event: 'result', ok: false, status: 'BUILD_FAILED', created: false });
+  });
+
+  it('times out with exit 124 when the revision does not finish in time', async () => {
+    const dir = copyEcho(work, 'slow-app');
+    const r = await runDeploy(['--timeout', '1ms', '--json'], { cwd: dir, env: withKey() });
+    expect(r.code).toBe(124);
+    const result = jsonLines(r.stdout).at(-1);
+    expect(result).toMatchObject({ event: 'result', ok: false });
+    expect(result.error).toMatch(/timed out/);
+  });
+
+  it('--no-wait returns after submitting, with the ids', async () => {
+    const dir = copyEcho(work, 'nowait-app');
+    const r = await runDeploy(['--no-wait', '--json'], { cwd: dir, env: withKey() });
+    expect(r.code, r.stderr).toBe(0);
+    const result = jsonLines(r.stdout).at(-1);
+    expect(result).toMatchObject({ event: 'result', ok: true, created: true, status: null });
+    expect(result.deployment_id).toMatch(/^[0-9a-f-]{36}$/);
+    expect(result.revision_id).toBeTruthy();
+  });
+
+  it('delete refuses without --force when there is no terminal, and deletes with --force', async () => {
+    const refused = await runDeploy(['delete', deploymentId], { cwd: work, env: withKey() });
+    expect(refused.code).not.toBe(0);
+    expect(refused.stderr).toMatch(/refusing to delete .* pass --force/);
+    expect((await api('GET', `/v2/deployments/${deploymentId}`)).status).toBe(200);
+
+    const r = await runDeploy(['delete', deploymentId, '--force'], { cwd: work, env: withKey() });
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toContain(`Deleted deployment ${deploymentId} (echo-app)`);
+    expect((await api('GET', `/v2/deployments/${deploymentId}`)).status).toBe(404);
+
+    const again = await runDeploy(['delete', deploymentId, '--force'], { cwd: work, env: withKey() });
+    expect(again.code).toBe(1);
+    expect(again.stderr.trim()).toBe(`keygate: deployment ${deploymentId} not found`);
+  });
+});
+
+describe.skipIf(!hasPython)('keygate deploy delete on a terminal', () => {
+  /** Runs `keygate deploy ARGS` on a pseudo-terminal and answers the [y/N] question with `answer`. */
+  function onTty(args: string[], answer: string) {
+    const r = spawnSync('python3', [path.join(HERE, 'pty_run.py'), '[y/N]', answer, '--', process.execPath, CLI, 'deploy', ...args], {
+      cwd: work,
+      env: cleanEnv(withKey()),
+      encoding: 'utf8',
+      timeout: 90_000,
+    });
+    return JSON.parse(r.stdout) as { code: number; answered: boolean; output: string };
+  }
+
+  it('asks, defaults to No, and deletes only on y', async () => {
+    const list = await api('GET', '/v2/deployments?name_contains=echo-prod');
+    const d = list.body.resources.find((x: any) => x.name === 'echo-prod');
+    expect(d).toBeDefined();
+
+    for (const answer of ['', 'n', 'nope']) {
+      const r = onTty(['delete', d.id], answer);
+      expect(r.answered).toBe(true);
+      expect(r.output).toContain(`Delete deployment ${d.id} (echo-prod)? [y/N]`);
+      expect(r.output).toContain('Not deleted.');
+      expect(r.code).toBe(1);
+      expect((await api('GET', `/v2/deployments/${d.id}`)).status).toBe(200);
+    }
+    const yes = onTty(['delete', d.id], 'y');
+    expect(yes.code, yes.output).toBe(0);
+    expect(yes.output).toContain(`Deleted deployment ${d.id} (echo-prod).`);
+    expect((await api('GET', `/v2/deployments/${d.id}`)).status).toBe(404);
+  });
+});
+
+describe('prerequisites and failures are one clear line', () => {
+  it('a wrong API key: one line, no stack trace, the key not echoed', async () => {
+    const dir = copyEcho(work, 'wrong-key');
+    const wrong = `kg_wrong_${randomBytes(16).toString('hex')}`;
+    for (const args of [[], ['list'], ['logs', '--name', 'x'], ['delete', 'x', '--force']]) {
+      const r = await runDeploy(args, { cwd: dir, env: { KEYGATE_API_KEY: wrong, KEYGATE_URL: server.url } });
+      expect(r.code, args.join(' ')).toBe(1);
+      expect(r.stderr).toBe('keygate: the control plane rejected the API key (401)\n');
+      expect(r.stdout + r.stderr).not.toContain(wrong);
+      expect(r.stderr).not.toMatch(/\n\s+at /);
+    }
+  });
+
+  it('no API key anywhere: says where it is looked for', async () => {
+    const dir = copyEcho(work, 'no-key');
+    const r = await runDeploy([], { cwd: dir, env: { KEYGATE_URL: server.url } });
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/^keygate: no API key: set KEYGATE_API_KEY in the environment .* or in .*no-key\/\.env\n$/);
+  });
+
+  it('an unreachable control plane: a clear message naming the address', async () => {
+    const port = await new Promise<number>((resolve) => {
+      const s = createServer().listen(0, '127.0.0.1', () => {
+        const p = (s.address() as { port: number }).port;
+        s.close(() => resolve(p));
+      });
+    });
+    const dir = copyEcho(work, 'unreachable');
+    const r = await runDeploy([], { cwd: dir, env: { KEYGATE_API_KEY: KEY, KEYGATE_URL: `http://127.0.0.1:${port}` } });
+    expect(r.code).toBe(1);
+    expect(r.stderr).toBe(`keygate: cannot reach the control plane at http://127.0.0.1:${port}: connection refused (ECONNREFUSED); is 'keygate serve' running there? (set KEYGATE_URL)\n`);
+    const l = await runDeploy(['list', '--json'], { cwd: dir, env: { KEYGATE_API_KEY: KEY, KEYGATE_URL: `http://127.0.0.1:${port}` } });
+    expect(l.code).toBe(1);
+    expect(l.stdout).toBe('');
+  });
+
+  it('an invalid application directory is refused before anything is sent', async () => {
+    const dir = path.join(work, 'not-an-app');
+    mkdirSync(dir);
+    const r = await runDeploy([], { cwd: dir, env: withKey() });
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/keygate\.json not found/);
+    expect((await api('GET', '/v2/deployments?name_contains=not-an-app')).body.resources).toHaveLength(0);
+  });
+
+  it('usage errors exit 2', async () => {
+    for (const args of [['--deployment-type', 'staging'], ['--timeout', 'soon'], ['--bogus'], ['delete'], ['logs', '--type', 'x']]) {
+      const r = await runDeploy(args, { cwd: work, env: withKey() });
+      expect(r.code, args.join(' ')).toBe(2);
+    }
+  });
+});

@@ -1,0 +1,74 @@
+// Runs `node dist/cli/main.js deploy ...` asynchronously (spawnSync would freeze the test worker
+// while a deploy waits) with an environment that carries only what the test gives it.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { cpSync, existsSync, readdirSync, statSync } from 'node:fs';
+import path from 'node:path';
+import { CLI, REPO_ROOT } from '../helpers/cli.js';
+
+export interface CliResult {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** The parent's environment minus every keygate setting, so nothing leaks in from the runner. */
+export function cleanEnv(extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = {};
+  for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('KEYGATE_') && k !== 'NO_COLOR' && k !== 'CI') env[k] = v;
+  return { ...env, ...extra };
+}
+
+export function spawnDeploy(args: string[], opts: { cwd: string; env?: NodeJS.ProcessEnv }): { proc: ChildProcess; done: Promise<CliResult>; stdout(): string } {
+  const proc = spawn(process.execPath, [CLI, 'deploy', ...args], { cwd: opts.cwd, env: cleanEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  proc.stdout!.on('data', (c: Buffer) => (stdout += c.toString('utf8')));
+  proc.stderr!.on('data', (c: Buffer) => (stderr += c.toString('utf8')));
+  const done = new Promise<CliResult>((resolve) => proc.once('close', (code) => resolve({ code, stdout, stderr })));
+  return { proc, done, stdout: () => stdout };
+}
+
+export async function runDeploy(args: string[], opts: { cwd: string; env?: NodeJS.ProcessEnv; timeoutMs?: number }): Promise<CliResult> {
+  const { proc, done } = spawnDeploy(args, opts);
+  const timer = setTimeout(() => proc.kill('SIGKILL'), opts.timeoutMs ?? 120_000);
+  try {
+    return await done;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** A copy of examples/echo-agent under `parent/<name>`, so the derived deployment name is known. */
+export function copyEcho(parent: string, name: string): string {
+  const dir = path.join(parent, name);
+  cpSync(path.join(REPO_ROOT, 'examples/echo-agent'), dir, { recursive: true });
+  return dir;
+}
+
+/** Every file (relative path) under `dir`, for checking what the control plane unpacked. */
+export function listTree(dir: string, rel = ''): string[] {
+  const out: string[] = [];
+  for (const name of readdirSync(path.join(dir, rel))) {
+    const r = rel ? `${rel}/${name}` : name;
+    if (statSync(path.join(dir, r)).isDirectory()) out.push(...listTree(dir, r));
+    else out.push(r);
+  }
+  return out.sort();
+}
+
+/** The directory under `root` that holds a keygate.json whose path mentions `revisionId`. */
+export function findUnpacked(root: string, revisionId: string): string | undefined {
+  const walk = (d: string, depth: number): string | undefined => {
+    if (depth > 8 || !existsSync(d)) return undefined;
+    if (d.includes(revisionId) && existsSync(path.join(d, 'keygate.json'))) return d;
+    for (const name of readdirSync(d)) {
+      const p = path.join(d, name);
+      if (name !== 'node_modules' && statSync(p).isDirectory()) {
+        const hit = walk(p, depth + 1);
+        if (hit) return hit;
+      }
+    }
+    return undefined;
+  };
+  return walk(root, 0);
+}
