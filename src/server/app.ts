@@ -76,7 +76,6 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
 
   const app = Fastify({
     loggerInstance: opts.logger as FastifyBaseLogger,
-    disableRequestLogging: false,
     bodyLimit: opts.bodyLimit ?? 1024 * 1024,
     ajv: undefined,
     // Ids are ours to mint; never trust a client-provided request id.
