@@ -41,7 +41,7 @@ export function parseDotenv(text: string): Map<string, string> {
     } else if (rest.startsWith('"')) {
       // A double-quoted value may continue on the following lines until its closing quote.
       let acc = rest.slice(1);
-      let startLine = lineNo;
+      const startLine = lineNo;
       let close = findClosingQuote(acc);
       while (close < 0) {
         i++;
@@ -51,7 +51,6 @@ export function parseDotenv(text: string): Map<string, string> {
       }
       value = unescapeDouble(acc.slice(0, close));
       assertOnlyComment(acc.slice(close + 1), i + 1);
-      startLine = i + 1;
     } else {
       const hash = rest.search(/\s#/);
       if (hash >= 0) rest = rest.slice(0, hash);
