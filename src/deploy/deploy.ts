@@ -119,10 +119,10 @@ export async function deploy(opts: DeployOptions, reporter: Reporter): Promise<n
       const never = sel.excluded.filter((e) => e.reason === 'always').map((e) => e.path);
       const ignored = sel.excluded.filter((e) => e.reason === 'ignored').length;
       if (never.length || ignored) {
-        reporter.info(`excluded: ${[...never.slice(0, 5), ...(never.length > 5 ? [`${never.length - 5} more`] : [])].join(', ') || 'nothing always-excluded'}${ignored ? `; ${ignored} ignored by .gitignore/.keygateignore` : ''}`, {
-          excluded: never,
-          ignored,
-        });
+        const parts: string[] = [];
+        if (never.length) parts.push(`never packed: ${never.slice(0, 5).join(', ')}${never.length > 5 ? ` and ${never.length - 5} more` : ''}`);
+        if (ignored) parts.push(`${ignored} ignored by .gitignore/.keygateignore`);
+        reporter.info(`excluded: ${parts.join('; ')}`, { excluded: never, ignored });
       }
       // [3] Upload
       reporter.step(3, total, 'Uploading');
@@ -284,6 +284,11 @@ async function printFailureTail(client: ControlPlaneClient, deploymentId: string
   const type = rev.status === 'DEPLOY_FAILED' ? 'deploy' : 'build';
   try {
     let { lines } = await client.tailLogs(deploymentId, { type, revisionId }, TAIL_LINES);
+    if (lines.length === 0) {
+      // Log lines are committed in small batches; give the last batch a moment to land.
+      await sleep(500);
+      ({ lines } = await client.tailLogs(deploymentId, { type, revisionId }, TAIL_LINES));
+    }
     let shown = type;
     if (lines.length === 0 && type === 'deploy') {
       ({ lines } = await client.tailLogs(deploymentId, { type: 'build', revisionId }, TAIL_LINES));
