@@ -1,0 +1,90 @@
+import type { CompiledRule } from '../rules/compile.js';
+
+/**
+ * Headers that belong to one connection and are never forwarded (RFC 9110 7.6.1), plus the
+ * proxy's own credentials and framing the next hop recomputes. `upgrade` is kept only for a
+ * WebSocket handshake.
+ */
+const HOP_BY_HOP = new Set([
+  'connection',
+  'keep-alive',
+  'proxy-authorization',
+  'proxy-authenticate',
+  'proxy-connection',
+  'te',
+  'trailer',
+  'transfer-encoding',
+  'upgrade',
+]);
+
+/** Names listed in every `Connection` header value (also hop-by-hop). */
+function connectionListed(raw: string[]): Set<string> | undefined {
+  let out: Set<string> | undefined;
+  for (let i = 0; i < raw.length; i += 2) {
+    if (raw[i].length === 10 && raw[i].toLowerCase() === 'connection') {
+      for (const token of raw[i + 1].split(',')) {
+        const t = token.trim().toLowerCase();
+        if (t) (out ??= new Set()).add(t);
+      }
+    }
+  }
+  return out;
+}
+
+export interface RequestHeaderOptions {
+  rule?: CompiledRule;
+  /** Keep `Upgrade: websocket` and `Connection: Upgrade` (a WebSocket handshake). */
+  websocket?: boolean;
+}
+
+/**
+ * The header list sent upstream, as a flat `[name, value, ...]` array: hop-by-hop headers and
+ * those named in `Connection` removed, `Host` and `Expect` dropped (the client decides neither
+ * the destination nor the upstream's framing), every client header that a rule injects removed
+ * whatever its case or count, then the rule's headers added once.
+ */
+export function upstreamRequestHeaders(raw: string[], opts: RequestHeaderOptions = {}): string[] {
+  const listed = connectionListed(raw);
+  const injected = opts.rule?.headerNameSet;
+  const out: string[] = [];
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i];
+    const lower = name.toLowerCase();
+    if (HOP_BY_HOP.has(lower) || lower === 'host' || lower === 'expect') continue;
+    if (listed?.has(lower) && !(opts.websocket && lower.startsWith('sec-websocket-'))) continue;
+    if (injected?.has(lower)) continue;
+    out.push(name, raw[i + 1]);
+  }
+  if (opts.websocket) out.push('connection', 'Upgrade', 'upgrade', 'websocket');
+  if (opts.rule) for (const [name, value] of opts.rule.headers) out.push(name, value);
+  return out;
+}
+
+/** Response headers passed back to the client, as a flat array (multi-valued ones kept). */
+export function downstreamResponseHeaders(headers: Record<string, string | string[] | undefined>): string[] {
+  const listed = typeof headers.connection === 'string' ? connectionListed(['connection', headers.connection]) : undefined;
+  const out: string[] = [];
+  for (const name in headers) {
+    const value = headers[name];
+    if (value === undefined || HOP_BY_HOP.has(name) || listed?.has(name)) continue;
+    if (Array.isArray(value)) for (const v of value) out.push(name, v);
+    else out.push(name, value);
+  }
+  return out;
+}
+
+/** The same filter for a raw header list from node:http (upgrade responses). */
+export function filterRawResponseHeaders(raw: string[], keepUpgrade: boolean): string[] {
+  const listed = connectionListed(raw);
+  const out: string[] = [];
+  for (let i = 0; i < raw.length; i += 2) {
+    const lower = raw[i].toLowerCase();
+    if (keepUpgrade && (lower === 'upgrade' || lower === 'connection')) {
+      out.push(raw[i], raw[i + 1]);
+      continue;
+    }
+    if (HOP_BY_HOP.has(lower) || listed?.has(lower)) continue;
+    out.push(raw[i], raw[i + 1]);
+  }
+  return out;
+}

@@ -1,0 +1,397 @@
+import { EventEmitter } from 'node:events';
+import http, { type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo, Socket } from 'node:net';
+import tls from 'node:tls';
+import type { Duplex } from 'node:stream';
+import { createLogger, type Logger } from '../log.js';
+import type { Ca } from '../certs/ca.js';
+import { LeafMinter } from '../certs/leaf.js';
+import type { CompiledConfig } from '../rules/compile.js';
+import { formatAuthority, isIpLiteral, parseAuthority, RuleInputError } from '../rules/host.js';
+import { isPathRefusal, normalisePath } from '../rules/path.js';
+import type { ProxyCore, TunnelTarget } from './context.js';
+import { malformed, misdirected, ProxyError, refused, writeRawError } from './errors.js';
+import { forward, newRecord, refuse } from './forward.js';
+import { CONNECT_OK, openTunnel } from './tunnel.js';
+import { DEFAULT_TIMEOUTS, Upstream, type ProxyTimeouts } from './upstream.js';
+import { refuseUpgrade, relayUpgrade } from './websocket.js';
+
+export type { ProxyTimeouts } from './upstream.js';
+export type { RequestRecord, TunnelRecord } from './context.js';
+
+export interface ProxyOptions {
+  listen: { host: string; port: number };
+  ca: Ca;
+  config: CompiledConfig;
+  logger?: Logger;
+  /** `host:port` -> address (curl's --resolve). Host as normalised (IPv6 in brackets or not). */
+  resolve?: ReadonlyMap<string, string>;
+  /** Extra PEM CAs for upstream TLS, on top of system roots and NODE_EXTRA_CA_CERTS. */
+  upstreamCa?: string[];
+  timeouts?: Partial<ProxyTimeouts>;
+  /** `host:port` targets never reachable through the proxy (e.g. the admin listener). */
+  denyTargets?: string[];
+  /** SecureContexts kept for intercepted hosts. */
+  certCacheSize?: number;
+}
+
+export interface ProxyHandle {
+  host: string;
+  port: number;
+  /** `http://host:port`, what HTTPS_PROXY points at. */
+  url: string;
+  /** Swaps the configuration atomically: requests and tunnels already started keep theirs. */
+  setConfig(config: CompiledConfig): void;
+  getConfig(): CompiledConfig;
+  /** 'request', 'tunnel', 'tls_handshake', 'cert', 'upstream_error'. Never header values. */
+  events: EventEmitter;
+  /** Adds a `host:port` the proxy must refuse to reach (an admin listener started later). */
+  denyTarget(authority: string): void;
+  /** Stops accepting, lets in-flight requests finish for up to graceMs, then cuts the rest. */
+  close(graceMs?: number): Promise<void>;
+}
+
+const LOOPBACK_NAMES = new Set(['localhost', '127.0.0.1', '::1', '0.0.0.0', '::']);
+
+function clientOf(socket: Socket): string {
+  return socket.remoteAddress ? formatAuthority(socket.remoteAddress.replace(/^::ffff:/, ''), socket.remotePort ?? 0) : 'unknown';
+}
+
+function parseTarget(raw: string | undefined, defaultPort: number | undefined): { host: string; port: number } {
+  try {
+    return parseAuthority(raw ?? '', defaultPort);
+  } catch (err) {
+    throw malformed(`invalid target host: ${err instanceof RuleInputError ? err.message : 'unparseable'}`);
+  }
+}
+
+/**
+ * Starts the proxy: one listener for CONNECT (blind tunnel or TLS interception per the rules)
+ * and absolute-form plain HTTP. Intercepted TLS connections are fed to an internal HTTP server
+ * that never listens, so the same parser handles requests, keep-alive and upgrades.
+ */
+export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
+  const timeouts: ProxyTimeouts = { ...DEFAULT_TIMEOUTS, ...opts.timeouts };
+  const logger = opts.logger ?? createLogger({ name: 'keygate-proxy' });
+  const events = new EventEmitter();
+  let current = opts.config;
+  let closing = false;
+  const deny = new Set<string>();
+  let ownPort = 0;
+  const addDeny = (authority: string) => {
+    const { host, port } = parseAuthority(authority, undefined);
+    deny.add(formatAuthority(host, port));
+  };
+  for (const d of opts.denyTargets ?? []) addDeny(d);
+
+  const upstream = new Upstream({ resolve: opts.resolve, upstreamCa: opts.upstreamCa, timeouts });
+  const minter = new LeafMinter(opts.ca, { cacheSize: opts.certCacheSize, onCert: (e) => events.emit('cert', e) });
+  const core: ProxyCore = {
+    config: () => current,
+    upstream,
+    logger,
+    events,
+    timeouts,
+    draining: () => closing,
+    isDenied(host, port) {
+      if (deny.has(formatAuthority(host, port))) return true;
+      // The proxy itself, by any loopback spelling or the --resolve pin to it: a loop.
+      const address = upstream.address(host, port);
+      return port === ownPort && (LOOPBACK_NAMES.has(host) || LOOPBACK_NAMES.has(address) || address === listenHost || host === listenHost);
+    },
+  };
+  const listenHost = opts.listen.host;
+
+  const tunnels = new WeakMap<Duplex, TunnelTarget>();
+  const openSockets = new Set<Duplex>();
+  const track = (s: Duplex) => {
+    openSockets.add(s);
+    s.once('close', () => openSockets.delete(s));
+  };
+
+  // ---- intercepted requests -------------------------------------------------------------
+  const inner = http.createServer({
+    requestTimeout: 0, // uploads and streams may be long; idle guards below
+    headersTimeout: timeouts.clientHeadersMs,
+    keepAliveTimeout: timeouts.keepAliveMs,
+  });
+
+  /** Authority check and path normalisation inside a tunnel: the CONNECT target, always. */
+  function checkIntercepted(req: IncomingMessage, t: TunnelTarget): { pathAndQuery: string; path: string } | ProxyError {
+    let hostHeaders = 0;
+    let hostValue: string | undefined;
+    for (let i = 0; i < req.rawHeaders.length; i += 2) {
+      if (req.rawHeaders[i].length === 4 && req.rawHeaders[i].toLowerCase() === 'host') {
+        hostHeaders++;
+        hostValue = req.rawHeaders[i + 1];
+      }
+    }
+    if (hostHeaders > 1) return malformed('more than one Host header');
+    let target = req.url ?? '';
+    if (!target.startsWith('/')) {
+      const m = /^([a-zA-Z][a-zA-Z0-9+.-]*):\/\/([^/?#]*)(.*)$/.exec(target);
+      if (!m) return malformed('unsupported request target');
+      if (m[1].toLowerCase() !== 'https') return malformed('only https requests are accepted inside a tunnel');
+      let abs;
+      try {
+        abs = parseAuthority(m[2], 443);
+      } catch {
+        return malformed('invalid authority in request target');
+      }
+      if (abs.host !== t.host || abs.port !== t.port) return misdirected(`request names ${formatAuthority(abs.host, abs.port)} inside a tunnel to ${t.authority}`);
+      target = m[3] || '/';
+    }
+    if (hostValue !== undefined) {
+      let h;
+      try {
+        h = parseAuthority(hostValue, 443);
+      } catch {
+        return malformed('invalid Host header');
+      }
+      if (h.host !== t.host || h.port !== t.port) return misdirected(`Host ${formatAuthority(h.host, h.port)} does not match the tunnel to ${t.authority}`);
+    } else if (req.httpVersionMajor === 1 && req.httpVersionMinor >= 1) {
+      return malformed('missing Host header');
+    }
+    const n = normalisePath(target);
+    if (isPathRefusal(n)) return malformed(n.error);
+    return { pathAndQuery: n.path + n.query, path: n.path };
+  }
+
+  inner.on('request', (req: IncomingMessage, res: ServerResponse) => {
+    const started = performance.now();
+    const t = tunnels.get(req.socket);
+    if (!t) {
+      res.destroy();
+      return;
+    }
+    const config = current; // one snapshot for the whole request
+    const rec = newRecord(req, { client: t.client, host: t.host, port: t.port, decision: 'intercept' }, '');
+    t.inFlight++;
+    res.once('close', () => {
+      t.inFlight--;
+      if (closing && t.inFlight === 0) req.socket.end();
+    });
+    if (closing) res.shouldKeepAlive = false;
+    const checked = checkIntercepted(req, t);
+    if (checked instanceof ProxyError) {
+      rec.path = (req.url ?? '').split('?')[0].slice(0, 200);
+      req.resume();
+      refuse(core, res, rec, started, checked, checked.status === 400);
+      return;
+    }
+    rec.path = checked.path;
+    const rule = config.pickRule(t.host, t.port, checked.path);
+    void forward(core, req, res, { scheme: 'https', host: t.host, port: t.port, pathAndQuery: checked.pathAndQuery, logPath: checked.path, decision: 'intercept', rule, client: t.client }, rec, started);
+  });
+
+  inner.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+    const t = tunnels.get(socket);
+    if (!t) {
+      socket.destroy();
+      return;
+    }
+    const base = { client: t.client, host: t.host, port: t.port, decision: 'intercept' as const };
+    const path = (req.url ?? '').split('?')[0].slice(0, 200);
+    if (String(req.headers.upgrade).toLowerCase() !== 'websocket') {
+      refuseUpgrade(core, req, socket, base, path, malformed('only WebSocket upgrades are supported'));
+      return;
+    }
+    const checked = checkIntercepted(req, t);
+    if (checked instanceof ProxyError) {
+      refuseUpgrade(core, req, socket, base, path, checked);
+      return;
+    }
+    const rule = current.pickRule(t.host, t.port, checked.path);
+    relayUpgrade(core, req, socket, head, { scheme: 'https', ...base, pathAndQuery: checked.pathAndQuery, logPath: checked.path, rule });
+  });
+
+  inner.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => {
+    if (err.code === 'ECONNRESET' || !socket.writable) return socket.destroy();
+    writeRawError(socket, malformed('malformed HTTP request'));
+  });
+
+  async function intercept(client: Socket, head: Buffer, host: string, port: number, clientAddr: string): Promise<void> {
+    let ctx: tls.SecureContext;
+    try {
+      ctx = await minter.secureContext(host);
+    } catch (err) {
+      logger.error({ host, err: (err as Error).message }, 'certificate minting failed');
+      writeRawError(client, new ProxyError(500, 'proxy_internal_error', 'cannot issue a certificate for this host'));
+      return;
+    }
+    if (client.destroyed) return;
+    client.write(CONNECT_OK);
+    if (head.length) client.unshift(head);
+    const tlsSocket = new tls.TLSSocket(client, { isServer: true, secureContext: ctx, ALPNProtocols: ['http/1.1'] });
+    tunnels.set(tlsSocket, { host, port, authority: formatAuthority(host, port), client: clientAddr, inFlight: 0 });
+    track(tlsSocket);
+    let secured = false;
+    const handshakeTimer = setTimeout(() => tlsSocket.destroy(), timeouts.tlsHandshakeMs);
+    tlsSocket.once('secure', () => {
+      secured = true;
+      clearTimeout(handshakeTimer);
+      events.emit('tls_handshake', { host, ok: true });
+    });
+    tlsSocket.on('error', (err: NodeJS.ErrnoException) => {
+      if (!secured) {
+        clearTimeout(handshakeTimer);
+        const reason = err.code ?? 'handshake failed';
+        events.emit('tls_handshake', { host, ok: false, reason });
+        logger.info({ type: 'tls_handshake', client: clientAddr, host, port, ok: false, reason }, 'client TLS handshake failed (does the client trust the keygate CA?)');
+      }
+      tlsSocket.destroy();
+    });
+    tlsSocket.once('close', () => {
+      clearTimeout(handshakeTimer);
+      client.destroy();
+    });
+    inner.emit('connection', tlsSocket);
+  }
+
+  // ---- the listener -------------------------------------------------------------------
+  const front = http.createServer({
+    requestTimeout: 0,
+    headersTimeout: timeouts.clientHeadersMs,
+    keepAliveTimeout: timeouts.keepAliveMs,
+  });
+
+  front.on('connect', (req: IncomingMessage, client: Socket, head: Buffer) => {
+    const clientAddr = clientOf(client);
+    client.on('error', () => client.destroy());
+    let target: { host: string; port: number };
+    try {
+      target = parseTarget(req.url, undefined);
+    } catch (err) {
+      const perr = err as ProxyError;
+      refuseUpgrade(core, req, client, { client: clientAddr, host: '', port: 0, decision: 'tunnel' }, '', perr);
+      return;
+    }
+    const { host, port } = target;
+    const config = current;
+    const decision = config.decide(host, port);
+    if (closing) {
+      refuseUpgrade(core, req, client, { client: clientAddr, host, port, decision }, '', new ProxyError(503, 'proxy_internal_response', 'proxy is shutting down'));
+      return;
+    }
+    if (core.isDenied(host, port)) {
+      refuseUpgrade(core, req, client, { client: clientAddr, host, port, decision }, '', refused(`${formatAuthority(host, port)} is not reachable through this proxy`));
+      return;
+    }
+    if (decision === 'intercept') {
+      void intercept(client, head, host, port, clientAddr);
+    } else {
+      openTunnel(core, client, head, { host, port, client: clientAddr, decision }, track);
+    }
+  });
+
+  /** Absolute-form plain HTTP: forwarded as is, unless a rule covers the host (no credentials in clear). */
+  function plainTarget(req: IncomingMessage): { host: string; port: number; pathAndQuery: string; decision: 'bypass' | 'tunnel' } | ProxyError {
+    const m = /^([a-zA-Z][a-zA-Z0-9+.-]*):\/\/([^/?#]*)(.*)$/.exec(req.url ?? '');
+    if (!m) return malformed('this is a proxy: send absolute-form requests (http://host/path) or CONNECT');
+    const scheme = m[1].toLowerCase();
+    if (scheme !== 'http' && scheme !== 'ws') return malformed(`use CONNECT for ${scheme}:// targets`);
+    if (m[2].includes('@')) return malformed('credentials in the request target are not accepted');
+    let t;
+    try {
+      t = parseAuthority(m[2], 80);
+    } catch {
+      return malformed('invalid target host');
+    }
+    const pathAndQuery = m[3] || '/';
+    if (!pathAndQuery.startsWith('/')) return malformed('invalid request target');
+    if (core.isDenied(t.host, t.port)) return refused(`${formatAuthority(t.host, t.port)} is not reachable through this proxy`);
+    const decision = current.decide(t.host, t.port);
+    if (decision === 'intercept') return refused('credentials are injected only over HTTPS: use https:// for this host');
+    return { ...t, pathAndQuery, decision };
+  }
+
+  front.on('request', (req: IncomingMessage, res: ServerResponse) => {
+    const started = performance.now();
+    const clientAddr = clientOf(req.socket);
+    const t = plainTarget(req);
+    if (closing) res.shouldKeepAlive = false;
+    if (t instanceof ProxyError) {
+      const rec = newRecord(req, { client: clientAddr, host: '', port: 0, decision: 'tunnel' }, '');
+      try {
+        const m = /^[a-z]+:\/\/([^/?#]*)([^?#]*)/i.exec(req.url ?? '');
+        if (m) {
+          const a = parseAuthority(m[1], 80);
+          Object.assign(rec, { host: a.host, port: a.port, path: m[2] || '/', decision: current.decide(a.host, a.port) });
+        }
+      } catch {
+        /* the record keeps an empty host */
+      }
+      req.resume();
+      refuse(core, res, rec, started, t, t.status === 400);
+      return;
+    }
+    const logPath = t.pathAndQuery.split('?')[0];
+    const rec = newRecord(req, { client: clientAddr, host: t.host, port: t.port, decision: t.decision }, logPath);
+    void forward(core, req, res, { scheme: 'http', host: t.host, port: t.port, pathAndQuery: t.pathAndQuery, logPath, decision: t.decision, client: clientAddr }, rec, started);
+  });
+
+  front.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+    const clientAddr = clientOf(socket as Socket);
+    const t = plainTarget(req);
+    if (t instanceof ProxyError) {
+      refuseUpgrade(core, req, socket, { client: clientAddr, host: '', port: 0, decision: 'tunnel' }, '', t);
+      return;
+    }
+    if (String(req.headers.upgrade).toLowerCase() !== 'websocket') {
+      refuseUpgrade(core, req, socket, { client: clientAddr, host: t.host, port: t.port, decision: t.decision }, '', malformed('only WebSocket upgrades are supported'));
+      return;
+    }
+    const logPath = t.pathAndQuery.split('?')[0];
+    relayUpgrade(core, req, socket, head, { scheme: 'http', host: t.host, port: t.port, pathAndQuery: t.pathAndQuery, logPath, decision: t.decision, client: clientAddr });
+  });
+
+  front.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => {
+    if (err.code === 'ECONNRESET' || !socket.writable) return socket.destroy();
+    writeRawError(socket, malformed('malformed HTTP request'));
+  });
+  front.on('connection', (s: Socket) => track(s));
+
+  await new Promise<void>((resolve, reject) => {
+    front.once('error', reject);
+    front.listen(opts.listen.port, opts.listen.host, () => {
+      front.off('error', reject);
+      resolve();
+    });
+  });
+  const addr = front.address() as AddressInfo;
+  ownPort = addr.port;
+  const shownHost = isIpLiteral(addr.address) && addr.address.includes(':') ? `[${addr.address}]` : addr.address;
+
+  let closed: Promise<void> | undefined;
+  return {
+    host: addr.address,
+    port: addr.port,
+    url: `http://${shownHost}:${addr.port}`,
+    events,
+    setConfig(config: CompiledConfig) {
+      current = config;
+    },
+    getConfig: () => current,
+    denyTarget: addDeny,
+    close(graceMs = 10_000) {
+      closed ??= (async () => {
+        closing = true;
+        const stopped = new Promise<void>((r) => front.close(() => r()));
+        front.closeIdleConnections();
+        for (const s of openSockets) {
+          const t = tunnels.get(s);
+          if (t && t.inFlight === 0) s.destroy();
+        }
+        const deadline = Date.now() + graceMs;
+        while (openSockets.size > 0 && Date.now() < deadline) {
+          front.closeIdleConnections();
+          await new Promise((r) => setTimeout(r, 50));
+        }
+        for (const s of openSockets) s.destroy();
+        await stopped;
+        await upstream.close();
+      })();
+      return closed;
+    },
+  };
+}

@@ -1,0 +1,73 @@
+import type { Socket } from 'node:net';
+import type { Decision } from '../rules/compile.js';
+import type { ProxyCore, TunnelRecord } from './context.js';
+import { upstreamError, writeRawError } from './errors.js';
+
+export const CONNECT_OK = 'HTTP/1.1 200 Connection Established\r\n\r\n';
+
+/**
+ * A blind TCP tunnel: the proxy sees only bytes, terminates no TLS and injects nothing. The
+ * client hears `200` only once the upstream socket is connected, so a refused or unreachable
+ * destination is a clear 502/504 instead of a dead tunnel.
+ */
+export function openTunnel(core: ProxyCore, client: Socket, head: Buffer, target: { host: string; port: number; client: string; decision: Decision }, track: (s: Socket) => void): void {
+  const started = performance.now();
+  const rec: TunnelRecord = { type: 'tunnel', phase: 'open', client: target.client, host: target.host, port: target.port, decision: target.decision };
+  const upstream = core.upstream.connectTcp(target.host, target.port);
+  let connected = false;
+  let done = false;
+  const timer = setTimeout(() => upstream.destroy(Object.assign(new Error('connect timeout'), { code: 'ETIMEDOUT' })), core.timeouts.connectMs);
+
+  const finish = (err?: string) => {
+    if (done) return;
+    done = true;
+    clearTimeout(timer);
+    const close: TunnelRecord = {
+      ...rec,
+      phase: 'close',
+      status: rec.status,
+      bytes_in: client.bytesRead,
+      bytes_out: client.bytesWritten,
+      duration_ms: Math.round((performance.now() - started) * 10) / 10,
+    };
+    if (err) close.error = err;
+    core.events.emit('tunnel', close);
+    core.logger.info(close, 'tunnel');
+  };
+
+  upstream.once('connect', () => {
+    connected = true;
+    clearTimeout(timer);
+    upstream.setNoDelay(true);
+    client.setNoDelay(true);
+    rec.status = 200;
+    core.events.emit('tunnel', { ...rec });
+    client.write(CONNECT_OK);
+    if (head.length) upstream.write(head);
+    // pipe() keeps backpressure both ways; ending one side half-closes the other.
+    upstream.pipe(client);
+    client.pipe(upstream);
+  });
+  upstream.on('error', (err) => {
+    if (!connected) {
+      const perr = upstreamError(err, target.host);
+      rec.status = perr.status;
+      core.events.emit('upstream_error', { host: target.host, reason: perr.reason });
+      writeRawError(client, perr);
+      finish(perr.reason);
+      return;
+    }
+    client.destroy();
+  });
+  client.on('error', () => upstream.destroy());
+  upstream.on('close', (hadError) => {
+    // A clean close already ended the client through pipe(); destroying it here could drop
+    // bytes still queued for it.
+    if (hadError && connected) client.destroy();
+  });
+  client.on('close', () => {
+    upstream.destroy();
+    finish();
+  });
+  track(client);
+}

@@ -1,0 +1,119 @@
+import { readFileSync } from 'node:fs';
+import net from 'node:net';
+import tls from 'node:tls';
+import { Agent, buildConnector } from 'undici';
+import { formatAuthority } from '../rules/host.js';
+
+export interface ProxyTimeouts {
+  /** TCP + TLS connect to an upstream. */
+  connectMs: number;
+  /** Upstream response headers after the request was sent. */
+  headersMs: number;
+  /** Silence between two chunks of an upstream response body. */
+  bodyMs: number;
+  /** Client TLS handshake inside an intercepted tunnel. */
+  tlsHandshakeMs: number;
+  /** Client request headers (slow-loris guard). */
+  clientHeadersMs: number;
+  /** Idle keep-alive connections, both sides. */
+  keepAliveMs: number;
+}
+
+export const DEFAULT_TIMEOUTS: ProxyTimeouts = {
+  connectMs: 10_000,
+  headersMs: 300_000,
+  bodyMs: 300_000,
+  tlsHandshakeMs: 10_000,
+  clientHeadersMs: 30_000,
+  keepAliveMs: 30_000,
+};
+
+const PEM_CERT = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g;
+
+/** Certificates from NODE_EXTRA_CA_CERTS (Node adds them to its default store, not to tls.rootCertificates). */
+export function extraCaFromEnv(env: NodeJS.ProcessEnv = process.env): string[] {
+  const file = env.NODE_EXTRA_CA_CERTS;
+  if (!file) return [];
+  try {
+    return readFileSync(file, 'utf8').match(PEM_CERT) ?? [];
+  } catch {
+    return [];
+  }
+}
+
+export interface UpstreamOptions {
+  /** `host:port` -> address, like curl's --resolve. Keys use normalised hosts (IPv6 without brackets). */
+  resolve?: ReadonlyMap<string, string>;
+  /** Extra PEM CAs trusted for upstream TLS, on top of the system roots and NODE_EXTRA_CA_CERTS. */
+  upstreamCa?: string[];
+  timeouts: ProxyTimeouts;
+}
+
+/**
+ * Everything that talks to upstreams: one undici Agent (a keep-alive pool per origin) whose TLS
+ * always verifies against one shared trust store (built once: parsing the roots per connection
+ * would dominate connect cost), and the address map for --resolve.
+ */
+export class Upstream {
+  readonly agent: Agent;
+  readonly secureContext: tls.SecureContext;
+  private readonly resolveMap: ReadonlyMap<string, string>;
+
+  constructor(private readonly opts: UpstreamOptions) {
+    this.resolveMap = opts.resolve ?? new Map();
+    const ca = [...tls.rootCertificates, ...extraCaFromEnv(), ...(opts.upstreamCa ?? []).flatMap((p) => p.match(PEM_CERT) ?? [])];
+    this.secureContext = tls.createSecureContext({ ca, minVersion: 'TLSv1.2' });
+    const base = buildConnector({
+      secureContext: this.secureContext,
+      rejectUnauthorized: true,
+      timeout: opts.timeouts.connectMs,
+    } as buildConnector.BuildOptions);
+    const connect: buildConnector.connector = (o, cb) => {
+      const hostname = o.hostname.startsWith('[') ? o.hostname.slice(1, -1) : o.hostname;
+      const port = Number(o.port) || (o.protocol === 'https:' ? 443 : 80);
+      // `host` keeps the name, so undici still sends SNI and verifies the certificate for it.
+      base({ ...o, hostname: this.address(hostname, port) }, cb);
+    };
+    this.agent = new Agent({
+      connect,
+      keepAliveTimeout: opts.timeouts.keepAliveMs,
+      keepAliveMaxTimeout: 10 * 60_000,
+      headersTimeout: opts.timeouts.headersMs,
+      bodyTimeout: opts.timeouts.bodyMs,
+      pipelining: 1,
+    });
+  }
+
+  /** The address to dial for host:port (the --resolve pin, else the name itself). */
+  address(host: string, port: number): string {
+    return this.resolveMap.get(formatAuthority(host, port)) ?? this.resolveMap.get(`${host}:${port}`) ?? host;
+  }
+
+  /** A plain TCP connection (blind tunnels). */
+  connectTcp(host: string, port: number): net.Socket {
+    return net.connect({ host: this.address(host, port), port });
+  }
+
+  /** A verified TLS connection (WebSocket upgrades), SNI and certificate checked for `host`. */
+  connectTls(host: string, port: number): tls.TLSSocket {
+    const address = this.address(host, port);
+    return tls.connect({
+      host: address,
+      port,
+      servername: net.isIP(host) ? undefined : host,
+      secureContext: this.secureContext,
+      rejectUnauthorized: true,
+      ALPNProtocols: ['http/1.1'],
+      // With an address dialled for a name, verify the name, not the address.
+      checkServerIdentity: (_h, cert) => tls.checkServerIdentity(host, cert),
+    });
+  }
+
+  async close(): Promise<void> {
+    await this.agent.close().catch(() => undefined);
+  }
+
+  destroy(): void {
+    void this.agent.destroy().catch(() => undefined);
+  }
+}
