@@ -1,6 +1,165 @@
+import { randomBytes } from 'node:crypto';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import { createLogger } from '../log.js';
+import { createSandboxArea } from '../sandbox-api/area.js';
+import { startEchoOrigin, type EchoOrigin } from '../sandbox-api/demo-origin.js';
+import { openWorkspaceSecrets } from '../sandbox-api/secrets.js';
+import { buildServer, type BuiltServer } from '../server/app.js';
+import { DEFAULT_WORKSPACE_ID } from '../server/auth.js';
+import { loadAreas } from '../server/plugins.js';
+import { resolveDataDir } from './data-dir.js';
 import { CliError } from './errors.js';
+import { parseListen } from './listen.js';
 
-// Placeholder until this command lands; replaced by its implementation.
-export async function run(_argv: string[]): Promise<number> {
-  throw new CliError("'keygate start' is not available yet");
+const HELP = `usage: keygate start [--data DIR] [--listen HOST:PORT]
+
+Quick start: runs 'keygate serve' on embedded defaults (SQLite, encrypted secrets file and CA under
+--data, default ./data), makes sure the default workspace has a DEMO_TOKEN secret (random, created
+once), starts a local HTTPS demo API 'demo-api.keygate.test' that echoes the headers it receives
+(reachable only through sandbox proxies), and prints commands to paste: one that creates a sandbox
+whose proxy injects 'Authorization: Bearer {DEMO_TOKEN}', one that sends a request through it.
+Ctrl-C stops everything.
+
+  --data DIR           data directory (default ./data or KEYGATE_DATA_DIR)
+  --listen HOST:PORT   API address (default 127.0.0.1:8080; port 0 picks a free port)`;
+
+export const DEMO_HOST = 'demo-api.keygate.test';
+export const DEMO_SECRET = 'DEMO_TOKEN';
+export const DEMO_SANDBOX = 'demo';
+
+/** Quotes for a POSIX shell only when needed, so the common case stays readable. */
+function sh(value: string): string {
+  return /^[A-Za-z0-9_\-./:=@%+,]+$/.test(value) ? value : `'${value.replace(/'/g, `'\\''`)}'`;
+}
+
+export function demoProxyConfig() {
+  return {
+    rules: [
+      {
+        name: 'demo-api',
+        match_hosts: [DEMO_HOST],
+        headers: [{ name: 'Authorization', type: 'workspace_secret', value: `Bearer {${DEMO_SECRET}}` }],
+      },
+    ],
+  };
+}
+
+function instructions(o: { apiUrl: string; keyHeader: string; keySource: string; dataDir: string; caPem: string; demoUrl: string }): string {
+  const body = JSON.stringify({ template_name: 'python-3.12', name: DEMO_SANDBOX, wait_for_ready: true, proxy_config: demoProxyConfig() });
+  const key = `-H "x-api-key: ${o.keyHeader}"`;
+  const readUrl = `node -pe 'JSON.parse(require("fs").readFileSync(0, "utf8")).proxy.url'`;
+  return `
+keygate is running (quick start)
+
+  API             ${o.apiUrl}   (OpenAPI document: ${o.apiUrl}/openapi.json)
+  API key         ${o.keySource}
+  Data directory  ${o.dataDir}
+  Proxy CA        ${o.caPem}
+  Demo API        ${o.demoUrl}  (a local echo server, reached through sandbox proxies)
+  Demo secret     ${DEMO_SECRET} in workspace '${DEFAULT_WORKSPACE_ID}' (its value is never printed by keygate)
+
+Step 1: create a sandbox whose proxy injects "Authorization: Bearer {${DEMO_SECRET}}" for ${DEMO_HOST}
+
+curl -s -X POST ${o.apiUrl}/api/v2/sandboxes/boxes \\
+  ${key} \\
+  -H 'Content-Type: application/json' \\
+  -d '${body}'
+
+Step 2: call the demo API from "inside" the sandbox, through its proxy, with no credential of your own
+
+PROXY_URL=$(curl -s ${o.apiUrl}/api/v2/sandboxes/boxes/${DEMO_SANDBOX} ${key} | ${readUrl})
+curl -s -x "$PROXY_URL" --cacert ${sh(o.caPem)} ${o.demoUrl}/hello
+
+The demo API answers with the request it received: "authorization": "Bearer ..." is the header
+the proxy injected (the demo token's value, shown by the demo server, not by keygate).
+
+What to do next
+  - Look at the sandbox: curl -s ${o.apiUrl}/api/v2/sandboxes/boxes/${DEMO_SANDBOX} ${key}
+    (proxy.env holds HTTPS_PROXY, NODE_EXTRA_CA_CERTS, SSL_CERT_FILE ... for the box).
+  - Rotate the secret and repeat step 2 (the running proxy picks it up):
+    curl -s -X POST ${o.apiUrl}/api/v1/workspaces/current/secrets ${key} -H 'Content-Type: application/json' -d '[{"key":"${DEMO_SECRET}","value":"rotated-demo-value"}]'
+  - Store your own secret (e.g. GITHUB_TOKEN) the same way, then PATCH the sandbox's proxy_config
+    with a rule for api.github.com. Workspace secrets are also managed by 'keygate secrets --data ${sh(o.dataDir)}'.
+  - Step 1 again answers 409 once 'demo' exists (it survives restarts); remove it with
+    curl -s -X DELETE ${o.apiUrl}/api/v2/sandboxes/boxes/${DEMO_SANDBOX} ${key}
+  - Run 'keygate serve' for the API alone; 'keygate --help' for everything else.
+
+Press Ctrl-C to stop.
+`;
+}
+
+
+export async function run(argv: string[]): Promise<number> {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: argv,
+      options: {
+        data: { type: 'string' },
+        listen: { type: 'string', default: process.env.KEYGATE_LISTEN ?? '127.0.0.1:8080' },
+        help: { type: 'boolean', short: 'h' },
+      },
+      strict: true,
+    }));
+  } catch (err) {
+    throw new CliError(`${(err as Error).message}\n${HELP}`, 2);
+  }
+  if (values.help) {
+    process.stdout.write(HELP + '\n');
+    return 0;
+  }
+  const { host, port } = parseListen(values.listen!);
+  const dataDir = resolveDataDir(values.data);
+  // Request logs would bury the instructions; KEYGATE_LOG_LEVEL=info brings them back.
+  const logger = createLogger({ name: 'keygate-start', level: process.env.KEYGATE_LOG_LEVEL ?? 'warn' });
+
+  let origin: EchoOrigin | undefined;
+  let server: BuiltServer | undefined;
+  const cleanup = async () => {
+    await server?.close().catch(() => undefined);
+    await origin?.close().catch(() => undefined);
+  };
+  try {
+    origin = await startEchoOrigin({ caDir: path.join(dataDir, 'demo-origin-ca'), hosts: [DEMO_HOST] });
+    const sandboxArea = createSandboxArea({
+      resolve: new Map([[`${DEMO_HOST}:${origin.port}`, origin.host]]),
+      upstreamCa: [origin.caPem],
+    });
+    const areas = (await loadAreas()).map((a) => (a.name === sandboxArea.name ? sandboxArea : a));
+    server = await buildServer({ dataDir, logger, areas });
+
+    const secrets = await openWorkspaceSecrets({ dataDir, db: server.ctx.db, env: process.env }, DEFAULT_WORKSPACE_ID);
+    if ((await secrets.get(DEMO_SECRET)) === undefined) await secrets.set(DEMO_SECRET, `demo_${randomBytes(16).toString('hex')}`);
+
+    const apiUrl = await server.listen(host, port);
+    const envKey = process.env.KEYGATE_API_KEY?.trim();
+    const keyHeader = envKey ? '$KEYGATE_API_KEY' : server.keyFile ? `$(cat ${sh(server.keyFile)})` : '<your API key>';
+    const keySource = envKey ? 'from KEYGATE_API_KEY' : server.keyFile ? `${server.keyFile} (mode 0600; never printed)` : "none on file: create one with 'keygate serve keys create'";
+    process.stdout.write(`keygate start: API listening on ${new URL(apiUrl).host}\n`);
+    process.stdout.write(
+      instructions({ apiUrl, keyHeader, keySource, dataDir, caPem: path.join(dataDir, 'ca', 'ca.pem'), demoUrl: `https://${DEMO_HOST}:${origin.port}` }),
+    );
+  } catch (err) {
+    await cleanup();
+    throw err;
+  }
+
+  await new Promise<void>((resolve) => {
+    let stopping = false;
+    const stop = () => {
+      if (stopping) return;
+      stopping = true;
+      process.stdout.write('\nstopping keygate ...\n');
+      const force = setTimeout(() => process.exit(1), 15_000);
+      force.unref();
+      cleanup().then(() => {
+        process.stdout.write('stopped.\n');
+        resolve();
+      });
+    };
+    process.once('SIGINT', stop);
+    process.once('SIGTERM', stop);
+  });
+  return 0;
 }
