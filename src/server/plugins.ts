@@ -24,5 +24,6 @@ export async function loadAreas(): Promise<Area[]> {
   const areas: Area[] = [];
   areas.push((await import('../auth/area.js')).authArea);
   areas.push((await import('../sandbox-api/area.js')).sandboxArea);
+  areas.push((await import('../control-plane/area.js')).controlPlaneArea);
   return areas;
 }

@@ -1,0 +1,53 @@
+import type { Area } from '../server/plugins.js';
+import { DockerDriver } from './drivers/docker.js';
+import { LocalProcessDriver } from './drivers/local.js';
+import { LogStore } from './logs.js';
+import { ControlPlaneManager } from './manager.js';
+import { registerRoutes } from './routes.js';
+import { ControlPlaneStore, migrateControlPlane } from './store.js';
+import { positiveInt, tarLimitsFromEnv } from './tarball.js';
+
+/**
+ * The deployment control plane (`/v2/uploads`, `/v2/deployments...`): its tables, routes, and the
+ * runtime that builds and runs revisions (restored when the server starts, stopped when it closes).
+ */
+export const controlPlaneArea: Area = {
+  name: 'control-plane',
+  async register(app, ctx) {
+    await migrateControlPlane(ctx.db);
+    const env = ctx.env;
+    const tarLimits = tarLimitsFromEnv(env);
+    const store = new ControlPlaneStore(ctx.db);
+    const logs = new LogStore(ctx.db);
+    const manager = new ControlPlaneManager(
+      ctx,
+      store,
+      logs,
+      {
+        local: new LocalProcessDriver({
+          dataDir: ctx.dataDir,
+          limits: tarLimits,
+          buildTimeoutMs: positiveInt(env.KEYGATE_BUILD_TIMEOUT_MS, 600_000),
+          allowInstallScripts: env.KEYGATE_BUILD_INSTALL_SCRIPTS === '1',
+        }),
+        docker: new DockerDriver(env),
+      },
+      {
+        host: env.KEYGATE_DEPLOYMENT_HOST || '127.0.0.1',
+        buildConcurrency: positiveInt(env.KEYGATE_BUILD_CONCURRENCY, 2),
+        deployTimeoutMs: positiveInt(env.KEYGATE_DEPLOY_TIMEOUT_MS, 60_000),
+        drainTimeoutMs: positiveInt(env.KEYGATE_DRAIN_TIMEOUT_MS, 30_000),
+        stopGraceMs: positiveInt(env.KEYGATE_STOP_GRACE_MS, 10_000),
+      },
+    );
+    registerRoutes(app, ctx, store, manager, { maxUploadBytes: positiveInt(env.KEYGATE_MAX_UPLOAD_BYTES, 100 * 1024 * 1024), tarLimits });
+    // Restoring starts processes and health-checks them: it runs in the background, so the API
+    // answers at once (restored deployments report their revisions as they come back).
+    app.addHook('onReady', async () => {
+      void manager.restore().catch((err: Error) => ctx.logger.error({ err: { message: err.message } }, 'control plane restore failed'));
+    });
+    app.addHook('onClose', async () => {
+      await manager.close();
+    });
+  },
+};

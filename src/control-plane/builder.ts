@@ -1,0 +1,144 @@
+import { spawn } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
+import path from 'node:path';
+import { BuildError } from './drivers/types.js';
+import { LineSplitter } from './logs.js';
+import { extractTarball, TarballError, type TarLimits } from './tarball.js';
+
+export interface LocalBuildOptions {
+  tarball: string;
+  appDir: string;
+  limits: TarLimits;
+  /** npm's cache, shared by builds. */
+  npmCacheDir: string;
+  timeoutMs: number;
+  /** Run dependencies' install scripts (off by default: see README of the control plane). */
+  allowInstallScripts: boolean;
+  log(level: 'info' | 'warn' | 'error', line: string): void;
+  signal: AbortSignal;
+}
+
+/** npm as shipped with this node, so builds do not depend on the server's PATH. */
+function npmCommand(): { cmd: string; args: string[] } {
+  const cli = path.resolve(path.dirname(process.execPath), '../lib/node_modules/npm/bin/npm-cli.js');
+  return existsSync(cli) ? { cmd: process.execPath, args: [cli] } : { cmd: 'npm', args: [] };
+}
+
+/** A minimal environment: no server secrets, no deployment secrets (builds never need them). */
+export function buildEnv(home: string, npmCache: string): NodeJS.ProcessEnv {
+  return {
+    PATH: [path.dirname(process.execPath), '/usr/local/bin', '/usr/bin', '/bin'].join(path.delimiter),
+    HOME: home,
+    LANG: 'C.UTF-8',
+    npm_config_cache: npmCache,
+    npm_config_update_notifier: 'false',
+    npm_config_fund: 'false',
+    npm_config_audit: 'false',
+    CI: 'true',
+  };
+}
+
+function readJson(file: string, what: string): Record<string, unknown> {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(readFileSync(file, 'utf8'));
+  } catch (err) {
+    throw new BuildError(`${what}: invalid JSON (${(err as Error).message.split('\n')[0].slice(0, 200)})`);
+  }
+  if (!raw || typeof raw !== 'object' || Array.isArray(raw)) throw new BuildError(`${what}: must be a JSON object`);
+  return raw as Record<string, unknown>;
+}
+
+/** Runs one build command in its own process group; output goes to the build log line by line. */
+function runStep(cmd: string, args: string[], shown: string, cwd: string, env: NodeJS.ProcessEnv, o: LocalBuildOptions): Promise<void> {
+  o.log('info', `$ ${shown}`);
+  return new Promise((resolve, reject) => {
+    const child = spawn(cmd, args, { cwd, env, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+    const out = new LineSplitter((l) => o.log('info', l));
+    const err = new LineSplitter((l) => o.log('warn', l));
+    child.stdout!.on('data', (c: Buffer) => out.write(c));
+    child.stderr!.on('data', (c: Buffer) => err.write(c));
+    let why: string | null = null;
+    const kill = (reason: string) => {
+      why ??= reason;
+      try {
+        process.kill(-child.pid!, 'SIGKILL');
+      } catch {
+        /* already gone */
+      }
+    };
+    const timer = setTimeout(() => kill(`timed out after ${Math.round(o.timeoutMs / 1000)} s`), o.timeoutMs);
+    const onAbort = () => kill('cancelled');
+    o.signal.addEventListener('abort', onAbort, { once: true });
+    child.once('error', (e) => {
+      clearTimeout(timer);
+      o.signal.removeEventListener('abort', onAbort);
+      reject(new BuildError(`${shown}: could not start (${e.message})`));
+    });
+    child.once('close', (code, signal) => {
+      clearTimeout(timer);
+      o.signal.removeEventListener('abort', onAbort);
+      out.end();
+      err.end();
+      if (why) return reject(new BuildError(`${shown}: ${why}`));
+      if (code === 0) return resolve();
+      reject(new BuildError(`${shown} failed (${code !== null ? `exit code ${code}` : `signal ${signal}`})`));
+    });
+  });
+}
+
+/**
+ * The local build: unpack safely, check keygate.json, `npm ci` when there is a lockfile, the app's
+ * `build` script when it has one. Throws BuildError with a one-line reason; details are in the log.
+ */
+export async function buildLocal(o: LocalBuildOptions): Promise<void> {
+  rmSync(o.appDir, { recursive: true, force: true });
+  mkdirSync(o.appDir, { recursive: true, mode: 0o755 });
+  o.log('info', 'unpacking the source archive');
+  try {
+    const scan = await extractTarball(o.tarball, o.appDir, o.limits);
+    o.log('info', `unpacked ${scan.entries} entries (${scan.unpackedBytes} bytes)`);
+  } catch (err) {
+    if (err instanceof TarballError) throw new BuildError(`refused source archive: ${err.message}`);
+    throw new BuildError(`cannot unpack the source archive: ${(err as Error).message.split('\n')[0]}`);
+  }
+  if (o.signal.aborted) throw new BuildError('cancelled');
+
+  const configFile = path.join(o.appDir, 'keygate.json');
+  if (!existsSync(configFile)) throw new BuildError('keygate.json not found at the top of the source');
+  const config = readJson(configFile, 'keygate.json');
+  const assistants = config.assistants;
+  if (!assistants || typeof assistants !== 'object' || Array.isArray(assistants) || Object.keys(assistants).length === 0) {
+    throw new BuildError('keygate.json: "assistants" must name at least one assistant');
+  }
+  o.log('info', `keygate.json names ${Object.keys(assistants).length} assistant(s): ${Object.keys(assistants).slice(0, 10).join(', ')}`);
+
+  const pkgFile = path.join(o.appDir, 'package.json');
+  if (!existsSync(pkgFile)) {
+    o.log('info', 'no package.json: nothing to install or build');
+    return;
+  }
+  const pkg = readJson(pkgFile, 'package.json');
+  const home = path.join(path.dirname(o.appDir), 'home');
+  mkdirSync(home, { recursive: true });
+  mkdirSync(o.npmCacheDir, { recursive: true });
+  const env = buildEnv(home, o.npmCacheDir);
+  const npm = npmCommand();
+  const hasDeps = ['dependencies', 'devDependencies', 'optionalDependencies'].some((k) => {
+    const v = pkg[k];
+    return v && typeof v === 'object' && Object.keys(v).length > 0;
+  });
+  const lock = ['package-lock.json', 'npm-shrinkwrap.json'].find((f) => existsSync(path.join(o.appDir, f)));
+  if (hasDeps && lock) {
+    const args = ['ci', '--no-audit', '--no-fund', ...(o.allowInstallScripts ? [] : ['--ignore-scripts'])];
+    await runStep(npm.cmd, [...npm.args, ...args], `npm ${args.join(' ')}`, o.appDir, env, o);
+  } else if (hasDeps && !existsSync(path.join(o.appDir, 'node_modules'))) {
+    throw new BuildError('package.json declares dependencies but the source has no package-lock.json: run npm install and include the lockfile');
+  } else if (hasDeps) {
+    o.log('info', 'no lockfile: using the node_modules shipped with the source');
+  }
+  const scripts = pkg.scripts as Record<string, unknown> | undefined;
+  if (scripts && typeof scripts === 'object' && typeof scripts.build === 'string') {
+    await runStep(npm.cmd, [...npm.args, 'run', 'build'], 'npm run build', o.appDir, env, o);
+  }
+}

@@ -1,0 +1,173 @@
+import { randomBytes } from 'node:crypto';
+import { Client, request } from 'undici';
+import { LineSplitter } from '../logs.js';
+import { BuildError, DeployError, type BuildContext, type BuildOutput, type ExitInfo, type Replica, type RuntimeDriver, type StartSpec } from './types.js';
+
+/** The port the image's `keygate app serve` listens on inside the container (`PORT` is set to it). */
+export const CONTAINER_PORT = 8000;
+
+/** `DOCKER_HOST=unix:///path` or the default socket; other schemes are not supported (local only). */
+export function dockerSocketPath(env: NodeJS.ProcessEnv): string | null {
+  const h = env.DOCKER_HOST;
+  if (!h) return '/var/run/docker.sock';
+  if (h.startsWith('unix://')) return h.slice('unix://'.length);
+  return null;
+}
+
+interface DockerReplica extends Replica {
+  containerId: string;
+}
+
+/**
+ * Runs `external_docker` / `internal_docker` images through the Docker Engine API on a unix socket:
+ * pull (build step), create + start with the secrets as environment and a loopback port binding,
+ * logs followed into the deploy log, wait for exit, stop + remove.
+ */
+export class DockerDriver implements RuntimeDriver {
+  readonly name = 'docker';
+  private readonly client: Client | null;
+  private readonly where: string;
+
+  constructor(env: NodeJS.ProcessEnv) {
+    const socketPath = dockerSocketPath(env);
+    this.where = socketPath ? `unix://${socketPath}` : String(env.DOCKER_HOST);
+    this.client = socketPath ? new Client('http://docker', { socketPath, connect: { timeout: 2000 } }) : null;
+  }
+
+  private async call(method: 'GET' | 'POST' | 'DELETE', path: string, body?: unknown, timeoutMs = 30_000) {
+    if (!this.client) throw new DeployError(`DOCKER_HOST ${this.where} is not a unix socket; only local engines are supported`);
+    return this.client.request({
+      method,
+      path: `/v1.41${path}`,
+      headers: body === undefined ? {} : { 'content-type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+      headersTimeout: timeoutMs,
+      bodyTimeout: timeoutMs,
+    });
+  }
+
+  private async json<T>(method: 'GET' | 'POST' | 'DELETE', path: string, body?: unknown, timeoutMs?: number): Promise<{ status: number; body: T }> {
+    const res = await this.call(method, path, body, timeoutMs);
+    const text = await res.body.text();
+    let parsed: unknown = undefined;
+    try {
+      parsed = text ? JSON.parse(text) : undefined;
+    } catch {
+      parsed = { message: text.slice(0, 300) };
+    }
+    return { status: res.statusCode, body: parsed as T };
+  }
+
+  async unavailableReason(): Promise<string | null> {
+    if (!this.client) return `DOCKER_HOST ${this.where} is not a unix socket; the Docker driver needs a local engine`;
+    try {
+      const res = await this.client.request({ method: 'GET', path: '/_ping', headersTimeout: 2000, bodyTimeout: 2000 });
+      await res.body.dump();
+      return res.statusCode === 200 ? null : `the container engine at ${this.where} answered /_ping with ${res.statusCode}`;
+    } catch (err) {
+      return `no container engine answers at ${this.where} (${(err as { code?: string }).code ?? (err as Error).message}); docker sources need one`;
+    }
+  }
+
+  async build(ctx: BuildContext): Promise<BuildOutput> {
+    const image = ctx.config.image_uri;
+    if (!image) throw new BuildError('image_uri is required for docker sources');
+    const why = await this.unavailableReason();
+    if (why) throw new BuildError(why);
+    const have = await this.json('GET', `/images/${encodeURIComponent(image)}/json`);
+    if (have.status === 200) {
+      ctx.log('info', `image ${image} is present`);
+      return { artifact: image };
+    }
+    ctx.log('info', `pulling ${image}`);
+    const res = await this.call('POST', `/images/create?fromImage=${encodeURIComponent(image)}`, undefined, 600_000);
+    let error: string | null = null;
+    const lines = new LineSplitter((l) => {
+      try {
+        const m = JSON.parse(l) as { status?: string; error?: string; progress?: string };
+        if (m.error) error = m.error;
+        else if (m.status && !m.progress) ctx.log('info', m.status);
+      } catch {
+        /* not JSON: ignore */
+      }
+    });
+    for await (const c of res.body) lines.write(c as Buffer);
+    lines.end();
+    if (res.statusCode !== 200 || error) throw new BuildError(`cannot pull ${image}: ${error ?? `engine answered ${res.statusCode}`}`);
+    return { artifact: image };
+  }
+
+  async start(spec: StartSpec): Promise<Replica> {
+    const why = await this.unavailableReason();
+    if (why) throw new DeployError(why);
+    const name = `keygate-${spec.deploymentId.slice(0, 8)}-${spec.revisionId.slice(0, 8)}-${spec.replica}-${randomBytes(3).toString('hex')}`;
+    const env = Object.entries({ ...spec.env, KEYGATE_API_KEY: spec.apiKey, PORT: String(CONTAINER_PORT) }).map(([k, v]) => `${k}=${v}`);
+    const created = await this.json<{ Id?: string; message?: string }>('POST', `/containers/create?name=${name}`, {
+      Image: spec.artifact,
+      Env: env,
+      ExposedPorts: { [`${CONTAINER_PORT}/tcp`]: {} },
+      Labels: { 'keygate.deployment': spec.deploymentId, 'keygate.revision': spec.revisionId },
+      HostConfig: { PortBindings: { [`${CONTAINER_PORT}/tcp`]: [{ HostIp: '127.0.0.1', HostPort: '' }] }, RestartPolicy: { Name: 'no' } },
+    });
+    if (created.status !== 201 || !created.body.Id) throw new DeployError(`cannot create a container from ${spec.artifact}: ${created.body?.message ?? created.status}`);
+    const id = created.body.Id;
+    const started = await this.json<{ message?: string }>('POST', `/containers/${id}/start`);
+    if (started.status !== 204 && started.status !== 304) {
+      await this.json('DELETE', `/containers/${id}?force=1`).catch(() => undefined);
+      throw new DeployError(`cannot start container: ${started.body?.message ?? started.status}`);
+    }
+    const info = await this.json<{ NetworkSettings?: { Ports?: Record<string, { HostPort: string }[] | null> } }>('GET', `/containers/${id}/json`);
+    const port = Number(info.body.NetworkSettings?.Ports?.[`${CONTAINER_PORT}/tcp`]?.[0]?.HostPort);
+    const exited: Promise<ExitInfo> = this.json<{ StatusCode?: number }>('POST', `/containers/${id}/wait`, undefined, 0)
+      .then((r) => ({ code: r.body?.StatusCode ?? null, signal: null }))
+      .catch(() => ({ code: null, signal: null }));
+    void this.follow(id, spec);
+    const replica: DockerReplica = { id: name, containerId: id, host: '127.0.0.1', port, exited };
+    if (!port) {
+      await this.stop(replica, 1000);
+      throw new DeployError('the container has no published port');
+    }
+    const deadline = Date.now() + spec.startTimeoutMs;
+    while (Date.now() < deadline) {
+      try {
+        const res = await request(`http://127.0.0.1:${port}/ok`, { headers: { 'x-api-key': spec.apiKey }, headersTimeout: 2000, bodyTimeout: 2000 });
+        await res.body.dump();
+        if (res.statusCode === 200) return replica;
+      } catch {
+        /* not yet */
+      }
+      await new Promise((r) => setTimeout(r, 300));
+    }
+    await this.stop(replica, 1000);
+    throw new DeployError(`container did not pass its health check (GET /ok) within ${Math.round(spec.startTimeoutMs / 1000)} s`);
+  }
+
+  /** Follows the container's output; the stream is multiplexed (8-byte frame headers) without a TTY. */
+  private async follow(id: string, spec: StartSpec): Promise<void> {
+    try {
+      const res = await this.call('GET', `/containers/${id}/logs?follow=1&stdout=1&stderr=1`, undefined, 0);
+      const out = new LineSplitter((l) => spec.log('info', l), spec.redact);
+      const err = new LineSplitter((l) => spec.log('warn', l), spec.redact);
+      let buf = Buffer.alloc(0);
+      for await (const c of res.body) {
+        buf = Buffer.concat([buf, c as Buffer]);
+        while (buf.length >= 8) {
+          const len = buf.readUInt32BE(4);
+          if (buf.length < 8 + len) break;
+          (buf[0] === 2 ? err : out).write(buf.subarray(8, 8 + len));
+          buf = buf.subarray(8 + len);
+        }
+      }
+      out.end();
+      err.end();
+    } catch {
+      /* the container is gone */
+    }
+  }
+
+  async stop(replica: Replica, graceMs: number): Promise<void> {
+    const id = (replica as DockerReplica).containerId;
+    await this.json('POST', `/containers/${id}/stop?t=${Math.ceil(graceMs / 1000)}`, undefined, graceMs + 10_000).catch(() => undefined);
+    await this.json('DELETE', `/containers/${id}?force=1`).catch(() => undefined);
+  }
+}
