@@ -1,0 +1,78 @@
+import { execFileSync } from 'node:child_process';
+import path from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { openSecretStore } from '../../src/secrets/store.js';
+import { startCli, type RunningCli } from '../helpers/cli.js';
+import { cleanTmp, tmp } from './helpers.js';
+
+// `keygate start` from a fresh data directory: the printed commands are executed as printed, by
+// a shell, and must show the demo token injected by the sandbox's proxy.
+
+const READY = /API listening on (\S+:\d+)[\s\S]*Press Ctrl-C to stop\./;
+
+/** The block that starts with `prefix` and continues while lines end in a backslash. */
+function block(output: string, prefix: string): string {
+  const lines = output.split('\n');
+  const start = lines.findIndex((l) => l.startsWith(prefix));
+  expect(start, `no line starting with ${prefix}`).toBeGreaterThanOrEqual(0);
+  const out = [lines[start]];
+  for (let i = start; lines[i].endsWith('\\'); i++) out.push(lines[i + 1]);
+  return out.join('\n');
+}
+
+function shell(script: string, cwd: string): string {
+  // No proxy variables from the test environment: the commands must stand on their own.
+  const env = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: cwd };
+  return execFileSync('sh', ['-c', script], { cwd, env, encoding: 'utf8', timeout: 30_000 });
+}
+
+let running: RunningCli | undefined;
+afterAll(async () => {
+  if (running) await running.stop('SIGINT');
+  cleanTmp();
+});
+
+describe('keygate start', () => {
+  it('prints commands that, pasted into a shell, create a sandbox and show the injected header', async () => {
+    const dataDir = path.join(tmp(), 'data'); // does not exist yet: zero set-up
+    running = await startCli(['start', '--data', dataDir, '--listen', '127.0.0.1:0'], { env: { DATABASE_URL: '', KEYGATE_API_KEY: '' }, ready: READY });
+    const out = running.output();
+    const create = block(out, 'curl -s -X POST');
+    const step2 = [block(out, 'PROXY_URL='), block(out, 'curl -s -x')].join('\n');
+    expect(create).toContain(`$(cat ${dataDir}/api-key)`);
+    expect(step2).toContain(`--cacert ${dataDir}/ca/ca.pem`);
+    expect(step2).toMatch(/https:\/\/demo-api\.keygate\.test:\d+\/hello/);
+
+    const created = JSON.parse(shell(create, dataDir));
+    expect(created).toMatchObject({ name: 'demo', status: 'ready' });
+    expect(created.proxy_config.rules[0].headers[0]).toEqual({ name: 'Authorization', type: 'workspace_secret', value: 'Bearer {DEMO_TOKEN}' });
+
+    const echoed = JSON.parse(shell(step2, dataDir));
+    const token = await (await openSecretStore({ dataDir, env: { ...process.env, KEYGATE_MASTER_KEY: '', KEYGATE_SECRETS_FILE: '', KEYGATE_SECRETS_DIR: '' } })).get('DEMO_TOKEN');
+    expect(token).toMatch(/^demo_[0-9a-f]{32}$/);
+    expect(echoed.path).toBe('/hello');
+    expect(echoed.headers.authorization).toBe(`Bearer ${token}`);
+    // keygate itself never printed the token or the API key.
+    expect(running.output()).not.toContain(token);
+    const { readFileSync } = await import('node:fs');
+    expect(running.output()).not.toContain(readFileSync(path.join(dataDir, 'api-key'), 'utf8').trim());
+
+    // The rotation command of "what to do next" works too, and the running proxy picks it up.
+    const rotate = out.split('\n').find((l) => l.includes('/api/v1/workspaces/current/secrets') && l.includes('rotated-demo-value'))!.trim();
+    shell(rotate, dataDir);
+    expect(JSON.parse(shell(step2, dataDir)).headers.authorization).toBe('Bearer rotated-demo-value');
+
+    // Ctrl-C stops everything: the API and the sandbox's proxy.
+    expect(await running.stop('SIGINT')).toBe(0);
+    expect(running.output()).toContain('stopped.');
+    running = undefined;
+    const proxyPort = Number(new URL(created.proxy.url).port);
+    const net = await import('node:net');
+    const accepts = await new Promise<boolean>((resolve) => {
+      const s = net.connect({ host: '127.0.0.1', port: proxyPort });
+      s.once('connect', () => (s.destroy(), resolve(true)));
+      s.once('error', () => resolve(false));
+    });
+    expect(accepts).toBe(false);
+  });
+});
