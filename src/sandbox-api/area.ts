@@ -1,6 +1,8 @@
-import { readFileSync } from 'node:fs';
+import { readFileSync, unwatchFile, watchFile, type Stats } from 'node:fs';
 import path from 'node:path';
 import { ensureCa, type Ca } from '../certs/ca.js';
+import { formatAuthority, normaliseHost, parseAuthority } from '../rules/host.js';
+import { secretsFilePath } from '../secrets/file-store.js';
 import type { ServerContext } from '../server/context.js';
 import type { Area } from '../server/plugins.js';
 import { registerSandboxRoutes, registerSecretRoutes } from './routes.js';
@@ -23,15 +25,21 @@ export interface SandboxAreaOptions {
 }
 
 /**
- * `KEYGATE_SANDBOX_PROXY_RESOLVE=host:port=address[,...]` pins upstream names (curl's --resolve),
- * e.g. an internal API reachable only by address.
+ * `KEYGATE_SANDBOX_PROXY_RESOLVE=HOST:PORT:ADDR[,...]` pins upstream names for every sandbox proxy,
+ * in curl's --resolve form (the same as `keygate proxy --resolve`), e.g. an internal API reachable
+ * only by address. Keys are normalised like the proxy normalises CONNECT targets.
  */
 export function parseResolveList(value: string | undefined): Map<string, string> {
   const out = new Map<string, string>();
   for (const raw of (value ?? '').split(',').map((s) => s.trim()).filter(Boolean)) {
-    const m = /^(.+:\d{1,5})=(\S+)$/.exec(raw);
-    if (!m) throw new Error(`KEYGATE_SANDBOX_PROXY_RESOLVE: '${raw}' is not host:port=address`);
-    out.set(m[1].toLowerCase(), m[2].replace(/^\[(.*)\]$/, '$1'));
+    const m = /^([^:[\]]+):([0-9]{1,5}):(\[[0-9a-fA-F:.]+\]|[^:]+|[0-9a-fA-F:.]+)$/.exec(raw);
+    if (!m) throw new Error(`KEYGATE_SANDBOX_PROXY_RESOLVE: '${raw}' is not HOST:PORT:ADDR`);
+    try {
+      const { host, port } = parseAuthority(`${m[1]}:${m[2]}`, undefined);
+      out.set(formatAuthority(host, port), normaliseHost(m[3]));
+    } catch (err) {
+      throw new Error(`KEYGATE_SANDBOX_PROXY_RESOLVE: '${raw}': ${(err as Error).message}`);
+    }
   }
   return out;
 }
@@ -50,6 +58,9 @@ function readCaFiles(value: string | undefined): string[] {
       }
     });
 }
+
+/** How often the embedded secrets file is checked for changes made by the CLI. */
+export const SECRETS_POLL_MS = 1000;
 
 /** The sandbox API area: `/api/v2/sandboxes/...` and `/api/v1/workspaces/current/secrets`. */
 export function createSandboxArea(opts: SandboxAreaOptions = {}): Area {
@@ -84,6 +95,23 @@ export function createSandboxArea(opts: SandboxAreaOptions = {}): Area {
       // Before the server listens, every sandbox has its proxy back (same port when it is free).
       app.addHook('onReady', async () => service.restoreAll());
       app.addHook('preClose', async () => service.close());
+
+      if (ctx.db.kind === 'sqlite') {
+        // The embedded secrets file is shared with `keygate secrets set/delete`, which another
+        // process runs: poll it (rename-safe, unlike fs.watch) and re-push the configurations of
+        // sandboxes using secrets when it changes, so a rotation from the CLI applies too.
+        const file = secretsFilePath(ctx.dataDir);
+        const onChange = (cur: Stats, prev: Stats) => {
+          if (cur.mtimeMs === prev.mtimeMs && cur.ino === prev.ino && cur.size === prev.size) return;
+          service.secretsFileChanged().catch((err: Error) => ctx.logger.error({ err: { message: err.message } }, 're-applying sandbox configurations failed'));
+        };
+        app.addHook('onReady', async () => {
+          watchFile(file, { interval: SECRETS_POLL_MS, persistent: false }, onChange);
+        });
+        app.addHook('preClose', async () => {
+          unwatchFile(file, onChange);
+        });
+      }
     },
   };
 }

@@ -254,6 +254,17 @@ export class SandboxService {
     await Promise.all(affected.map((r) => this.perSandbox.run(r.id, () => this.reapply(r.id))));
   }
 
+  /**
+   * The secrets changed behind the API's back (the CLI wrote the shared secrets file): re-resolve
+   * every sandbox that uses secrets, in every workspace, and push (or stop, failing closed).
+   */
+  async secretsFileChanged(): Promise<void> {
+    if (this.closing) return;
+    const affected = (await this.deps.store.listAll()).filter((r) => r.proxyConfig && referencedSecretKeys(r.proxyConfig).length > 0);
+    await Promise.all(affected.map((r) => this.perSandbox.run(r.id, () => this.reapply(r.id))));
+    if (affected.length) this.deps.logger.info({ sandboxes: affected.length }, 'secrets file changed: sandbox configurations re-applied');
+  }
+
   // ---------------------------------------------------------------------------------------------
   // Proxies
 

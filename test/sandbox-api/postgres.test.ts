@@ -29,7 +29,7 @@ describe.skipIf(!pgAvailable())('sandbox API on PostgreSQL (DATABASE_URL)', () =
     const env = {
       DATABASE_URL: databaseUrl,
       KEYGATE_API_KEY: KEY,
-      KEYGATE_SANDBOX_PROXY_RESOLVE: `${HOST}:${origin.port}=127.0.0.1`,
+      KEYGATE_SANDBOX_PROXY_RESOLVE: `${HOST}:${origin.port}:127.0.0.1`,
       KEYGATE_SANDBOX_PROXY_CA_FILE: path.join(originDir, 'ca.pem'),
     };
     server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir], { env });

@@ -12,6 +12,7 @@ const KEY = 'sandbox-test-key-0123456789';
 const SECRET_1 = 'ghp_first-secret-VALUE-1111';
 const SECRET_2 = 'ghp_rotated-secret-VALUE-2222';
 const OPAQUE = 'opaque-write-only-VALUE-3333';
+const SECRET_CLI = 'ghp_from-the-cli-VALUE-6666';
 const ORIGIN_HOST = 'api.example.test';
 
 let origin: EchoOrigin;
@@ -48,6 +49,7 @@ function expectClean(text: string) {
   expect(text).not.toContain(SECRET_1);
   expect(text).not.toContain(SECRET_2);
   expect(text).not.toContain(OPAQUE);
+  expect(text).not.toContain(SECRET_CLI);
 }
 
 async function startServer() {
@@ -61,7 +63,7 @@ beforeAll(async () => {
   env = {
     DATABASE_URL: '',
     KEYGATE_API_KEY: KEY,
-    KEYGATE_SANDBOX_PROXY_RESOLVE: `${ORIGIN_HOST}:${origin.port}=127.0.0.1`,
+    KEYGATE_SANDBOX_PROXY_RESOLVE: `${ORIGIN_HOST}:${origin.port}:127.0.0.1`,
     KEYGATE_SANDBOX_PROXY_CA_FILE: path.join(originDir, 'ca.pem'),
   };
   const created = runCli(['serve', 'keys', 'create', '--workspace', 'team-b', '--user', 'bob', '--data', dataDir], { env });
@@ -318,6 +320,13 @@ describe('sandboxes', () => {
     expect(res.body.headers.authorization).toBe(`token ${SECRET_2}`);
   });
 
+  it('a rotation with `keygate secrets set` (the shared secrets file) reaches the running proxy too', async () => {
+    const r = runCli(['secrets', 'set', 'GH_TOKEN', '--data', dataDir], { env, input: SECRET_CLI });
+    expect(r.status, r.stderr).toBe(0);
+    expectClean(r.stdout + r.stderr);
+    await waitFor(async () => (await viaProxy(box.proxy.url, box.proxy.ca_cert_pem, originUrl('/api/user'))).body.headers.authorization === `token ${SECRET_CLI}`, 'the CLI rotation to apply');
+  });
+
   it('deleting a secret in use: 409 naming the sandboxes; with force the proxy stops (fail closed) until it is back', async () => {
     const refused = await A('POST', '/api/v1/workspaces/current/secrets', [
       { key: 'A_OTHER', value: null },
@@ -384,7 +393,7 @@ describe('sandboxes', () => {
     expect(files).toContain('secrets.json');
     for (const f of files) {
       const bytes = readFileSync(path.join(dataDir, f));
-      for (const v of [OPAQUE, SECRET_1, SECRET_2]) expect(bytes.includes(Buffer.from(v)), `${v} in ${f}`).toBe(false);
+      for (const v of [OPAQUE, SECRET_1, SECRET_2, SECRET_CLI]) expect(bytes.includes(Buffer.from(v)), `${v} in ${f}`).toBe(false);
     }
     // The sealed opaque value is there, so the check above looked at the right place.
     const db = Buffer.concat(files.filter((f) => f.startsWith('keygate.db')).map((f) => readFileSync(path.join(dataDir, f))));

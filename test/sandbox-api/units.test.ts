@@ -31,13 +31,14 @@ describe('templates.json', () => {
 });
 
 describe('KEYGATE_SANDBOX_PROXY_RESOLVE', () => {
-  it('parses host:port=address pairs and refuses anything else', () => {
-    expect([...parseResolveList('API.test:443=127.0.0.1, b.test:8443=[::1]')]).toEqual([
+  it("parses curl's HOST:PORT:ADDR entries and refuses anything else", () => {
+    expect([...parseResolveList('API.test.:443:127.0.0.1, b.test:8443:[::1]')]).toEqual([
       ['api.test:443', '127.0.0.1'],
       ['b.test:8443', '::1'],
     ]);
     expect(parseResolveList(undefined).size).toBe(0);
-    expect(() => parseResolveList('api.test=127.0.0.1')).toThrow(/host:port=address/);
+    expect(() => parseResolveList('api.test=127.0.0.1')).toThrow(/HOST:PORT:ADDR/);
+    expect(() => parseResolveList('api.test:99999:127.0.0.1')).toThrow(/KEYGATE_SANDBOX_PROXY_RESOLVE/);
   });
 });
 
