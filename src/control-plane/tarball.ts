@@ -125,8 +125,10 @@ export async function scanTarball(file: string, limits: TarLimits): Promise<Scan
 }
 
 /** Every symlink under `root` that resolves must resolve inside `root` (catches link chains). */
-function checkTreeLinks(root: string): void {
-  const realRoot = realpathSync(root);
+export function checkTreeLinks(root: string): void {
+  // realpathSync.native asks the kernel; the JS realpathSync normalises `..` in link targets
+  // lexically, which is exactly the mistake a hostile chain exploits.
+  const realRoot = realpathSync.native(root);
   const walk = (dir: string) => {
     for (const name of readdirSync(dir)) {
       const full = path.join(dir, name);
@@ -134,7 +136,7 @@ function checkTreeLinks(root: string): void {
       if (st.isSymbolicLink()) {
         let real: string;
         try {
-          real = realpathSync(full);
+          real = realpathSync.native(full);
         } catch {
           continue; // dangling, and lexically inside (checked at scan time)
         }
