@@ -2,9 +2,9 @@ import { resolveProxyConfig, referencedSecretKeys } from '../config/resolve.js';
 import { validateProxyConfig, type ProxyConfig } from '../config/schema.js';
 import type { Logger } from '../log.js';
 import { compileConfig, type CompiledConfig } from '../rules/compile.js';
-import { Envelope } from '../secrets/envelope.js';
+import type { Envelope } from '../secrets/envelope.js';
 import { isSecretKey } from '../secrets/keys.js';
-import { opaqueOpener, redactProxyConfig, sealOpaqueValues } from '../secrets/opaque.js';
+import { opaqueOpener, redactProxyConfig } from '../secrets/opaque.js';
 import type { SecretStore } from '../secrets/types.js';
 import { ValidationFailure, type ValidationIssue } from '../validation/errors.js';
 import type { ProxyMetrics } from './metrics.js';
@@ -37,7 +37,7 @@ export interface ConfigHolderOptions {
   proxy: { setConfig(config: CompiledConfig): void };
   /** The proxy's own secret store, for `{KEY}` templates when a push brings no secrets. */
   store?: SecretStore;
-  /** Opens sealed opaque values (and seals pushed ones for keeping in memory). */
+  /** Opens sealed opaque values; called only when a configuration holds one. */
   envelope?: () => Envelope;
   metrics?: ProxyMetrics;
   logger?: Logger;
@@ -56,7 +56,7 @@ const prefixIssues = (issues: ValidationIssue[], prefix: (string | number)[]) =>
 
 export class ConfigHolder {
   private applied: AppliedConfig | undefined;
-  /** Last applied configuration (opaque values sealed when an envelope is available) and its pushed secrets, for re-applying. */
+  /** Last applied configuration and its pushed secrets, for re-applying. */
   private last: { config: ProxyConfig; secrets?: ReadonlyMap<string, string> } | undefined;
   private generationCounter = 0;
   private queue: Promise<unknown> = Promise.resolve();
@@ -95,8 +95,9 @@ export class ConfigHolder {
     const lookup = (key: string) => secrets?.get(key);
     let compiled: CompiledConfig;
     try {
-      const envelope = this.opts.envelope?.();
-      compiled = compileConfig(resolveProxyConfig(config, lookup, envelope ? { openOpaque: opaqueOpener(envelope) } : {}));
+      // The key is loaded only for a sealed value: a proxy without any never touches the data directory.
+      const envelopeOf = this.opts.envelope;
+      compiled = compileConfig(resolveProxyConfig(config, lookup, envelopeOf ? { openOpaque: (stored) => opaqueOpener(envelopeOf())(stored) } : {}));
     } catch (err) {
       if (err instanceof ValidationFailure) throw new ValidationFailure(prefixIssues(err.issues, prefix));
       // compileConfig rejects patterns validation let through: still the content's fault.
@@ -142,8 +143,9 @@ export class ConfigHolder {
 
   private install(config: ProxyConfig, compiled: CompiledConfig, opts: ApplyOptions, swap = true): AppliedConfig {
     if (swap) this.opts.proxy.setConfig(compiled);
-    const envelope = this.opts.envelope?.();
-    this.last = { config: envelope ? sealOpaqueValues(config, envelope) : structuredClone(config), secrets: opts.secrets };
+    // Kept as given (opaque values in clear, like the resolved configuration the proxy holds):
+    // memory only, never returned or logged.
+    this.last = { config: structuredClone(config), secrets: opts.secrets };
     const applied: AppliedConfig = {
       generation: ++this.generationCounter,
       proxy_config: redactProxyConfig(config),
