@@ -182,7 +182,7 @@ export class SandboxService {
           statusReason: null,
           proxyConfig: prepared?.stored ?? null,
           // Chosen now so the 201 already tells the box where its proxy will be.
-          proxyPort: await freePort(this.deps.proxyHost),
+          proxyPort: await this.reservePort(),
         });
         return { created, resolved: prepared?.resolved ?? { rules: [], no_proxy: [] } };
       } catch (err) {
@@ -198,6 +198,17 @@ export class SandboxService {
     }
     started.catch(() => undefined); // the outcome lands in the record's status
     return this.view(rec.created);
+  }
+
+  /**
+   * A free port that no other sandbox has on record: a sandbox whose proxy is stopped (failed, or
+   * the server down) keeps its port for when it comes back.
+   */
+  private async reservePort(): Promise<number> {
+    const taken = new Set((await this.deps.store.listAll()).map((r) => r.proxyPort));
+    let port = await freePort(this.deps.proxyHost);
+    for (let i = 0; i < 20 && taken.has(port); i++) port = await freePort(this.deps.proxyHost);
+    return port;
   }
 
   async get(workspaceId: string, name: string): Promise<SandboxView> {

@@ -387,6 +387,14 @@ describe('sandboxes', () => {
     expect(res.body.headers.authorization).toBeUndefined();
   });
 
+  it('concurrent creates of one name: exactly one 201, the others 409; each sandbox its own port', async () => {
+    const results = await Promise.all(Array.from({ length: 4 }, () => A('POST', '/api/v2/sandboxes/boxes', { template_name: 'node-22', name: 'race', wait_for_ready: true })));
+    expect(results.map((r) => r.status).sort()).toEqual([201, 409, 409, 409]);
+    const urls = (await A('GET', '/api/v2/sandboxes/boxes')).body.resources.map((b: any) => b.proxy.url);
+    expect(new Set(urls).size).toBe(urls.length);
+    expect((await A('DELETE', '/api/v2/sandboxes/boxes/race')).status).toBe(204);
+  });
+
   it('opaque and secret values are not readable in the SQLite files or the secrets file', () => {
     const files = readdirSync(dataDir).filter((f) => f.startsWith('keygate.db') || f === 'secrets.json');
     expect(files).toContain('keygate.db');
