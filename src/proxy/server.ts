@@ -11,7 +11,7 @@ import { formatAuthority, isIpLiteral, parseAuthority, RuleInputError } from '..
 import { isPathRefusal, normalisePath } from '../rules/path.js';
 import type { ProxyCore, TunnelTarget } from './context.js';
 import { malformed, misdirected, ProxyError, refused, writeRawError } from './errors.js';
-import { forward, newRecord, refuse } from './forward.js';
+import { finishRecord, forward, newRecord, refuse } from './forward.js';
 import { CONNECT_OK, openTunnel } from './tunnel.js';
 import { DEFAULT_TIMEOUTS, Upstream, type ProxyTimeouts } from './upstream.js';
 import { refuseUpgrade, relayUpgrade } from './websocket.js';
@@ -49,6 +49,24 @@ export interface ProxyHandle {
   denyTarget(authority: string): void;
   /** Stops accepting, lets in-flight requests finish for up to graceMs, then cuts the rest. */
   close(graceMs?: number): Promise<void>;
+}
+
+/** The first bytes a client sends, or undefined if it closes or stays silent. */
+function firstChunk(socket: Socket, timeoutMs: number): Promise<Buffer | undefined> {
+  return new Promise((resolve) => {
+    const done = (chunk?: Buffer) => {
+      clearTimeout(timer);
+      socket.off('data', onData);
+      socket.off('close', onClose);
+      socket.pause();
+      resolve(chunk);
+    };
+    const onData = (chunk: Buffer) => done(chunk);
+    const onClose = () => done(undefined);
+    const timer = setTimeout(() => done(undefined), timeoutMs);
+    socket.on('data', onData);
+    socket.once('close', onClose);
+  });
 }
 
 const LOOPBACK_NAMES = new Set(['localhost', '127.0.0.1', '::1', '0.0.0.0', '::']);
@@ -221,7 +239,18 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     }
     if (client.destroyed) return;
     client.write(CONNECT_OK);
-    if (head.length) client.unshift(head);
+    // The first byte tells TLS (a handshake record, 0x16) from cleartext HTTP sent through the
+    // tunnel (what some clients do for http:// URLs). Cleartext to a rule host is refused.
+    const first = head.length ? head : await firstChunk(client, timeouts.tlsHandshakeMs);
+    if (!first) {
+      client.destroy();
+      return;
+    }
+    client.unshift(first);
+    if (first[0] !== 0x16) {
+      refusePlaintextInTunnel(client, first, host, port, clientAddr);
+      return;
+    }
     const tlsSocket = new tls.TLSSocket(client, { isServer: true, secureContext: ctx, ALPNProtocols: ['http/1.1'] });
     tunnels.set(tlsSocket, { host, port, authority: formatAuthority(host, port), client: clientAddr, inFlight: 0 });
     track(tlsSocket);
@@ -246,6 +275,23 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       client.destroy();
     });
     inner.emit('connection', tlsSocket);
+  }
+
+  /**
+   * Cleartext HTTP inside a CONNECT tunnel to a rule host: refused like absolute-form http://
+   * to it. The request line (already read) names method and path for the log.
+   */
+  function refusePlaintextInTunnel(client: Socket, first: Buffer, host: string, port: number, clientAddr: string): void {
+    const started = performance.now();
+    const line = /^([A-Z]{1,16}) (\S+) HTTP\/1\.[01]\r?\n/.exec(first.subarray(0, 2048).toString('latin1'));
+    const path = line ? line[2].split('?')[0].slice(0, 200) : '';
+    const rec = newRecord({ method: line?.[1] ?? '' } as IncomingMessage, { client: clientAddr, host, port, decision: 'intercept' }, path);
+    const err = line ? refused('credentials are injected only over HTTPS: use https:// for this host') : malformed('neither TLS nor HTTP inside the tunnel');
+    rec.status = err.status;
+    rec.error = err.reason;
+    client.resume();
+    writeRawError(client, err);
+    finishRecord(core, rec, started);
   }
 
   // ---- the listener -------------------------------------------------------------------
