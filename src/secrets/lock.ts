@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { closeSync, linkSync, openSync, readFileSync, renameSync, statSync, unlinkSync, writeSync } from 'node:fs';
+import { closeSync, linkSync, openSync, readFileSync, renameSync, statSync, unlinkSync, utimesSync, writeSync } from 'node:fs';
 import os from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 
@@ -46,12 +46,12 @@ function readLock(lockFile: string): { content: string; mtimeMs: number } | unde
 }
 
 function isStale(lock: { content: string; mtimeMs: number }, staleMs: number): boolean {
-  if (Date.now() - lock.mtimeMs > staleMs) return true;
   const [host, pidText] = lock.content.split(' ');
   const pid = Number(pidText);
+  // Same host: the holder's liveness is the answer, however long it has held the lock.
   if (host === os.hostname() && Number.isInteger(pid) && pid > 0) return !pidAlive(pid);
-  // A lock still being written (empty) or from another host: only age can tell.
-  return false;
+  // Another host (or a lock still being written): only age can tell; holders refresh the mtime.
+  return Date.now() - lock.mtimeMs > staleMs;
 }
 
 function breakStale(lockFile: string, staleContent: string): void {
@@ -109,9 +109,21 @@ export async function withFileLock<T>(lockFile: string, fn: () => Promise<T> | T
     await sleep(delay + Math.random() * delay);
     delay = Math.min(delay * 2, 50);
   }
+  // A long critical section (a key rotation over a large database) keeps its lock fresh, so
+  // a process on another host sharing the volume does not take it for abandoned.
+  const heartbeat = setInterval(() => {
+    try {
+      const now = new Date();
+      utimesSync(lockFile, now, now);
+    } catch {
+      /* gone: the release below notices */
+    }
+  }, Math.max(100, Math.min(staleMs / 3, 10_000)));
+  heartbeat.unref();
   try {
     return await fn();
   } finally {
+    clearInterval(heartbeat);
     // Only remove our own lock: if it was (wrongly) broken, the file now belongs to someone else.
     const held = readLock(lockFile);
     if (held?.content === content) unlinkSync(lockFile);

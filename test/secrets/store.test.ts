@@ -145,11 +145,29 @@ describe('lock file', () => {
     // Held by this (live) process: a second locker times out with a clear message.
     writeFileSync(lock, `${os.hostname()} ${process.pid} cafebabe`);
     await expect(withFileLock(lock, () => 'never', { timeoutMs: 100 })).rejects.toThrow(/could not lock/);
+    // An old lock of a live process on this host is not broken, however old.
+    const past0 = new Date(Date.now() - 10 * 60_000);
+    (await import('node:fs')).utimesSync(lock, past0, past0);
+    await expect(withFileLock(lock, () => 'never', { timeoutMs: 100, staleMs: 1000 })).rejects.toThrow(/could not lock/);
     // An old lock from another host is broken by age.
     writeFileSync(lock, `otherhost 1 0123`);
     const past = new Date(Date.now() - 60_000);
     (await import('node:fs')).utimesSync(lock, past, past);
     expect(await withFileLock(lock, () => 'ran', { staleMs: 30_000 })).toBe('ran');
+  });
+
+  it('a long holder refreshes its lock so another host does not break it', async () => {
+    const lock = path.join(dir, 'z.lock');
+    const fs = await import('node:fs');
+    await withFileLock(
+      lock,
+      async () => {
+        const m0 = fs.statSync(lock).mtimeMs;
+        await new Promise((r) => setTimeout(r, 450));
+        expect(fs.statSync(lock).mtimeMs).toBeGreaterThan(m0);
+      },
+      { staleMs: 300 },
+    );
   });
 
   it('serialises critical sections', async () => {
