@@ -219,3 +219,32 @@ describe('prod deployment (two replicas)', () => {
     for (let i = 0; i < 4; i++) expect((await runStream(dep.url, KEY, 'x')).status).toBe(200);
   });
 });
+
+describe('serve restart during a build', () => {
+  it('marks the interrupted revision INTERRUPTED and rebuilds the latest as a fresh revision', async () => {
+    const dataDir = tmpDir();
+    const marker = path.join(tmpDir(), 'built-once');
+    // The first build hangs (the restart interrupts it); the rebuild finds the marker and passes.
+    const script = `node -e "const f=${JSON.stringify(marker).replace(/"/g, "'")};const fs=require('fs');if(fs.existsSync(f))process.exit(0);fs.writeFileSync(f,'1');setTimeout(()=>{},60000)"`;
+    const app = echoVariant({ 'package.json': JSON.stringify({ name: 'x', type: 'module', scripts: { build: script } }) });
+    let server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir], { env: serveEnv });
+    let a = api(server.url, KEY);
+    try {
+      const dep = await deployDir(a, 'slow-build', app);
+      await until(() => existsSync(marker), (v) => v);
+      expect((await a.call('GET', `/v2/deployments/${dep.id}/revisions/${dep.latest_revision_id}`)).body.status).toBe('BUILDING');
+      expect(await server.stop()).toBe(0);
+      server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir], { env: serveEnv });
+      a = api(server.url, KEY);
+      const old = await until(() => a.call('GET', `/v2/deployments/${dep.id}/revisions/${dep.latest_revision_id}`), (r) => r.body.status === 'INTERRUPTED');
+      expect(old.body.status).toBe('INTERRUPTED');
+      const latest = (await a.call('GET', `/v2/deployments/${dep.id}`)).body.latest_revision_id;
+      expect(latest).not.toBe(dep.latest_revision_id);
+      expect((await waitRevision(a, dep.id, latest)).status).toBe('DEPLOYED');
+      expect(replyOf(await runStream(dep.url, KEY, 'rebuilt'))).toBe('rebuilt');
+      expect((await a.call('DELETE', `/v2/deployments/${dep.id}`)).status).toBe(204);
+    } finally {
+      await server.stop();
+    }
+  });
+});
