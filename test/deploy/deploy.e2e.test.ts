@@ -107,6 +107,15 @@ describe('keygate deploy against a real keygate serve', () => {
     expect((d.secrets ?? []).map((s: any) => s.name)).toEqual(['ECHO_PREFIX']);
     expect((await api('GET', `/v2/deployments/${d.id}/revisions/${firstRevision}`)).body.status).toBe('DEPLOYED');
 
+    // The deployed app answers at the reported URL and got ECHO_PREFIX from the secrets.
+    const run = await fetch(`${d.url}/runs/stream`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-api-key': KEY },
+      body: JSON.stringify({ assistant_id: 'agent', input: { messages: [{ role: 'user', content: 'ping' }] }, stream_mode: 'values' }),
+    });
+    expect(run.status).toBe(200);
+    expect(await run.text()).toContain(`${SECRET_VALUE}ping`);
+
     // The control plane unpacked exactly what the ignore rules let through.
     const unpacked = findUnpacked(dataDir, firstRevision);
     expect(unpacked, 'unpacked revision directory').toBeDefined();
@@ -275,6 +284,22 @@ describe.skipIf(!hasPython)('keygate deploy delete on a terminal', () => {
     });
     return JSON.parse(r.stdout) as { code: number; answered: boolean; output: string };
   }
+
+  it('on a terminal: a progress bar and colours; NO_COLOR turns colours off', () => {
+    const dir = copyEcho(work, 'tty-app');
+    const r = spawnSync('python3', [path.join(HERE, 'pty_run.py'), 'NO PROMPT', '', '--', process.execPath, CLI, 'deploy'], { cwd: dir, env: cleanEnv(withKey()), encoding: 'utf8', timeout: 90_000 });
+    const tty = JSON.parse(r.stdout) as { code: number; output: string };
+    expect(tty.code, tty.output).toBe(0);
+    expect(tty.output).toMatch(/\[#+\] 100%/);
+    expect(tty.output).toContain('\u001b[32mDEPLOYED\u001b[0m');
+    expect(tty.output).toContain('\u001b[1m[1/4] Checking prerequisites');
+
+    const plain = spawnSync('python3', [path.join(HERE, 'pty_run.py'), 'NO PROMPT', '', '--', process.execPath, CLI, 'deploy'], { cwd: dir, env: cleanEnv({ ...withKey(), NO_COLOR: '1' }), encoding: 'utf8', timeout: 90_000 });
+    const nc = JSON.parse(plain.stdout) as { code: number; output: string };
+    expect(nc.code, nc.output).toBe(0);
+    expect(nc.output).toMatch(/DEPLOYED \(\d+\.\d+s\)/);
+    expect(nc.output).not.toMatch(/\u001b\[(1|3\d)m/);
+  });
 
   it('asks, defaults to No, and deletes only on y', async () => {
     const list = await api('GET', '/v2/deployments?name_contains=echo-prod');
