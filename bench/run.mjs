@@ -1,0 +1,296 @@
+#!/usr/bin/env node
+// `npm run bench`: keygate against squid, mitmproxy and no proxy at all, in one run, interleaved.
+// Loopback only. See bench/README.md for what is measured and how to read the results.
+import { spawn, spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import { ensureContent, ensurePackages, ensurePki, has, machineInfo } from './lib/setup.mjs';
+import { BENCH_DIR, REPO_ROOT, startKeygate, startMitmproxy, startOrigin, startSquid } from './lib/peers.mjs';
+import { cpuSeconds, peakRssMiB, rssMiB } from './lib/proc.mjs';
+import { renderResults, summarise } from './lib/report.mjs';
+
+const USAGE = `usage: npm run bench -- [options]
+  --quick              short run (~1-2 min): 3 s per load phase, 10 new hosts
+  --duration S         seconds per load phase (default 8)
+  --warmup S           unmeasured seconds before each load phase (default 1)
+  --rounds N           interleaved rounds; figures are medians over rounds (default 2)
+  --hosts N            new host names per round for the first-request test (default 20)
+  --bulk-mib N         size of the bulk body in MiB (default 100)
+  --connections N      connections for the concurrent phase (default 32)
+  --peers LIST         comma list of keygate,squid,mitmproxy,direct (default all)
+  --keygate-arg ARG    extra argument for keygate proxy (repeatable)
+  --cpu-prof           run keygate under node --cpu-prof (profiles in bench/.work/prof)
+  --no-install         never apt-get install a missing peer
+  --no-build           use dist/ as it is (default: npm run build first)
+  --node-origin        use the Node origin instead of nginx
+  --out FILE           results file (default bench/results.md)`;
+
+let opts;
+try {
+  ({ values: opts } = parseArgs({
+    options: {
+      quick: { type: 'boolean', default: false },
+      duration: { type: 'string' },
+      warmup: { type: 'string' },
+      rounds: { type: 'string' },
+      hosts: { type: 'string' },
+      'bulk-mib': { type: 'string' },
+      connections: { type: 'string' },
+      peers: { type: 'string', default: 'keygate,squid,mitmproxy,direct' },
+      'keygate-arg': { type: 'string', multiple: true, default: [] },
+      'cpu-prof': { type: 'boolean', default: false },
+      'no-install': { type: 'boolean', default: false },
+      'no-build': { type: 'boolean', default: false },
+      'node-origin': { type: 'boolean', default: false },
+      out: { type: 'string', default: path.join(BENCH_DIR, 'results.md') },
+      help: { type: 'boolean', short: 'h', default: false },
+    },
+    allowPositionals: false,
+  }));
+} catch (err) {
+  console.error(`${err.message}\n${USAGE}`);
+  process.exit(2);
+}
+if (opts.help) {
+  console.log(USAGE);
+  process.exit(0);
+}
+
+const num = (v, d) => (v === undefined ? d : Number(v));
+const cfg = {
+  durationMs: num(opts.duration, opts.quick ? 3 : 8) * 1000,
+  warmupMs: num(opts.warmup, opts.quick ? 0.5 : 1) * 1000,
+  rounds: num(opts.rounds, 2),
+  hosts: num(opts.hosts, opts.quick ? 10 : 20),
+  bulkBytes: num(opts['bulk-mib'], 100) * 1048576,
+  connections: num(opts.connections, 32),
+  peers: opts.peers.split(',').map((s) => s.trim()).filter(Boolean),
+};
+for (const [k, v] of Object.entries(cfg)) {
+  if (typeof v === 'number' && !(v > 0)) {
+    console.error(`invalid value for ${k}`);
+    process.exit(2);
+  }
+}
+const unknownPeer = cfg.peers.find((p) => !['keygate', 'squid', 'mitmproxy', 'direct'].includes(p));
+if (unknownPeer) {
+  console.error(`unknown peer '${unknownPeer}'`);
+  process.exit(2);
+}
+
+const t0 = Date.now();
+const loadAtStart = (() => {
+  try {
+    return readFileSync('/proc/loadavg', 'utf8').split(' ').slice(0, 3).join(' ');
+  } catch {
+    return null;
+  }
+})();
+const log = (msg) => console.log(`[bench ${((Date.now() - t0) / 1000).toFixed(0).padStart(4)}s] ${msg}`);
+const WORK = path.join(BENCH_DIR, '.work');
+mkdirSync(WORK, { recursive: true });
+
+// The harness itself stays off the proxy's core.
+if (has('taskset')) spawnSync('taskset', ['-a', '-pc', '1', String(process.pid)], { stdio: 'ignore' });
+
+const notes = [];
+const running = [];
+async function stopAll() {
+  for (const r of running.splice(0).reverse()) await r.stop().catch(() => undefined);
+}
+let interrupted = false;
+for (const sig of ['SIGINT', 'SIGTERM']) {
+  process.on(sig, () => {
+    if (interrupted) return;
+    interrupted = true;
+    log(`${sig}: stopping everything this run started`);
+    void stopAll().then(() => process.exit(130));
+  });
+}
+
+/** Runs bench/client.mjs on core 1 and returns its JSON answer. */
+function client(spec) {
+  return new Promise((resolve) => {
+    const argv = [process.execPath, path.join(BENCH_DIR, 'client.mjs'), JSON.stringify(spec)];
+    const full = has('taskset') ? ['taskset', '-c', '1', ...argv] : argv;
+    const child = spawn(full[0], full.slice(1), { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (d) => (out += d));
+    child.stderr.on('data', (d) => (err += d));
+    child.on('close', () => {
+      try {
+        resolve(JSON.parse(out.trim().split('\n').pop()));
+      } catch {
+        resolve({ ok: false, error: `client crashed: ${err.trim().split('\n').slice(-3).join(' ') || 'no output'}` });
+      }
+    });
+  });
+}
+
+async function main() {
+  log(`config: ${JSON.stringify(cfg)}`);
+  if (cfg.peers.some((p) => p === 'squid' || p === 'mitmproxy')) notes.push(...ensurePackages({ log, allowInstall: !opts['no-install'] }));
+  if (cfg.peers.includes('keygate')) {
+    if (!opts['no-build']) {
+      log('building keygate (npm run build)');
+      const b = spawnSync('npm', ['run', 'build'], { cwd: REPO_ROOT, encoding: 'utf8' });
+      if (b.status !== 0) {
+        const why = `${b.stdout}${b.stderr}`.trim().split('\n').filter((l) => /error/i.test(l)).slice(0, 3).join('; ');
+        notes.push(`npm run build failed (${why || 'see npm output'}); measured the existing dist/`);
+        log('build failed; using the existing dist/');
+      }
+    }
+    if (!existsSync(path.join(REPO_ROOT, 'dist/cli/main.js'))) {
+      notes.push('keygate skipped: dist/cli/main.js does not exist (build failed)');
+      cfg.peers = cfg.peers.filter((p) => p !== 'keygate');
+    }
+  }
+  const pki = ensurePki(WORK);
+  const content = ensureContent(path.join(WORK), cfg.bulkBytes);
+  const token = `bench-${randomBytes(12).toString('hex')}`;
+  // New host names per round (and per run, so no disk cache from a previous run can help).
+  const runId = randomBytes(3).toString('hex');
+  const newHosts = Array.from({ length: cfg.rounds }, (_, r) => Array.from({ length: cfg.hosts }, (_, i) => `r${r + 1}h${i + 1}-${runId}.bench.test`));
+  const names = ['bench.test', 'plain.test', 'verify.bench.test', ...newHosts.flat()];
+
+  const origin = await startOrigin({ work: WORK, pki, content, forceNode: opts['node-origin'] });
+  running.push(origin);
+  if (origin.kind !== 'nginx') notes.push('nginx unavailable: the origin was the Node fallback server (slower; direct figures are not comparable with nginx runs)');
+  log(`origin (${origin.kind}) on 127.0.0.1:${origin.port}, pid ${origin.pid}, core 1`);
+
+  // ---- start every proxy, record idle memory, check injection ----------------------------
+  const peers = [];
+  const starters = {
+    keygate: () => startKeygate({ work: WORK, pki, token, names, originPort: origin.port, extraArgs: opts['keygate-arg'], nodeArgs: opts['cpu-prof'] ? ['--cpu-prof', `--cpu-prof-dir=${path.join(WORK, 'prof')}`] : [] }),
+    squid: () => {
+      if (!has('squid')) throw new Error('squid is not installed');
+      return startSquid({ work: WORK, pki, token, names });
+    },
+    mitmproxy: () => {
+      if (!has('mitmdump')) throw new Error('mitmdump is not installed');
+      return startMitmproxy({ work: WORK, pki, token });
+    },
+  };
+  for (const name of cfg.peers) {
+    if (name === 'direct') {
+      peers.push({ name, proxy: null, ca: pki.originCa, skip: null, tunnelOk: false, rounds: [] });
+      continue;
+    }
+    const peer = { name, skip: null, tunnelOk: false, rounds: [] };
+    try {
+      const h = await starters[name]();
+      running.push(h);
+      Object.assign(peer, { handle: h, pid: h.pid, proxy: { host: '127.0.0.1', port: h.port }, ca: h.ca });
+      log(`${name} on 127.0.0.1:${h.port}, pid ${h.pid}, core 0`);
+    } catch (err) {
+      peer.skip = `could not start: ${err.message.split('\n')[0]}`;
+      notes.push(`${name} skipped: ${err.message}`);
+      log(`${name} skipped: ${err.message}`);
+    }
+    peers.push(peer);
+  }
+  await new Promise((r) => setTimeout(r, 1500));
+  for (const p of peers) if (p.pid && !p.skip) p.idleRssMiB = rssMiB(p.pid);
+
+  const base = (p) => ({ proxy: p.proxy, port: origin.port, ca: [p.ca, pki.originCa] });
+  for (const p of peers) {
+    if (p.skip) continue;
+    // Injection (and replacement of a client-sent value) on the rule host and a wildcard name.
+    for (const host of ['bench.test', 'verify.bench.test']) {
+      let v;
+      for (let attempt = 0; attempt < 20; attempt++) {
+        v = await client({ ...base(p), mode: 'verify', host });
+        if (v.ok) break;
+        await new Promise((r) => setTimeout(r, 250));
+      }
+      const want = p.name === 'direct' ? 'Bearer client-sent-value' : `Bearer ${token}`;
+      if (!v.ok || v.status !== 200 || v.seen_authorization !== want) {
+        const seen = !v.ok ? v.error : v.seen_authorization === 'Bearer client-sent-value' ? "the client's own value (not replaced)" : v.seen_authorization ? 'some other value' : 'no Authorization header';
+        p.skip = `injection check failed on ${host}: origin saw ${seen}${v.ok ? ` (status ${v.status})` : ''}`;
+        break;
+      }
+      if (p.name !== 'direct' && v.issuer === 'keygate bench origin CA') {
+        p.skip = `injection check failed on ${host}: the connection was not intercepted`;
+        break;
+      }
+    }
+    if (p.skip) {
+      notes.push(`${p.name}: measurements aborted: ${p.skip}`);
+      log(`${p.name}: ${p.skip}`);
+      continue;
+    }
+    if (p.name !== 'direct') {
+      const v = await client({ ...base(p), mode: 'verify', host: 'plain.test' });
+      p.tunnelOk = v.ok && v.issuer === 'keygate bench origin CA' && v.seen_authorization === 'Bearer client-sent-value';
+      if (!p.tunnelOk) notes.push(`${p.name}: plain.test was not a blind tunnel (${v.ok ? `issuer ${v.issuer}` : v.error}); tunnel bulk not measured`);
+    }
+    log(`${p.name}: injection verified${p.name !== 'direct' ? `; plain.test ${p.tunnelOk ? 'is a blind tunnel' : 'NOT a blind tunnel'}` : ''}`);
+  }
+
+  // ---- interleaved rounds ---------------------------------------------------------------
+  const active = peers.filter((p) => !p.skip);
+  for (let r = 0; r < cfg.rounds; r++) {
+    const order = r % 2 === 0 ? active : [...active].reverse();
+    for (const p of order) {
+      const res = { round: r + 1 };
+      const b = base(p);
+      for (const [key, conns] of [['c1', 1], ['cN', cfg.connections]]) {
+        const cpu0 = p.pid ? cpuSeconds(p.pid) : 0;
+        const s = await client({ ...b, mode: 'small', host: 'bench.test', connections: conns, durationMs: cfg.durationMs, warmupMs: cfg.warmupMs });
+        const cpu1 = p.pid ? cpuSeconds(p.pid) : 0;
+        if (s.ok && p.pid) s.cpu_us_per_req = ((cpu1 - cpu0) * 1e6) / Math.max(1, s.total);
+        res[key] = s;
+        log(`round ${r + 1} ${p.name} small x${conns}: ${s.ok ? `${Math.round(s.rps)} req/s p50 ${s.p50_ms.toFixed(2)} p99 ${s.p99_ms.toFixed(2)} ms${s.errors ? ` (${s.errors} errors)` : ''}${s.cpu_us_per_req ? ` cpu ${Math.round(s.cpu_us_per_req)} us/req` : ''}` : s.error}`);
+      }
+      res.bulk = await client({ ...b, mode: 'bulk', host: 'bench.test', expectBytes: cfg.bulkBytes });
+      log(`round ${r + 1} ${p.name} bulk ${p.proxy ? 'intercepted' : 'direct'}: ${res.bulk.ok ? `${Math.round(res.bulk.mib_s)} MiB/s` : res.bulk.error}`);
+      if (p.tunnelOk) {
+        res.tunnel = await client({ ...b, mode: 'bulk', host: 'plain.test', expectBytes: cfg.bulkBytes });
+        log(`round ${r + 1} ${p.name} bulk tunnel: ${res.tunnel.ok ? `${Math.round(res.tunnel.mib_s)} MiB/s` : res.tunnel.error}`);
+      }
+      res.newHost = await client({ ...b, mode: 'fresh', hosts: newHosts[r] });
+      res.knownHost = await client({ ...b, mode: 'fresh', hosts: Array(cfg.hosts).fill('bench.test') });
+      log(`round ${r + 1} ${p.name} first request: new host p50 ${res.newHost.ok ? res.newHost.p50_ms.toFixed(2) : res.newHost.error} ms, known host p50 ${res.knownHost.ok ? res.knownHost.p50_ms.toFixed(2) : res.knownHost.error} ms`);
+      p.rounds.push(res);
+    }
+  }
+  for (const p of active) {
+    if (!p.pid) continue;
+    p.peakRssMiB = peakRssMiB(p.pid);
+    p.endRssMiB = rssMiB(p.pid);
+  }
+
+  // ---- a second opinion on the client: wrk straight at the origin ------------------------
+  let wrk = null;
+  if (has('wrk') && cfg.peers.includes('direct')) {
+    const argv = ['wrk', '-t1', `-c${cfg.connections}`, `-d${Math.max(1, Math.round(cfg.durationMs / 1000))}s`, '-H', `Host: bench.test:${origin.port}`, `https://127.0.0.1:${origin.port}/small`];
+    const w = spawnSync(has('taskset') ? 'taskset' : argv[0], has('taskset') ? ['-c', '1', ...argv] : argv.slice(1), { encoding: 'utf8' });
+    const m = /Requests\/sec:\s*([\d.]+)/.exec(w.stdout ?? '');
+    if (m) {
+      wrk = Number(m[1]);
+      log(`wrk (direct, ${cfg.connections} connections, same core as the client would use): ${Math.round(wrk)} req/s`);
+    }
+  }
+
+  await stopAll();
+  const machine = { ...machineInfo(), loadAtStart };
+  if (loadAtStart && Number(loadAtStart.split(' ')[0]) > machine.nproc / 2) {
+    notes.push(`the machine was busy when the run started (load average ${loadAtStart} on ${machine.nproc} cores): absolute figures are depressed and noisy; the interleaved ratios are the more robust reading`);
+  }
+  const summary = summarise(peers, cfg);
+  const command = `npm run bench${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(' ')}` : ''}`;
+  const md = renderResults({ machine, cfg, peers, summary, notes, command, origin: origin.kind, wrk, elapsedS: (Date.now() - t0) / 1000 });
+  writeFileSync(opts.out, md);
+  writeFileSync(path.join(WORK, 'results.json'), JSON.stringify({ machine, cfg, peers: peers.map(({ handle, ...rest }) => rest), summary, notes, wrk }, null, 2));
+  console.log('\n' + md.split('\n## Per round')[0]);
+  log(`results written to ${path.relative(process.cwd(), opts.out)} (raw: bench/.work/results.json)`);
+}
+
+main().catch(async (err) => {
+  console.error(`bench failed: ${err.stack ?? err}`);
+  await stopAll();
+  process.exit(1);
+});
