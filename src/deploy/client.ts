@@ -109,6 +109,8 @@ export interface ClientOptions {
   apiKey?: string;
   /** Per-request limit for ordinary calls (ms). */
   timeoutMs?: number;
+  /** Page size when listing every deployment (the API's maximum, 100, unless a test wants more pages). */
+  pageSize?: number;
 }
 
 /**
@@ -120,11 +122,13 @@ export class ControlPlaneClient {
   readonly #apiKey?: string;
   readonly #agent: Agent;
   readonly #timeoutMs: number;
+  readonly #pageSize: number;
 
   constructor(opts: ClientOptions) {
     this.baseUrl = opts.baseUrl.replace(/\/+$/, '');
     this.#apiKey = opts.apiKey;
     this.#timeoutMs = opts.timeoutMs ?? 30_000;
+    this.#pageSize = opts.pageSize ?? 100;
     this.#agent = new Agent({ connectTimeout: 10_000, keepAliveTimeout: 2_000 });
   }
 
@@ -244,7 +248,7 @@ export class ControlPlaneClient {
   async listAllDeployments(nameContains?: string): Promise<Deployment[]> {
     const all: Deployment[] = [];
     const seen = new Set<string>();
-    const limit = 100;
+    const limit = this.#pageSize;
     for (let offset = 0; ; offset += limit) {
       const page = await this.listDeployments({ limit, offset, nameContains });
       for (const d of page.resources) {
@@ -255,7 +259,7 @@ export class ControlPlaneClient {
         }
       }
       if (page.resources.length < limit) return all;
-      if (offset > 1_000_000) throw new CliError('cannot list deployments: the control plane keeps returning full pages');
+      if (offset > 1_000_000 * limit) throw new CliError('cannot list deployments: the control plane keeps returning full pages');
     }
   }
 

@@ -8,6 +8,7 @@ import os from 'node:os';
 import { fileURLToPath } from 'node:url';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ControlPlaneClient } from '../../src/deploy/client.js';
 import { CLI, startCli, type RunningCli } from '../helpers/cli.js';
 import { cleanEnv, copyEcho, findUnpacked, listTree, runDeploy, spawnDeploy } from './helpers.js';
 
@@ -176,6 +177,27 @@ describe('keygate deploy against a real keygate serve', () => {
     const rows = JSON.parse(j.stdout);
     expect(rows.find((x: any) => x.id === deploymentId)).toMatchObject({ name: 'echo-app', type: 'dev', status: 'DEPLOYED' });
     expect(rows.map((x: any) => x.name).sort()).toEqual(['echo-app', 'echo-prod']);
+  });
+
+  it('finds the deployment of EXACTLY that name across every page of the substring search', async () => {
+    // One deployment per page, so the search has to walk all of them.
+    const client = new ControlPlaneClient({ baseUrl: server.url, apiKey: KEY, pageSize: 1 });
+    try {
+      const all = await client.listAllDeployments();
+      expect(all.map((d) => d.name).sort()).toEqual(['echo-app', 'echo-prod']);
+      expect((await client.findByName('echo-prod'))?.name).toBe('echo-prod');
+      expect((await client.findByName('echo-app'))?.id).toBe(deploymentId);
+      expect(await client.findByName('echo')).toBeUndefined(); // a substring of both is not a match
+    } finally {
+      await client.close();
+    }
+    // So `--name echo` creates its own deployment instead of updating echo-app or echo-prod.
+    const r = await runDeploy([appDir, '--name', 'echo', '--no-wait', '--json'], { cwd: work, env: withKey() });
+    expect(r.code, r.stderr).toBe(0);
+    const result = jsonLines(r.stdout).at(-1);
+    expect(result).toMatchObject({ ok: true, created: true });
+    expect(result.deployment_id).not.toBe(deploymentId);
+    expect((await api('DELETE', `/v2/deployments/${result.deployment_id}`)).status).toBe(204);
   });
 
   it('deploy logs shows build lines (by ID, by --name, and for the current directory)', async () => {
