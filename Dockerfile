@@ -26,7 +26,9 @@ COPY config ./config
 COPY examples ./examples
 RUN mkdir -p /data /certs && chown node:node /data /certs
 USER node
-VOLUME ["/data"]
+# /data: database, master key, secrets; /certs: the proxy CA (key created 0600 on first run).
+VOLUME ["/data", "/certs"]
+STOPSIGNAL SIGTERM
 EXPOSE 8080 3128
 ENTRYPOINT ["node", "/app/dist/cli/main.js"]
 CMD ["serve", "--listen", "0.0.0.0:8080", "--data", "/data"]
