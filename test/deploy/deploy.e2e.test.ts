@@ -388,6 +388,39 @@ describe('prerequisites and failures are one clear line', () => {
     expect((await api('GET', '/v2/deployments?name_contains=not-an-app')).body.resources).toHaveLength(0);
   });
 
+  it('--image checks the container runtime first, with one message for "missing" and one for "not running"', async () => {
+    const missing = await runDeploy(['--image', 'registry.test/app:1', '--name', 'img-app'], { cwd: work, env: { ...withKey(), KEYGATE_DOCKER: '/nonexistent/docker' } });
+    expect(missing.code).toBe(1);
+    expect(missing.stderr).toBe("keygate: no container runtime: '/nonexistent/docker' was not found; install Docker (or set KEYGATE_DOCKER) to deploy images\n");
+    // `false` stands in for a docker CLI whose daemon does not answer (it exits non-zero).
+    const down = await runDeploy(['--image', 'registry.test/app:1', '--name', 'img-app'], { cwd: work, env: { ...withKey(), KEYGATE_DOCKER: 'false' } });
+    expect(down.code).toBe(1);
+    expect(down.stderr).toMatch(/^keygate: the container runtime is not running: false info: exit status 1\n$/);
+    expect((await api('GET', '/v2/deployments?name_contains=img-app')).body.resources).toHaveLength(0);
+  });
+
+  it('--image deploys an external_docker revision; without an engine on the control plane it fails clearly', async () => {
+    // A stand-in docker CLI for the local prerequisite (no Docker here); the control plane's own
+    // engine check is the real one.
+    const bin = path.join(work, 'fake-docker');
+    writeFileSync(bin, '#!/bin/sh\nif [ "$1" = info ]; then echo 27.0.0-test; exit 0; fi\nexit 1\n', { mode: 0o755 });
+    const r = await runDeploy(['--image', 'registry.test/app:1', '--name', 'img-app', '--json', '--timeout', '60s'], { cwd: work, env: { ...withKey(), KEYGATE_DOCKER: bin } });
+    const events = jsonLines(r.stdout);
+    expect(events.filter((e) => e.event === 'step').map((e) => `${e.step}/${e.total} ${e.title}`)).toEqual(['1/2 Checking prerequisites', '2/2 Deploying']);
+    expect(events.some((e) => e.event === 'check' && /container runtime \(docker 27\.0\.0-test\)/.test(e.message))).toBe(true);
+    const result = events.at(-1);
+    expect(result.event).toBe('result');
+    if (result.ok) {
+      console.warn('a Docker engine answered the control plane: the image deployment succeeded');
+    } else {
+      expect(r.code).toBe(1);
+      expect(String(result.error ?? result.status)).toMatch(/container engine|DEPLOY_FAILED/);
+      expect(r.stderr.trim().split('\n')).toHaveLength(1);
+    }
+    const left = (await api('GET', '/v2/deployments?name_contains=img-app')).body.resources;
+    for (const d of left) await api('DELETE', `/v2/deployments/${d.id}`);
+  });
+
   it('usage errors exit 2', async () => {
     for (const args of [['--deployment-type', 'staging'], ['--timeout', 'soon'], ['--bogus'], ['delete'], ['logs', '--type', 'x']]) {
       const r = await runDeploy(args, { cwd: work, env: withKey() });
