@@ -3,7 +3,7 @@
 // Loopback only. See bench/README.md for what is measured and how to read the results.
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { ensureContent, ensurePackages, ensurePki, has, machineInfo } from './lib/setup.mjs';
@@ -91,6 +91,33 @@ const loadAtStart = (() => {
 const log = (msg) => console.log(`[bench ${((Date.now() - t0) / 1000).toFixed(0).padStart(4)}s] ${msg}`);
 const WORK = path.join(BENCH_DIR, '.work');
 mkdirSync(WORK, { recursive: true });
+
+// One run at a time: a second run would rewrite the first one's origin and proxy directories.
+const LOCK = path.join(WORK, 'run.lock');
+try {
+  writeFileSync(LOCK, String(process.pid), { flag: 'wx' });
+} catch {
+  const other = Number(readFileSync(LOCK, 'utf8'));
+  let otherAlive = false;
+  try {
+    process.kill(other, 0);
+    otherAlive = /bench\/run\.mjs/.test(readFileSync(`/proc/${other}/cmdline`, 'utf8'));
+  } catch {
+    /* gone */
+  }
+  if (otherAlive) {
+    console.error(`another benchmark run (pid ${other}) is using bench/.work; wait for it to finish`);
+    process.exit(1);
+  }
+  writeFileSync(LOCK, String(process.pid));
+}
+process.on('exit', () => {
+  try {
+    if (readFileSync(LOCK, 'utf8') === String(process.pid)) rmSync(LOCK);
+  } catch {
+    /* already gone */
+  }
+});
 
 // The harness itself stays off the proxy's core.
 if (has('taskset')) spawnSync('taskset', ['-a', '-pc', '1', String(process.pid)], { stdio: 'ignore' });
