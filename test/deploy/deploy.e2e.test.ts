@@ -221,6 +221,16 @@ describe('keygate deploy against a real keygate serve', () => {
     expect(hereLines.length).toBeLessThanOrEqual(3);
     expectNoSecrets(byId.stdout + byName.stdout + here.stdout);
 
+    // --since: a window back from now includes the build; a time in the future includes nothing.
+    const recent = await runDeploy(['logs', deploymentId, '--type', 'build', '--since', '10m'], { cwd: work, env: withKey() });
+    expect(recent.code, recent.stderr).toBe(0);
+    expect(recent.stdout.trim().split('\n').length).toBeGreaterThanOrEqual(lines.length);
+    const future = await runDeploy(['logs', deploymentId, '--type', 'build', '--since', '2999-01-01T00:00:00Z'], { cwd: work, env: withKey() });
+    expect(future.code, future.stderr).toBe(0);
+    expect(future.stdout).toBe('');
+    const bad = await runDeploy(['logs', deploymentId, '--since', 'yesterday'], { cwd: work, env: withKey() });
+    expect(bad.code).toBe(2);
+
     const unknown = await runDeploy(['logs', '--name', 'no-such-app'], { cwd: work, env: withKey() });
     expect(unknown.code).toBe(1);
     expect(unknown.stderr).toContain("no deployment named 'no-such-app'");
