@@ -1,8 +1,19 @@
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { createLogger, type Logger } from '../log.js';
 import { ensureCa, type Ca } from '../certs/ca.js';
-import { ConfigFileError, loadProxyConfigFile, readSecretsFile } from '../config/load.js';
+import path from 'node:path';
+import { parseAdminListen, startSidecarControl, type SidecarControl } from '../admin/sidecar.js';
+import { resolveAdminToken } from '../admin/server.js';
+import { ConfigFileError, readProxyConfigFile } from '../config/load.js';
+import type { ProxyConfig } from '../config/schema.js';
+import { ConfigApplyError, ConfigHolder } from '../admin/config-holder.js';
+import { EnvelopeError } from '../secrets/envelope.js';
+import { loadKeyring } from '../secrets/keyring.js';
+import { secretsFilePath } from '../secrets/file-store.js';
+import { openSecretStore, ReadOnlyStoreError, SecretStoreError, type SecretStore } from '../secrets/store.js';
+import { formatLoc, ValidationFailure } from '../validation/errors.js';
+import { resolveDataDir } from './data-dir.js';
 import type { CompiledConfig } from '../rules/compile.js';
 import { formatAuthority, normaliseHost, parseAuthority } from '../rules/host.js';
 import { startProxy, type ProxyHandle } from '../proxy/server.js';
@@ -10,11 +21,23 @@ import { CliError } from './errors.js';
 
 const USAGE = `usage: keygate proxy --config FILE [--listen HOST:PORT] [--certs DIR] [--secrets FILE]
                      [--resolve HOST:PORT:ADDR]... [--upstream-ca FILE]... [--grace SECONDS]
+                     [--data DIR] [--secrets-dir DIR] [--workspace ID]
+                     [--admin HOST:PORT | --admin unix:/path] [--no-watch]
 
   --config FILE        proxy_config JSON ({"rules": [...], "no_proxy": [...]})
   --listen HOST:PORT   proxy address (default 127.0.0.1:8080; port 0 picks a free one)
   --certs DIR          CA directory: ca.pem, ca-key.pem (created on first run; default ./certs)
   --secrets FILE       JSON object {"KEY": "value"} resolving {KEY} templates
+  --secrets-dir DIR    one file per key (a Kubernetes secret volume) resolving {KEY} templates
+  --data DIR           data directory: without --secrets/--secrets-dir, {KEY} templates resolve from
+                       its encrypted store (keygate secrets set); opaque values sealed with its master
+                       key are decrypted; the generated admin token lives here (default:
+                       KEYGATE_DATA_DIR, else ./data)
+  --workspace ID       workspace of the data directory's store (default: default)
+  --admin ADDR         admin listener (HOST:PORT or unix:/path, never the proxy port): PUT/GET /config,
+                       /healthz, /readyz, /metrics; Authorization: Bearer <KEYGATE_ADMIN_TOKEN, else
+                       the token generated into <data>/admin.token>
+  --no-watch           do not re-read the config and secrets when they change (SIGHUP still does)
   --resolve H:P:ADDR   dial ADDR for host H port P (like curl --resolve); repeatable
   --upstream-ca FILE   extra CA (PEM) trusted for upstream TLS; repeatable
   --grace SECONDS      on SIGTERM/SIGINT, time in-flight requests get to finish (default 10)`;
@@ -27,6 +50,11 @@ export interface ProxyCliOptions {
   resolve: Map<string, string>;
   upstreamCa: string[];
   graceMs: number;
+  data?: string;
+  secretsDir?: string;
+  workspace?: string;
+  admin?: ReturnType<typeof parseAdminListen>;
+  watch: boolean;
 }
 
 function parseListen(raw: string): { host: string; port: number } {
@@ -47,6 +75,15 @@ export function parseResolve(raw: string): [string, string] {
   }
 }
 
+function parseAdmin(raw: string | undefined): ProxyCliOptions['admin'] {
+  if (raw === undefined) return undefined;
+  try {
+    return parseAdminListen(raw);
+  } catch (err) {
+    throw new CliError((err as Error).message, 2);
+  }
+}
+
 export function parseProxyArgs(argv: string[]): ProxyCliOptions | 'help' {
   let values;
   try {
@@ -60,6 +97,11 @@ export function parseProxyArgs(argv: string[]): ProxyCliOptions | 'help' {
         resolve: { type: 'string', multiple: true, default: [] },
         'upstream-ca': { type: 'string', multiple: true, default: [] },
         grace: { type: 'string', default: '10' },
+        data: { type: 'string' },
+        'secrets-dir': { type: 'string' },
+        workspace: { type: 'string' },
+        admin: { type: 'string' },
+        'no-watch': { type: 'boolean', default: false },
         help: { type: 'boolean', short: 'h' },
       },
       strict: true,
@@ -80,38 +122,97 @@ export function parseProxyArgs(argv: string[]): ProxyCliOptions | 'help' {
     resolve: new Map(values.resolve!.map(parseResolve)),
     upstreamCa: values['upstream-ca']!,
     graceMs: grace * 1000,
+    data: values.data,
+    secretsDir: values['secrets-dir'],
+    workspace: values.workspace,
+    admin: parseAdmin(values.admin),
+    watch: !values['no-watch'],
   };
 }
 
-/** Where `{KEY}` values come from. The secrets engineer adds the data-directory store here. */
-export function secretLookup(opts: ProxyCliOptions): (key: string) => string | undefined {
-  if (!opts.secrets) return () => undefined;
-  const secrets = readSecretsFile(opts.secrets);
-  return (key) => secrets.get(key);
+/** The data directory as given (`--data`, KEYGATE_DATA_DIR, ./data), created only when used. */
+function dataDirOf(opts: ProxyCliOptions): string {
+  return path.resolve(opts.data ?? process.env.KEYGATE_DATA_DIR ?? 'data');
 }
 
-/** Reads, validates, resolves and compiles the configuration: start-up and every reload. */
-export function loadAndCompile(opts: ProxyCliOptions): CompiledConfig {
-  return loadProxyConfigFile(opts.config, secretLookup(opts)).compiled;
+/**
+ * Where `{KEY}` values come from: `--secrets FILE`, `--secrets-dir DIR` (or KEYGATE_SECRETS_FILE /
+ * KEYGATE_SECRETS_DIR), else the data directory's encrypted store. Opened on first use, so a
+ * configuration without templates never touches the data directory.
+ */
+export function proxySecretStore(opts: ProxyCliOptions): SecretStore {
+  let opened: Promise<SecretStore> | undefined;
+  const open = () =>
+    (opened ??= openSecretStore({
+      dataDir: opts.secrets || opts.secretsDir ? dataDirOf(opts) : resolveDataDir(opts.data),
+      secretsFile: opts.secrets,
+      secretsDir: opts.secretsDir,
+      workspaceId: opts.workspace,
+    }));
+  const describe = opts.secrets ? `JSON file ${path.resolve(opts.secrets)}` : opts.secretsDir ? `directory ${path.resolve(opts.secretsDir)}` : process.env.KEYGATE_SECRETS_FILE ? `JSON file ${path.resolve(process.env.KEYGATE_SECRETS_FILE)}` : process.env.KEYGATE_SECRETS_DIR ? `directory ${path.resolve(process.env.KEYGATE_SECRETS_DIR)}` : `encrypted file ${secretsFilePath(dataDirOf(opts))}`;
+  return {
+    description: describe,
+    writable: false,
+    get: async (k) => (await open()).get(k),
+    list: async () => (await open()).list(),
+    snapshot: async () => (await open()).snapshot(),
+    // The proxy only reads; secrets are managed with `keygate secrets` or where they come from.
+    set: async () => {
+      throw new ReadOnlyStoreError(describe);
+    },
+    delete: async () => {
+      throw new ReadOnlyStoreError(describe);
+    },
+  };
+}
+
+/** What to watch for secret changes (the file or directory the store reads). */
+function secretSourcePaths(opts: ProxyCliOptions): string[] {
+  if (opts.secrets) return [opts.secrets];
+  if (opts.secretsDir) return [opts.secretsDir];
+  if (process.env.KEYGATE_SECRETS_FILE) return [process.env.KEYGATE_SECRETS_FILE];
+  if (process.env.KEYGATE_SECRETS_DIR) return [process.env.KEYGATE_SECRETS_DIR];
+  // The data directory's store: watched only when the directory exists (a proxy without
+  // templates never creates it).
+  return existsSync(dataDirOf(opts)) ? [secretsFilePath(dataDirOf(opts))] : [];
+}
+
+/** Reads, validates, resolves and compiles the configuration file (start-up; reloads go through the holder the same way). */
+export async function loadAndCompile(opts: ProxyCliOptions, holder: ConfigHolder): Promise<{ config: ProxyConfig; compiled: CompiledConfig }> {
+  const config = readProxyConfigFile(opts.config);
+  try {
+    return await holder.prepare(config, { source: 'startup' });
+  } catch (err) {
+    if (err instanceof ValidationFailure) {
+      throw new ConfigFileError(`invalid proxy configuration ${opts.config}:\n${err.issues.map((i) => `  ${i.loc.length ? formatLoc(i.loc) : '(root)'}: ${i.msg}`).join('\n')}`, err.issues);
+    }
+    throw err;
+  }
 }
 
 export interface RunningProxy {
   handle: ProxyHandle;
   ca: Ca;
   logger: Logger;
-  /** Re-reads configuration and secrets and swaps them in; throws (old config kept) if invalid. */
-  reload(): void;
+  /** Holder, metrics, admin listener and reloader (SIGHUP, file changes). */
+  control: SidecarControl;
 }
 
 /** Starts the sidecar from parsed options (the part `run` and future hooks share). */
 export async function startFromOptions(opts: ProxyCliOptions, logger: Logger = createLogger({ name: 'keygate-proxy' })): Promise<RunningProxy> {
-  let compiled: CompiledConfig;
+  const store = proxySecretStore(opts);
+  // Opaque values sealed by keygate (a config file it wrote) open with the data directory's key.
+  const envelope = () => loadKeyring(resolveDataDir(opts.data)).envelope;
+  const checker = new ConfigHolder({ proxy: { setConfig: () => undefined }, store, envelope });
+  let initial: { config: ProxyConfig; compiled: CompiledConfig };
   try {
-    compiled = loadAndCompile(opts);
+    initial = await loadAndCompile(opts, checker);
   } catch (err) {
-    if (err instanceof ConfigFileError) throw new CliError(err.message);
+    // Each of these names files, keys and locations, never a value.
+    if (err instanceof ConfigFileError || err instanceof ConfigApplyError || err instanceof SecretStoreError || err instanceof EnvelopeError) throw new CliError(err.message);
     throw err;
   }
+  const compiled = initial.compiled;
   let ca: Ca;
   try {
     ca = await ensureCa(opts.certs);
@@ -131,14 +232,29 @@ export async function startFromOptions(opts: ProxyCliOptions, logger: Logger = c
   } catch (err) {
     throw new CliError(`cannot listen on ${formatAuthority(opts.listen.host, opts.listen.port)}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
   }
-  return {
-    handle,
-    ca,
-    logger,
-    reload() {
-      handle.setConfig(loadAndCompile(opts));
-    },
-  };
+  let control: SidecarControl;
+  try {
+    const admin = opts.admin ? { listen: opts.admin, token: resolveAdminToken(dataDirOf(opts)).token } : undefined;
+    control = await startSidecarControl({
+      proxy: handle,
+      initial,
+      configFile: opts.config,
+      store,
+      envelope,
+      admin,
+      watch: secretSourcePaths(opts),
+      watchFiles: opts.watch,
+      logger,
+    });
+  } catch (err) {
+    await handle.close(0);
+    throw new CliError(`admin listener: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+  }
+  if (control.admin) {
+    const tokenSource = process.env.KEYGATE_ADMIN_TOKEN?.trim() ? 'KEYGATE_ADMIN_TOKEN' : path.join(dataDirOf(opts), 'admin.token');
+    logger.info({ admin: control.admin.url, token_from: tokenSource }, `admin listener on ${control.admin.url}`);
+  }
+  return { handle, ca, logger, control };
 }
 
 /** Resolves on the first SIGTERM or SIGINT. */
@@ -167,6 +283,7 @@ export async function run(argv: string[]): Promise<number> {
   logger.info({ url: handle.url, ca: ca.certPath, rules }, `listening on ${formatAuthority(handle.host, handle.port)}`);
   const sig = await signal;
   logger.info({ signal: sig, grace_ms: opts.graceMs }, 'shutting down: no new connections, waiting for requests in flight');
+  await running.control.close();
   await handle.close(opts.graceMs);
   logger.info('stopped');
   return 0;
