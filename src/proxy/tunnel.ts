@@ -2,6 +2,7 @@ import type { Socket } from 'node:net';
 import type { Decision } from '../rules/compile.js';
 import type { ProxyCore, TunnelRecord } from './context.js';
 import { upstreamError, writeRawError } from './errors.js';
+import { accessLog } from './forward.js';
 
 export const CONNECT_OK = 'HTTP/1.1 200 Connection Established\r\n\r\n';
 
@@ -32,7 +33,7 @@ export function openTunnel(core: ProxyCore, client: Socket, head: Buffer, target
     };
     if (err) close.error = err;
     core.events.emit('tunnel', close);
-    core.logger.info(close, 'tunnel');
+    accessLog(core).info(close, 'tunnel');
   };
 
   upstream.once('connect', () => {
