@@ -17,12 +17,14 @@ import { resolveDataDir } from './data-dir.js';
 import type { CompiledConfig } from '../rules/compile.js';
 import { formatAuthority, normaliseHost, parseAuthority } from '../rules/host.js';
 import { startProxy, type ProxyHandle } from '../proxy/server.js';
+import { LIMIT_KEYS, parseLimitFlag, type ProxyLimits } from '../proxy/limits.js';
 import { CliError } from './errors.js';
+import { untilShutdown } from './shutdown.js';
 
 const USAGE = `usage: keygate proxy --config FILE [--listen HOST:PORT] [--certs DIR] [--secrets FILE]
                      [--resolve HOST:PORT:ADDR]... [--upstream-ca FILE]... [--grace SECONDS]
                      [--data DIR] [--secrets-dir DIR] [--workspace ID]
-                     [--admin HOST:PORT | --admin unix:/path] [--no-watch]
+                     [--admin HOST:PORT | --admin unix:/path] [--no-watch] [--limit KEY=VALUE]...
 
   --config FILE        proxy_config JSON ({"rules": [...], "no_proxy": [...]})
   --listen HOST:PORT   proxy address (default 127.0.0.1:8080; port 0 picks a free one)
@@ -40,7 +42,9 @@ const USAGE = `usage: keygate proxy --config FILE [--listen HOST:PORT] [--certs 
   --no-watch           do not re-read the config and secrets when they change (SIGHUP still does)
   --resolve H:P:ADDR   dial ADDR for host H port P (like curl --resolve); repeatable
   --upstream-ca FILE   extra CA (PEM) trusted for upstream TLS; repeatable
-  --grace SECONDS      on SIGTERM/SIGINT, time in-flight requests get to finish (default 10)`;
+  --grace SECONDS      on SIGTERM/SIGINT, time in-flight requests get to finish (default 10)
+  --limit KEY=VALUE    a size, count or timeout (docs/hardening.md); repeatable. Keys:
+                       ${Object.keys(LIMIT_KEYS).join(', ')}`;
 
 export interface ProxyCliOptions {
   config: string;
@@ -55,6 +59,8 @@ export interface ProxyCliOptions {
   workspace?: string;
   admin?: ReturnType<typeof parseAdminListen>;
   watch: boolean;
+  /** --limit flags (the rest keep their defaults). */
+  limits?: Partial<ProxyLimits>;
 }
 
 function parseListen(raw: string): { host: string; port: number } {
@@ -84,6 +90,21 @@ function parseAdmin(raw: string | undefined): ProxyCliOptions['admin'] {
   }
 }
 
+// ---- --limit (hardening: sizes, counts, timeouts) ----
+/** `--limit KEY=VALUE`, repeatable; a later flag for the same key wins. */
+export function parseLimitFlags(raw: string[]): Partial<ProxyLimits> {
+  const out: Partial<ProxyLimits> = {};
+  for (const r of raw) {
+    try {
+      const [field, value] = parseLimitFlag(r);
+      out[field] = value;
+    } catch (err) {
+      throw new CliError((err as Error).message, 2);
+    }
+  }
+  return out;
+}
+
 export function parseProxyArgs(argv: string[]): ProxyCliOptions | 'help' {
   let values;
   try {
@@ -102,6 +123,7 @@ export function parseProxyArgs(argv: string[]): ProxyCliOptions | 'help' {
         workspace: { type: 'string' },
         admin: { type: 'string' },
         'no-watch': { type: 'boolean', default: false },
+        limit: { type: 'string', multiple: true, default: [] },
         help: { type: 'boolean', short: 'h' },
       },
       strict: true,
@@ -127,6 +149,7 @@ export function parseProxyArgs(argv: string[]): ProxyCliOptions | 'help' {
     workspace: values.workspace,
     admin: parseAdmin(values.admin),
     watch: !values['no-watch'],
+    limits: parseLimitFlags(values.limit!),
   };
 }
 
@@ -228,7 +251,7 @@ export async function startFromOptions(opts: ProxyCliOptions, logger: Logger = c
   });
   let handle: ProxyHandle;
   try {
-    handle = await startProxy({ listen: opts.listen, ca, config: compiled, logger, resolve: opts.resolve, upstreamCa });
+    handle = await startProxy({ listen: opts.listen, ca, config: compiled, logger, resolve: opts.resolve, upstreamCa, limits: opts.limits });
   } catch (err) {
     throw new CliError(`cannot listen on ${formatAuthority(opts.listen.host, opts.listen.port)}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
   }
@@ -257,26 +280,13 @@ export async function startFromOptions(opts: ProxyCliOptions, logger: Logger = c
   return { handle, ca, logger, control };
 }
 
-/** Resolves on the first SIGTERM or SIGINT. */
-function shutdownSignal(): Promise<NodeJS.Signals> {
-  return new Promise((resolve) => {
-    const on = (sig: NodeJS.Signals) => {
-      process.off('SIGTERM', on);
-      process.off('SIGINT', on);
-      resolve(sig);
-    };
-    process.on('SIGTERM', on);
-    process.on('SIGINT', on);
-  });
-}
-
 export async function run(argv: string[]): Promise<number> {
   const opts = parseProxyArgs(argv);
   if (opts === 'help') {
     process.stdout.write(USAGE + '\n');
     return 0;
   }
-  const signal = shutdownSignal();
+  const signal = untilShutdown((sig) => process.stderr.write(`keygate proxy: ${sig} again: still draining (a second Ctrl-C exits now)\n`));
   const running = await startFromOptions(opts);
   const { handle, logger, ca } = running;
   const rules = handle.getConfig().rules.map((r) => r.name);

@@ -13,10 +13,13 @@ import type { ProxyCore, TunnelTarget } from './context.js';
 import { malformed, misdirected, ProxyError, refused, writeRawError } from './errors.js';
 import { finishRecord, forward, newRecord, refuse } from './forward.js';
 import { CONNECT_OK, openTunnel } from './tunnel.js';
-import { DEFAULT_TIMEOUTS, Upstream, type ProxyTimeouts } from './upstream.js';
+import { Upstream } from './upstream.js';
+import { checkHead, framingProblem, headTimeout, limitsFromTimeouts, overloaded, resolveLimits, timeoutsOf, tooLarge, uriTooLong, type ProxyLimits } from './limits.js';
 import { refuseUpgrade, relayUpgrade } from './websocket.js';
 
 export type { ProxyTimeouts } from './upstream.js';
+export type { ProxyLimits } from './limits.js';
+import type { ProxyTimeouts } from './upstream.js';
 export type { RequestRecord, TunnelRecord } from './context.js';
 
 export interface ProxyOptions {
@@ -28,10 +31,13 @@ export interface ProxyOptions {
   resolve?: ReadonlyMap<string, string>;
   /** Extra PEM CAs for upstream TLS, on top of system roots and NODE_EXTRA_CA_CERTS. */
   upstreamCa?: string[];
+  /** Older spelling of the timeout limits; `limits` wins where both are given. */
   timeouts?: Partial<ProxyTimeouts>;
+  /** Sizes, counts and timeouts (src/proxy/limits.ts; defaults in DEFAULT_LIMITS). */
+  limits?: Partial<ProxyLimits>;
   /** `host:port` targets never reachable through the proxy (e.g. the admin listener). */
   denyTargets?: string[];
-  /** SecureContexts kept for intercepted hosts. */
+  /** SecureContexts kept for intercepted hosts (same as limits.certCacheSize). */
   certCacheSize?: number;
 }
 
@@ -43,8 +49,15 @@ export interface ProxyHandle {
   /** Swaps the configuration atomically: requests and tunnels already started keep theirs. */
   setConfig(config: CompiledConfig): void;
   getConfig(): CompiledConfig;
-  /** 'request', 'tunnel', 'tls_handshake', 'cert', 'upstream_error'. Never header values. */
+  /**
+   * 'request', 'tunnel', 'tls_handshake', 'cert', 'upstream_error', 'client_error',
+   * 'connection_refused', 'egress_denied', 'ca_expiry'. Never header values.
+   */
   events: EventEmitter;
+  /** The limits in force. */
+  readonly limits: Readonly<ProxyLimits>;
+  /** Days until the proxy CA expires, and whether that is inside the warning window. */
+  caExpiry(): { notAfter: string; daysLeft: number; warning: boolean };
   /** Adds a `host:port` the proxy must refuse to reach (an admin listener started later). */
   denyTarget(authority: string): void;
   /** Stops accepting, lets in-flight requests finish for up to graceMs, then cuts the rest. */
@@ -83,13 +96,50 @@ function parseTarget(raw: string | undefined, defaultPort: number | undefined): 
   }
 }
 
+/** After these the connection's framing (or its client) cannot be trusted: answer and close. */
+function closesConnection(err: ProxyError): boolean {
+  return err.status === 400 || err.status === 408 || err.status === 413 || err.status === 414 || err.status === 431;
+}
+
+/** Options for both HTTP servers: the parser strict whatever NODE_OPTIONS says, sizes and clocks from the limits. */
+function serverOptions(l: ProxyLimits): http.ServerOptions {
+  return {
+    insecureHTTPParser: false,
+    maxHeaderSize: l.maxHeaderBytes,
+    requestTimeout: 0, // uploads and streams may be long: only idle clocks apply to them
+    headersTimeout: l.headerTimeoutMs,
+    keepAliveTimeout: l.keepAliveTimeoutMs,
+    // Node checks head timeouts on this interval: a quarter of the timeout keeps the answer close to it.
+    connectionsCheckingInterval: Math.max(50, Math.min(1000, Math.floor(l.headerTimeoutMs / 4))),
+  };
+}
+
+/** The answer to a request Node's parser refused (or timed out). */
+function clientErrorResponse(err: NodeJS.ErrnoException & { rawPacket?: Buffer }, l: ProxyLimits): ProxyError {
+  switch (err.code) {
+    case 'HPE_HEADER_OVERFLOW': {
+      const packet = err.rawPacket;
+      const eol = packet ? packet.indexOf('\n') : -1;
+      if (packet && (eol < 0 ? packet.length : eol) > l.maxRequestLineBytes) return uriTooLong(`request line longer than ${l.maxRequestLineBytes} bytes`);
+      return tooLarge(`request head larger than ${l.maxHeaderBytes} bytes`);
+    }
+    case 'ERR_HTTP_REQUEST_TIMEOUT':
+      return headTimeout();
+    case 'HPE_CHUNK_EXTENSIONS_OVERFLOW':
+      return new ProxyError(413, 'http_request_error', 'chunk extensions too large');
+    default:
+      return malformed(`malformed HTTP request (${/^HPE_[A-Z_]+$/.test(err.code ?? '') ? err.code : 'parse error'})`);
+  }
+}
+
 /**
  * Starts the proxy: one listener for CONNECT (blind tunnel or TLS interception per the rules)
  * and absolute-form plain HTTP. Intercepted TLS connections are fed to an internal HTTP server
  * that never listens, so the same parser handles requests, keep-alive and upgrades.
  */
 export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
-  const timeouts: ProxyTimeouts = { ...DEFAULT_TIMEOUTS, ...opts.timeouts };
+  const limits = resolveLimits(limitsFromTimeouts(opts.timeouts), { certCacheSize: opts.certCacheSize }, opts.limits);
+  const timeouts: ProxyTimeouts = timeoutsOf(limits);
   const logger = opts.logger ?? createLogger({ name: 'keygate-proxy' });
   const events = new EventEmitter();
   let current = opts.config;
@@ -103,7 +153,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   for (const d of opts.denyTargets ?? []) addDeny(d);
 
   const upstream = new Upstream({ resolve: opts.resolve, upstreamCa: opts.upstreamCa, timeouts });
-  const minter = new LeafMinter(opts.ca, { cacheSize: opts.certCacheSize, onCert: (e) => events.emit('cert', e) });
+  const minter = new LeafMinter(opts.ca, { cacheSize: limits.certCacheSize, onCert: (e) => events.emit('cert', e) });
   const core: ProxyCore = {
     config: () => current,
     upstream,
@@ -126,13 +176,24 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     openSockets.add(s);
     s.once('close', () => openSockets.delete(s));
   };
+  /**
+   * Sockets the HTTP server hands over (CONNECT, upgrades) lose its idle clock: no byte either
+   * way for idleTimeoutMs closes them. Traffic in either direction resets it, so a stream that
+   * makes progress is never cut.
+   */
+  const idleGuard = (s: Duplex) => {
+    const sock = s as Socket;
+    if (typeof sock.setTimeout !== 'function') return;
+    sock.setTimeout(limits.idleTimeoutMs);
+    sock.on('timeout', () => sock.destroy());
+  };
 
   // ---- intercepted requests -------------------------------------------------------------
-  const inner = http.createServer({
-    requestTimeout: 0, // uploads and streams may be long; idle guards below
-    headersTimeout: timeouts.clientHeadersMs,
-    keepAliveTimeout: timeouts.keepAliveMs,
-  });
+  const inner = http.createServer(serverOptions(limits));
+  inner.timeout = limits.idleTimeoutMs;
+  // The inner server never listens, and Node starts its head-timeout clock (slow-loris guard) on
+  // 'listening': start it by hand, stopped again in close().
+  inner.emit('listening');
 
   /** Authority check and path normalisation inside a tunnel: the CONNECT target, always. */
   function checkIntercepted(req: IncomingMessage, t: TunnelTarget): { pathAndQuery: string; path: string } | ProxyError {
@@ -190,11 +251,11 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       if (closing && t.inFlight === 0) req.socket.end();
     });
     if (closing) res.shouldKeepAlive = false;
-    const checked = checkIntercepted(req, t);
+    const checked = checkHead(req, limits) ?? framingProblem(req) ?? checkIntercepted(req, t);
     if (checked instanceof ProxyError) {
       rec.path = (req.url ?? '').split('?')[0].slice(0, 200);
       req.resume();
-      refuse(core, res, rec, started, checked, checked.status === 400);
+      refuse(core, res, rec, started, checked, closesConnection(checked));
       return;
     }
     rec.path = checked.path;
@@ -214,19 +275,25 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       refuseUpgrade(core, req, socket, base, path, malformed('only WebSocket upgrades are supported'));
       return;
     }
-    const checked = checkIntercepted(req, t);
+    const checked = checkHead(req, limits) ?? framingProblem(req) ?? checkIntercepted(req, t);
     if (checked instanceof ProxyError) {
       refuseUpgrade(core, req, socket, base, path, checked);
       return;
     }
+    idleGuard(socket);
     const rule = current.pickRule(t.host, t.port, checked.path);
     relayUpgrade(core, req, socket, head, { scheme: 'https', ...base, pathAndQuery: checked.pathAndQuery, logPath: checked.path, rule });
   });
 
-  inner.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => {
+  const onClientError = (err: NodeJS.ErrnoException & { rawPacket?: Buffer }, socket: Duplex) => {
     if (err.code === 'ECONNRESET' || !socket.writable) return socket.destroy();
-    writeRawError(socket, malformed('malformed HTTP request'));
-  });
+    const perr = clientErrorResponse(err, limits);
+    const client = tunnels.get(socket)?.client ?? clientOf(socket as Socket);
+    events.emit('client_error', { client, code: err.code ?? 'UNKNOWN', status: perr.status });
+    logger.info({ type: 'client_error', client, code: err.code, status: perr.status }, 'refused a request the parser rejected');
+    writeRawError(socket, perr);
+  };
+  inner.on('clientError', onClientError);
 
   async function intercept(client: Socket, head: Buffer, host: string, port: number, clientAddr: string): Promise<void> {
     let ctx: tls.SecureContext;
@@ -259,6 +326,8 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     tlsSocket.once('secure', () => {
       secured = true;
       clearTimeout(handshakeTimer);
+      // From here the inner server's idle clock (on the TLS socket) applies, request-aware.
+      client.setTimeout(0);
       events.emit('tls_handshake', { host, ok: true });
     });
     tlsSocket.on('error', (err: NodeJS.ErrnoException) => {
@@ -295,17 +364,18 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   }
 
   // ---- the listener -------------------------------------------------------------------
-  const front = http.createServer({
-    requestTimeout: 0,
-    headersTimeout: timeouts.clientHeadersMs,
-    keepAliveTimeout: timeouts.keepAliveMs,
-  });
+  const front = http.createServer(serverOptions(limits));
+  front.timeout = limits.idleTimeoutMs;
 
   front.on('connect', (req: IncomingMessage, client: Socket, head: Buffer) => {
+    if (overLimit.has(client)) return;
     const clientAddr = clientOf(client);
     client.on('error', () => client.destroy());
+    idleGuard(client);
     let target: { host: string; port: number };
     try {
+      const tooBig = checkHead(req, limits);
+      if (tooBig) throw tooBig;
       target = parseTarget(req.url, undefined);
     } catch (err) {
       const perr = err as ProxyError;
@@ -352,9 +422,10 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   }
 
   front.on('request', (req: IncomingMessage, res: ServerResponse) => {
+    if (overLimit.has(req.socket)) return;
     const started = performance.now();
     const clientAddr = clientOf(req.socket);
-    const t = plainTarget(req);
+    const t = checkHead(req, limits) ?? framingProblem(req) ?? plainTarget(req);
     if (closing) res.shouldKeepAlive = false;
     if (t instanceof ProxyError) {
       const rec = newRecord(req, { client: clientAddr, host: '', port: 0, decision: 'tunnel' }, '');
@@ -368,7 +439,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
         /* the record keeps an empty host */
       }
       req.resume();
-      refuse(core, res, rec, started, t, t.status === 400);
+      refuse(core, res, rec, started, t, closesConnection(t));
       return;
     }
     const logPath = t.pathAndQuery.split('?')[0];
@@ -377,8 +448,10 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   });
 
   front.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+    if (overLimit.has(socket)) return;
     const clientAddr = clientOf(socket as Socket);
-    const t = plainTarget(req);
+    idleGuard(socket);
+    const t = checkHead(req, limits) ?? framingProblem(req) ?? plainTarget(req);
     if (t instanceof ProxyError) {
       refuseUpgrade(core, req, socket, { client: clientAddr, host: '', port: 0, decision: 'tunnel' }, '', t);
       return;
@@ -391,11 +464,37 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     relayUpgrade(core, req, socket, head, { scheme: 'http', host: t.host, port: t.port, pathAndQuery: t.pathAndQuery, logPath, decision: t.decision, client: clientAddr });
   });
 
-  front.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => {
-    if (err.code === 'ECONNRESET' || !socket.writable) return socket.destroy();
-    writeRawError(socket, malformed('malformed HTTP request'));
+  front.on('clientError', onClientError);
+
+  // Connection limits: counted per listener and per client address; over the limit the
+  // client hears why (503) instead of a silent reset, and nothing it sent is acted on.
+  let connections = 0;
+  const perClient = new Map<string, number>();
+  const overLimit = new WeakSet<Duplex>();
+  front.on('connection', (s: Socket) => {
+    track(s);
+    const addr = (s.remoteAddress ?? '').replace(/^::ffff:/, '');
+    const mine = (perClient.get(addr) ?? 0) + 1;
+    if (connections + 1 > limits.maxConnections || mine > limits.maxConnectionsPerClient) {
+      overLimit.add(s);
+      const total = connections + 1 > limits.maxConnections;
+      events.emit('connection_refused', { client: addr, reason: total ? 'max_connections' : 'max_connections_per_client' });
+      logger.warn({ type: 'connection_refused', client: addr, connections, from_client: mine - 1 }, 'connection limit reached');
+      s.on('error', () => s.destroy());
+      writeRawError(s, overloaded(total ? `the proxy has reached its limit of ${limits.maxConnections} connections; retry later` : `this client has reached its limit of ${limits.maxConnectionsPerClient} connections; close some first`));
+      const kill = setTimeout(() => s.destroy(), 2000);
+      s.once('close', () => clearTimeout(kill));
+      return;
+    }
+    connections++;
+    perClient.set(addr, mine);
+    s.once('close', () => {
+      connections--;
+      const n = (perClient.get(addr) ?? 1) - 1;
+      if (n <= 0) perClient.delete(addr);
+      else perClient.set(addr, n);
+    });
   });
-  front.on('connection', (s: Socket) => track(s));
 
   await new Promise<void>((resolve, reject) => {
     front.once('error', reject);
@@ -408,8 +507,29 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   ownPort = addr.port;
   const shownHost = isIpLiteral(addr.address) && addr.address.includes(':') ? `[${addr.address}]` : addr.address;
 
+  const DAY = 24 * 3600_000;
+  const caExpiry = () => {
+    const daysLeft = Math.floor((opts.ca.notAfter.getTime() - Date.now()) / DAY);
+    return { notAfter: opts.ca.notAfter.toISOString(), daysLeft, warning: daysLeft <= limits.caExpiryWarnDays };
+  };
+  // Checked at start and twice a day: a sidecar may run for months. Emitted after the caller
+  // has had the handle (and a chance to subscribe).
+  const checkCa = () => {
+    const e = caExpiry();
+    if (!e.warning) return;
+    events.emit('ca_expiry', e);
+    logger.warn(
+      { type: 'ca_expiry', not_after: e.notAfter, days_left: e.daysLeft },
+      e.daysLeft < 0 ? 'the proxy CA has expired: intercepted hosts fail until a new CA is created and trusted' : `the proxy CA expires in ${e.daysLeft} days: create a new one and distribute it to sandboxes before then`,
+    );
+  };
+  const caTimer = setInterval(checkCa, 12 * 3600_000).unref();
+  setImmediate(checkCa);
+
   let closed: Promise<void> | undefined;
   return {
+    limits,
+    caExpiry,
     host: addr.address,
     port: addr.port,
     url: `http://${shownHost}:${addr.port}`,
@@ -422,6 +542,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     close(graceMs = 10_000) {
       closed ??= (async () => {
         closing = true;
+        clearInterval(caTimer);
         const stopped = new Promise<void>((r) => front.close(() => r()));
         front.closeIdleConnections();
         for (const s of openSockets) {
@@ -435,6 +556,8 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
         }
         for (const s of openSockets) s.destroy();
         await stopped;
+        // Stops the inner server's head-timeout clock (it never listened: the callback gets ERR_SERVER_NOT_RUNNING).
+        inner.close(() => undefined);
         await upstream.close();
       })();
       return closed;
