@@ -3,6 +3,7 @@ import { createLogger } from '../log.js';
 import { AppConfigError, loadApp } from '../runtime/app.js';
 import { startAppServer } from '../runtime/server.js';
 import { CliError } from './errors.js';
+import { untilShutdown } from './shutdown.js';
 
 const USAGE = `usage: keygate app serve --app DIR [--listen HOST:PORT] [--api-key KEY] [--heartbeat-ms N] [--grace-ms N]
        keygate app validate --app DIR
@@ -93,29 +94,13 @@ async function serve(argv: string[]): Promise<number> {
   // The supervisor (control plane) parses this exact line for the real port.
   process.stdout.write(`listening on ${shown}:${handle.port}\n`);
 
-  const server = handle;
-  await new Promise<void>((resolve) => {
-    let stopping = false;
-    const stop = (signal: NodeJS.Signals) => {
-      if (stopping) {
-        // A repeated SIGTERM (supervisors resend it) keeps the graceful stop going; a second
-        // Ctrl-C is a person who does not want to wait.
-        if (signal === 'SIGINT') {
-          logger.warn({ signal }, 'second interrupt: exiting now');
-          process.exit(130);
-        }
-        return;
-      }
-      stopping = true;
-      logger.info({ signal, active_runs: server.activeRuns(), grace_ms: graceMs }, 'shutting down');
-      server.close(graceMs).then(resolve, (err: unknown) => {
-        logger.error({ err: { message: (err as Error)?.message } }, 'shutdown failed');
-        resolve();
-      });
-    };
-    process.on('SIGTERM', stop);
-    process.on('SIGINT', stop);
-  });
+  const signal = await untilShutdown((sig) => logger.warn({ signal: sig }, sig === 'SIGINT' ? 'second interrupt: exiting now' : 'still shutting down'));
+  logger.info({ signal, active_runs: handle.activeRuns(), grace_ms: graceMs }, 'shutting down');
+  try {
+    await handle.close(graceMs);
+  } catch (err) {
+    logger.error({ err: { message: (err as Error)?.message } }, 'shutdown failed');
+  }
   logger.info({ app: app.name }, 'stopped');
   // An abandoned assistant (one that ignored its cancellation) may still hold timers or sockets;
   // they must not keep a stopped server's process alive.

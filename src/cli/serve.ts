@@ -6,6 +6,7 @@ import { migrate, openDb } from '../store/db.js';
 import { resolveDataDir } from './data-dir.js';
 import { CliError } from './errors.js';
 import { parseListen } from './listen.js';
+import { untilShutdown } from './shutdown.js';
 
 const HELP = `usage: keygate serve [--listen HOST:PORT] [--data DIR] [--config-dir DIR]
        keygate serve keys create [--workspace NAME] [--user NAME] [--name LABEL] [--data DIR]
@@ -79,21 +80,14 @@ export async function run(argv: string[]): Promise<number> {
   process.stdout.write(`keygate serve listening on ${addr.host} (data: ${dataDir}${process.env.DATABASE_URL ? ', database: PostgreSQL' : ''})\n`);
   if (server.keyFile) process.stdout.write(`API key file: ${server.keyFile}\n`);
 
-  await new Promise<void>((resolve) => {
-    let stopping = false;
-    const stop = (signal: string) => {
-      if (stopping) return;
-      stopping = true;
-      logger.info({ signal }, 'shutting down');
-      const force = setTimeout(() => process.exit(1), 15_000);
-      force.unref();
-      server.close().then(resolve, (err: Error) => {
-        logger.error({ err: { message: err.message } }, 'error during shutdown');
-        resolve();
-      });
-    };
-    process.once('SIGTERM', () => stop('SIGTERM'));
-    process.once('SIGINT', () => stop('SIGINT'));
-  });
+  const signal = await untilShutdown((sig) => logger.warn({ signal: sig }, 'still shutting down'));
+  logger.info({ signal }, 'shutting down');
+  const force = setTimeout(() => process.exit(1), 15_000);
+  force.unref();
+  try {
+    await server.close();
+  } catch (err) {
+    logger.error({ err: { message: (err as Error).message } }, 'error during shutdown');
+  }
   return 0;
 }

@@ -11,6 +11,7 @@ import { loadAreas } from '../server/plugins.js';
 import { resolveDataDir } from './data-dir.js';
 import { CliError } from './errors.js';
 import { parseListen } from './listen.js';
+import { untilShutdown } from './shutdown.js';
 
 const HELP = `usage: keygate start [--data DIR] [--listen HOST:PORT]
 
@@ -145,21 +146,11 @@ export async function run(argv: string[]): Promise<number> {
     throw err;
   }
 
-  await new Promise<void>((resolve) => {
-    let stopping = false;
-    const stop = () => {
-      if (stopping) return;
-      stopping = true;
-      process.stdout.write('\nstopping keygate ...\n');
-      const force = setTimeout(() => process.exit(1), 15_000);
-      force.unref();
-      cleanup().then(() => {
-        process.stdout.write('stopped.\n');
-        resolve();
-      });
-    };
-    process.once('SIGINT', stop);
-    process.once('SIGTERM', stop);
-  });
+  await untilShutdown();
+  process.stdout.write('\nstopping keygate ...\n');
+  const force = setTimeout(() => process.exit(1), 15_000);
+  force.unref();
+  await cleanup();
+  process.stdout.write('stopped.\n');
   return 0;
 }

@@ -56,7 +56,9 @@ export function startCli(args: string[], opts: StartOptions = {}): Promise<Runni
           url: `http://${address}`,
           output: () => out,
           stop: async (signal = 'SIGTERM') => {
-            if (proc.exitCode === null && proc.signalCode === null) proc.kill(signal);
+            // A process the test already signalled is only awaited: a second signal could land in
+            // Node's exit teardown, after the JS handlers are gone, and turn a clean exit into a kill.
+            if (!proc.killed && proc.exitCode === null && proc.signalCode === null) proc.kill(signal);
             return exited;
           },
         });
@@ -69,6 +71,20 @@ export function startCli(args: string[], opts: StartOptions = {}): Promise<Runni
       reject(new Error(`keygate ${args.join(' ')} exited with ${code} before it was ready; output:\n${out}`));
     });
   });
+}
+
+/**
+ * Waits until a line of the process's output satisfies `match` (log lines cross a pipe, so they can
+ * arrive after the HTTP answer that caused them). Rejects with the output so far after `timeoutMs`.
+ */
+export async function waitForLine(cli: Pick<RunningCli, 'output'>, match: (line: string) => boolean, timeoutMs = 5_000): Promise<string> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const line = cli.output().split('\n').find(match);
+    if (line !== undefined) return line;
+    if (Date.now() > deadline) throw new Error(`no matching output line within ${timeoutMs} ms; output:\n${cli.output()}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
 }
 
 /** Runs the CLI to completion (stdin optional) and returns its exit status and output. */
