@@ -3,6 +3,7 @@ import { ValidationFailure, formatLoc, type ValidationIssue } from '../validatio
 import { compileConfig, type CompiledConfig } from '../rules/compile.js';
 import { validateProxyConfig, type ProxyConfig } from './schema.js';
 import { resolveProxyConfig, type ResolveOptions } from './resolve.js';
+import { jsonErrorLocation } from '../validation/json.js';
 
 /** A configuration file that cannot be used; `message` names the file, JSON path and reason. */
 export class ConfigFileError extends Error {
@@ -32,7 +33,7 @@ export function readProxyConfigFile(file: string): ProxyConfig {
   try {
     value = JSON.parse(text);
   } catch (err) {
-    throw new ConfigFileError(`proxy configuration ${file} is not valid JSON: ${(err as Error).message}`);
+    throw new ConfigFileError(`proxy configuration ${file} is not valid JSON (${jsonErrorLocation(text, err)})`);
   }
   const issues = validateProxyConfig(value);
   if (issues.length) throw new ConfigFileError(describe(file, issues), issues);

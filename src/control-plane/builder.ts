@@ -4,6 +4,7 @@ import path from 'node:path';
 import { BuildError } from './drivers/types.js';
 import { LineSplitter } from './logs.js';
 import { extractTarball, TarballError, type TarLimits } from './tarball.js';
+import { parseJsonSafely } from '../validation/json.js';
 
 export interface LocalBuildOptions {
   tarball: string;
@@ -41,9 +42,9 @@ export function buildEnv(home: string, npmCache: string): NodeJS.ProcessEnv {
 function readJson(file: string, what: string): Record<string, unknown> {
   let raw: unknown;
   try {
-    raw = JSON.parse(readFileSync(file, 'utf8'));
+    raw = parseJsonSafely(readFileSync(file, 'utf8'));
   } catch (err) {
-    throw new BuildError(`${what}: invalid JSON (${(err as Error).message.split('\n')[0].slice(0, 200)})`);
+    throw new BuildError(`${what}: ${(err as Error).message}`);
   }
   if (!raw || typeof raw !== 'object' || Array.isArray(raw)) throw new BuildError(`${what}: must be a JSON object`);
   return raw as Record<string, unknown>;

@@ -1,6 +1,7 @@
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { CliError } from '../cli/errors.js';
+import { parseJsonSafely } from '../validation/json.js';
 
 export const APP_CONFIG_FILE = 'keygate.json';
 
@@ -27,9 +28,9 @@ export function checkAppDir(dir: string): AppDirInfo {
   if (!existsSync(file)) throw new CliError(`${file} not found: an application directory needs a keygate.json naming its assistants`);
   let raw: unknown;
   try {
-    raw = JSON.parse(readFileSync(file, 'utf8'));
+    raw = parseJsonSafely(readFileSync(file, 'utf8'));
   } catch (err) {
-    throw new CliError(`${file}: invalid JSON: ${(err as Error).message}`);
+    throw new CliError(`${file}: ${(err as Error).message}`);
   }
   if (!raw || typeof raw !== 'object' || Array.isArray(raw)) throw new CliError(`${file}: must be a JSON object`);
   const cfg = raw as Record<string, unknown>;

@@ -6,6 +6,7 @@ import { ajvToIssues, formatLoc, type ValidationIssue } from '../validation/erro
 import type { Assistant } from './assistant.js';
 import { DotenvError, parseDotenv } from './dotenv.js';
 import { assistantId } from './ids.js';
+import { parseJsonSafely } from '../validation/json.js';
 
 export const APP_CONFIG_FILE = 'keygate.json';
 
@@ -107,9 +108,9 @@ export async function loadApp(dir: string, opts: LoadAppOptions = {}): Promise<L
 
   let raw: unknown;
   try {
-    raw = JSON.parse(readFileSync(configFile, 'utf8'));
+    raw = parseJsonSafely(readFileSync(configFile, 'utf8'));
   } catch (err) {
-    fail([], `invalid JSON: ${(err as Error).message}`, 'json_invalid');
+    fail([], (err as Error).message, 'json_invalid');
   }
   if (!validateConfig(raw)) throw new AppConfigError(configFile, ajvToIssues(validateConfig.errors));
   const config = raw as AppConfig;

@@ -8,6 +8,7 @@ import { createProxyFetch } from './fetch.js';
 import { parseRunRequest } from './request.js';
 import { executeRun, RunCancelledError, type RunOutcome } from './run.js';
 import { formatEvent, SseStream } from './sse.js';
+import { jsonErrorLocation } from '../validation/json.js';
 
 export interface AppServerOptions {
   app: LoadedApp;
@@ -131,7 +132,7 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
     try {
       body = JSON.parse(raw.toString('utf8'));
     } catch (err) {
-      throw invalid([{ loc: ['body'], msg: `JSON decode error: ${(err as Error).message}`, type: 'json_invalid' }]);
+      throw invalid([{ loc: ['body'], msg: `JSON decode error at ${jsonErrorLocation(raw.toString('utf8'), err)}`, type: 'json_invalid' }]);
     }
     const parsed = parseRunRequest(body);
     if (!parsed.ok) throw invalid(parsed.issues);

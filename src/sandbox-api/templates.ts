@@ -2,6 +2,7 @@ import { Ajv } from 'ajv';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { ajvToIssues, formatLoc } from '../validation/errors.js';
+import { jsonErrorLocation } from '../validation/json.js';
 
 /** A sandbox template: what a box is built from (the image and its environment). */
 export interface Template {
@@ -56,7 +57,7 @@ export function loadTemplates(configDir: string): Map<string, Template> {
   try {
     value = JSON.parse(text);
   } catch (err) {
-    throw new TemplatesError(`${file} is not valid JSON: ${(err as Error).message}`);
+    throw new TemplatesError(`${file} is not valid JSON (${jsonErrorLocation(text, err)})`);
   }
   const validate = new Ajv({ allErrors: true, strict: false }).compile(fileSchema);
   if (!validate(value)) {
