@@ -64,7 +64,7 @@ export async function run(argv: string[]): Promise<number> {
   try {
     proxyUrl = new URL(values.proxy);
   } catch {
-    throw new CliError(`--proxy must be a URL such as http://keygate-proxy:8080`, 2);
+    throw new CliError(`--proxy must be a URL such as http://keygate-proxy:3128`, 2);
   }
   if (proxyUrl.protocol !== 'http:') throw new CliError('--proxy must be an http:// URL (the proxy speaks plain HTTP to the sandbox)', 2);
   const format = values.format!;

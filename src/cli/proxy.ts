@@ -27,7 +27,7 @@ const USAGE = `usage: keygate proxy --config FILE [--listen HOST:PORT] [--certs 
                      [--admin HOST:PORT | --admin unix:/path] [--no-watch] [--limit KEY=VALUE]...
 
   --config FILE        proxy_config JSON ({"rules": [...], "no_proxy": [...]})
-  --listen HOST:PORT   proxy address (default 127.0.0.1:8080; port 0 picks a free one)
+  --listen HOST:PORT   proxy address (default 127.0.0.1:3128; port 0 picks a free one)
   --certs DIR          CA directory: ca.pem, ca-key.pem (created on first run; default ./certs)
   --secrets FILE       JSON object {"KEY": "value"} resolving {KEY} templates
   --secrets-dir DIR    one file per key (a Kubernetes secret volume) resolving {KEY} templates
@@ -112,7 +112,7 @@ export function parseProxyArgs(argv: string[]): ProxyCliOptions | 'help' {
       args: argv,
       options: {
         config: { type: 'string' },
-        listen: { type: 'string', default: '127.0.0.1:8080' },
+        listen: { type: 'string', default: '127.0.0.1:3128' },
         certs: { type: 'string', default: './certs' },
         secrets: { type: 'string' },
         resolve: { type: 'string', multiple: true, default: [] },
