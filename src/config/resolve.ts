@@ -82,5 +82,7 @@ export function resolveProxyConfig(
     }),
   }));
   if (issues.length) throw new ValidationFailure(issues);
-  return { rules, no_proxy: [...(config.no_proxy ?? [])] };
+  const out: ResolvedProxyConfig = { rules, no_proxy: [...(config.no_proxy ?? [])] };
+  if (config.access_control) out.access_control = structuredClone(config.access_control);
+  return out;
 }

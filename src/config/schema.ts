@@ -2,6 +2,7 @@ import { Ajv, type ValidateFunction } from 'ajv';
 import { ajvToIssues, type ValidationIssue } from '../validation/errors.js';
 import { compileHostPattern, compilePathPattern, PatternError } from '../rules/patterns.js';
 import { TEMPLATE_REF_RE } from '../secrets/keys.js';
+import { accessControlIssues, type AccessControl } from '../rules/egress.js';
 
 /** An RFC 9110 field name (`token`). */
 export const HEADER_NAME_PATTERN = "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$";
@@ -49,6 +50,32 @@ const hostPatternList = {
   items: { type: 'string', minLength: 1, maxLength: LIMITS.hostPatternLength },
 } as const;
 
+const portList = {
+  type: 'array',
+  maxItems: 256,
+  items: { anyOf: [{ type: 'integer', minimum: 1, maximum: 65535 }, { type: 'string', pattern: '^[0-9]{1,5}(-[0-9]{1,5})?$' }] },
+} as const;
+
+/** Egress policy: which destinations the sandbox may reach at all (src/rules/egress.ts). */
+const accessControlSchema = {
+  type: 'object',
+  additionalProperties: false,
+  description:
+    'Egress policy applied to every destination (tunnels, intercepted and plain HTTP), after DNS resolution. Link-local and cloud metadata addresses and the proxy\'s own listeners are always refused.',
+  properties: {
+    allow_hosts: { ...hostPatternList, description: 'When present, only targets whose name matches an entry are reachable.' },
+    deny_hosts: { ...hostPatternList, description: 'Targets refused; IP entries also refuse names resolving to that address.' },
+    allow_ports: { ...portList, description: 'When present, only these ports (443 or "8000-8999").' },
+    deny_ports: { ...portList, description: 'Ports refused (443 or "8000-8999").' },
+    deny_addresses: {
+      type: 'array',
+      maxItems: 256,
+      items: { type: 'string', minLength: 1, maxLength: 64 },
+      description: 'IP addresses or CIDR blocks refused after DNS resolution (e.g. "10.0.0.0/8").',
+    },
+  },
+} as const;
+
 /**
  * The `proxy_config` JSON Schema: the one source for validation (ajv here, fastify routes embed
  * it as a property), and the OpenAPI document. No `$id`/`$schema`/refs so it can be embedded.
@@ -91,6 +118,7 @@ export const proxyConfigSchema = {
       },
     },
     no_proxy: hostPatternList,
+    access_control: accessControlSchema,
   },
 } as const;
 
@@ -113,7 +141,10 @@ export interface ProxyRule {
 export interface ProxyConfig {
   rules?: ProxyRule[];
   no_proxy?: string[];
+  access_control?: AccessControl;
 }
+
+export type { AccessControl } from '../rules/egress.js';
 
 let validator: ValidateFunction | undefined;
 function schemaValidator(): ValidateFunction {
@@ -155,6 +186,7 @@ export function validateProxyConfig(value: unknown): ValidationIssue[] {
   const config = value as ProxyConfig;
   const issues: ValidationIssue[] = [];
   checkHosts(config.no_proxy, ['no_proxy'], issues);
+  for (const i of accessControlIssues(config.access_control)) issues.push({ ...i, type: 'value_error' });
   const ruleNames = new Map<string, number>();
   (config.rules ?? []).forEach((rule, r) => {
     const at = ['rules', r];

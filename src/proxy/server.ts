@@ -1,6 +1,7 @@
 import { EventEmitter } from 'node:events';
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
+import os from 'node:os';
 import tls from 'node:tls';
 import type { Duplex } from 'node:stream';
 import { createLogger, type Logger } from '../log.js';
@@ -13,6 +14,8 @@ import type { ProxyCore, TunnelTarget } from './context.js';
 import { malformed, misdirected, ProxyError, refused, writeRawError } from './errors.js';
 import { finishRecord, forward, newRecord, refuse } from './forward.js';
 import { CONNECT_OK, openTunnel } from './tunnel.js';
+import { EgressDenied } from './egress.js';
+import { unwrapAddress } from '../rules/egress.js';
 import { Upstream } from './upstream.js';
 import { checkHead, framingProblem, headTimeout, limitsFromTimeouts, overloaded, resolveLimits, timeoutsOf, tooLarge, uriTooLong, type ProxyLimits } from './limits.js';
 import { refuseUpgrade, relayUpgrade } from './websocket.js';
@@ -152,7 +155,36 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   };
   for (const d of opts.denyTargets ?? []) addDeny(d);
 
-  const upstream = new Upstream({ resolve: opts.resolve, upstreamCa: opts.upstreamCa, timeouts });
+  const localAddresses = new Set<string>();
+  if (opts.listen.host === '0.0.0.0' || opts.listen.host === '::' || opts.listen.host === '') {
+    for (const list of Object.values(os.networkInterfaces())) for (const a of list ?? []) localAddresses.add(a.address.toLowerCase());
+  }
+  /** An address:port that is one of the proxy's own listeners (or a deny target): a loop, or the admin API. */
+  const isSelf = (address: string, port: number) => {
+    const a = unwrapAddress(address);
+    if (deny.has(formatAuthority(a, port))) return true;
+    if (port !== ownPort) return false;
+    return LOOPBACK_NAMES.has(a) || a.startsWith('127.') || a === listenHost || localAddresses.has(a);
+  };
+  const upstream = new Upstream({
+    resolve: opts.resolve,
+    upstreamCa: opts.upstreamCa,
+    timeouts,
+    policy: () => current.egress,
+    isSelf,
+    onDenied: (e) => egressDenied(e.host, e.port, e.refusal.kind, e.address),
+  });
+  const egressDenied = (host: string, port: number, kind: string, address?: string) => {
+    events.emit('egress_denied', { host, port, kind, address });
+    logger.warn({ type: 'egress_denied', host, port, kind, address }, 'egress policy refused a destination');
+  };
+  /** The name-level egress check (ports, host lists, address literals), before any DNS. */
+  const egressByName = (host: string, port: number): EgressDenied | undefined => {
+    const refusal = current.egress.checkName(host, port);
+    if (!refusal) return undefined;
+    egressDenied(host, port, refusal.kind);
+    return new EgressDenied(refusal, host, port);
+  };
   const minter = new LeafMinter(opts.ca, { cacheSize: limits.certCacheSize, onCert: (e) => events.emit('cert', e) });
   const core: ProxyCore = {
     config: () => current,
@@ -251,7 +283,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       if (closing && t.inFlight === 0) req.socket.end();
     });
     if (closing) res.shouldKeepAlive = false;
-    const checked = checkHead(req, limits) ?? framingProblem(req) ?? checkIntercepted(req, t);
+    const checked = checkHead(req, limits) ?? framingProblem(req) ?? egressByName(t.host, t.port) ?? checkIntercepted(req, t);
     if (checked instanceof ProxyError) {
       rec.path = (req.url ?? '').split('?')[0].slice(0, 200);
       req.resume();
@@ -275,7 +307,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       refuseUpgrade(core, req, socket, base, path, malformed('only WebSocket upgrades are supported'));
       return;
     }
-    const checked = checkHead(req, limits) ?? framingProblem(req) ?? checkIntercepted(req, t);
+    const checked = checkHead(req, limits) ?? framingProblem(req) ?? egressByName(t.host, t.port) ?? checkIntercepted(req, t);
     if (checked instanceof ProxyError) {
       refuseUpgrade(core, req, socket, base, path, checked);
       return;
@@ -393,6 +425,11 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       refuseUpgrade(core, req, client, { client: clientAddr, host, port, decision }, '', refused(`${formatAuthority(host, port)} is not reachable through this proxy`));
       return;
     }
+    const denied = egressByName(host, port);
+    if (denied) {
+      refuseUpgrade(core, req, client, { client: clientAddr, host, port, decision }, '', denied);
+      return;
+    }
     if (decision === 'intercept') {
       void intercept(client, head, host, port, clientAddr);
     } else {
@@ -416,6 +453,8 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     const pathAndQuery = m[3] || '/';
     if (!pathAndQuery.startsWith('/')) return malformed('invalid request target');
     if (core.isDenied(t.host, t.port)) return refused(`${formatAuthority(t.host, t.port)} is not reachable through this proxy`);
+    const denied = egressByName(t.host, t.port);
+    if (denied) return denied;
     const decision = current.decide(t.host, t.port);
     if (decision === 'intercept') return refused('credentials are injected only over HTTPS: use https:// for this host');
     return { ...t, pathAndQuery, decision };
@@ -535,7 +574,10 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     url: `http://${shownHost}:${addr.port}`,
     events,
     setConfig(config: CompiledConfig) {
+      const policyChanged = config.egress.key !== current.egress.key;
       current = config;
+      // Pooled upstream connections were checked against the old policy: new requests get new ones.
+      if (policyChanged) upstream.renewPool();
     },
     getConfig: () => current,
     denyTarget: addDeny,

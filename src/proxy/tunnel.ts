@@ -1,7 +1,7 @@
 import type { Socket } from 'node:net';
 import type { Decision } from '../rules/compile.js';
 import type { ProxyCore, TunnelRecord } from './context.js';
-import { upstreamError, writeRawError } from './errors.js';
+import { ProxyError, upstreamError, writeRawError } from './errors.js';
 import { accessLog } from './forward.js';
 
 export const CONNECT_OK = 'HTTP/1.1 200 Connection Established\r\n\r\n';
@@ -11,10 +11,44 @@ export const CONNECT_OK = 'HTTP/1.1 200 Connection Established\r\n\r\n';
  * client hears `200` only once the upstream socket is connected, so a refused or unreachable
  * destination is a clear 502/504 instead of a dead tunnel.
  */
-export function openTunnel(core: ProxyCore, client: Socket, head: Buffer, target: { host: string; port: number; client: string; decision: Decision }, track: (s: Socket) => void): void {
+export function openTunnel(core: ProxyCore, client: Socket, head: Buffer, target: TunnelTarget, track: (s: Socket) => void): void {
   const started = performance.now();
+  // Resolved and checked against the egress policy first; the socket then goes to exactly that
+  // address. A refusal is answered before any connection is attempted.
+  core.upstream.dialAddress(target.host, target.port).then(
+    (address) => {
+      if (client.destroyed) return;
+      splice(core, client, head, target, track, address, started);
+    },
+    (err: unknown) => {
+      const perr = upstreamError(err, target.host);
+      if (!(err instanceof ProxyError)) core.events.emit('upstream_error', { host: target.host, reason: perr.reason });
+      const close: TunnelRecord = {
+        type: 'tunnel',
+        phase: 'close',
+        client: target.client,
+        host: target.host,
+        port: target.port,
+        decision: target.decision,
+        status: perr.status,
+        bytes_in: 0,
+        bytes_out: 0,
+        duration_ms: Math.round((performance.now() - started) * 10) / 10,
+        error: perr.reason,
+      };
+      writeRawError(client, perr);
+      core.events.emit('tunnel', close);
+      accessLog(core).warn(close, 'tunnel');
+    },
+  );
+  track(client);
+}
+
+type TunnelTarget = { host: string; port: number; client: string; decision: Decision };
+
+function splice(core: ProxyCore, client: Socket, head: Buffer, target: TunnelTarget, track: (s: Socket) => void, address: string, started: number): void {
   const rec: TunnelRecord = { type: 'tunnel', phase: 'open', client: target.client, host: target.host, port: target.port, decision: target.decision };
-  const upstream = core.upstream.connectTcp(target.host, target.port);
+  const upstream = core.upstream.connectTcp(target.host, target.port, address);
   let connected = false;
   let done = false;
   const timer = setTimeout(() => upstream.destroy(Object.assign(new Error('connect timeout'), { code: 'ETIMEDOUT' })), core.timeouts.connectMs);

@@ -3,6 +3,8 @@ import net from 'node:net';
 import tls from 'node:tls';
 import { Agent, buildConnector } from 'undici';
 import { formatAuthority } from '../rules/host.js';
+import type { EgressPolicy } from '../rules/egress.js';
+import { EgressDenied, resolveAllowed } from './egress.js';
 
 export interface ProxyTimeouts {
   /** TCP + TLS connect to an upstream. */
@@ -47,6 +49,12 @@ export interface UpstreamOptions {
   /** Extra PEM CAs trusted for upstream TLS, on top of the system roots and NODE_EXTRA_CA_CERTS. */
   upstreamCa?: string[];
   timeouts: ProxyTimeouts;
+  /** The egress policy in force now (checked on every new upstream connection). */
+  policy?: () => EgressPolicy;
+  /** True for an address:port that is one of the proxy's own listeners. */
+  isSelf?: (address: string, port: number) => boolean;
+  /** Told about every refusal (events, log). */
+  onDenied?: (e: EgressDenied) => void;
 }
 
 /**
@@ -55,9 +63,10 @@ export interface UpstreamOptions {
  * would dominate connect cost), and the address map for --resolve.
  */
 export class Upstream {
-  readonly agent: Agent;
+  #agent: Agent;
   readonly secureContext: tls.SecureContext;
   private readonly resolveMap: ReadonlyMap<string, string>;
+  private readonly connector: buildConnector.connector;
 
   constructor(private readonly opts: UpstreamOptions) {
     this.resolveMap = opts.resolve ?? new Map();
@@ -68,14 +77,24 @@ export class Upstream {
       rejectUnauthorized: true,
       timeout: opts.timeouts.connectMs,
     } as buildConnector.BuildOptions);
-    const connect: buildConnector.connector = (o, cb) => {
+    this.connector = (o, cb) => {
       const hostname = o.hostname.startsWith('[') ? o.hostname.slice(1, -1) : o.hostname;
       const port = Number(o.port) || (o.protocol === 'https:' ? 443 : 80);
-      // `host` keeps the name, so undici still sends SNI and verifies the certificate for it.
-      base({ ...o, hostname: this.address(hostname, port) }, cb);
+      // Resolved once and checked against the egress policy; the connection goes to exactly that
+      // address (no second lookup a rebinding DNS server could answer differently). `host`
+      // keeps the name, so undici still sends SNI and verifies the certificate for it.
+      this.dialAddress(hostname, port).then(
+        (address) => base({ ...o, hostname: address }, cb),
+        (err: Error) => cb(err, null),
+      );
     };
-    this.agent = new Agent({
-      connect,
+    this.#agent = this.newAgent();
+  }
+
+  private newAgent(): Agent {
+    const opts = this.opts;
+    return new Agent({
+      connect: this.connector,
       keepAliveTimeout: opts.timeouts.keepAliveMs,
       keepAliveMaxTimeout: 10 * 60_000,
       headersTimeout: opts.timeouts.headersMs,
@@ -84,19 +103,45 @@ export class Upstream {
     });
   }
 
+  /** The pool requests go through. */
+  get agent(): Agent {
+    return this.#agent;
+  }
+
+  /**
+   * Starts a fresh pool (the egress policy changed: connections opened under the old one must
+   * not carry new requests). The old pool finishes what it has in flight, then closes.
+   */
+  renewPool(): void {
+    const old = this.#agent;
+    this.#agent = this.newAgent();
+    void old.close().catch(() => undefined);
+  }
+
+  /**
+   * The one address to dial for host:port: the --resolve pin, the literal, or the first DNS
+   * answer, after every answer passed the egress policy and none is the proxy itself. Rejects
+   * with an EgressDenied (a ProxyError, 403) or the DNS error.
+   */
+  dialAddress(host: string, port: number): Promise<string> {
+    const pinned = this.resolveMap.get(formatAuthority(host, port)) ?? this.resolveMap.get(`${host}:${port}`);
+    const p = resolveAllowed(host, port, { pinned, policy: this.opts.policy?.(), isSelf: this.opts.isSelf, timeoutMs: this.opts.timeouts.connectMs });
+    if (this.opts.onDenied) p.catch((err: unknown) => err instanceof EgressDenied && this.opts.onDenied!(err));
+    return p;
+  }
+
   /** The address to dial for host:port (the --resolve pin, else the name itself). */
   address(host: string, port: number): string {
     return this.resolveMap.get(formatAuthority(host, port)) ?? this.resolveMap.get(`${host}:${port}`) ?? host;
   }
 
-  /** A plain TCP connection (blind tunnels). */
-  connectTcp(host: string, port: number): net.Socket {
-    return net.connect({ host: this.address(host, port), port });
+  /** A plain TCP connection (blind tunnels) to `address` (from dialAddress). */
+  connectTcp(host: string, port: number, address = this.address(host, port)): net.Socket {
+    return net.connect({ host: address, port });
   }
 
-  /** A verified TLS connection (WebSocket upgrades), SNI and certificate checked for `host`. */
-  connectTls(host: string, port: number): tls.TLSSocket {
-    const address = this.address(host, port);
+  /** A verified TLS connection (WebSocket upgrades) to `address`, SNI and certificate checked for `host`. */
+  connectTls(host: string, port: number, address = this.address(host, port)): tls.TLSSocket {
     return tls.connect({
       host: address,
       port,
@@ -110,10 +155,10 @@ export class Upstream {
   }
 
   async close(): Promise<void> {
-    await this.agent.close().catch(() => undefined);
+    await this.#agent.close().catch(() => undefined);
   }
 
   destroy(): void {
-    void this.agent.destroy().catch(() => undefined);
+    void this.#agent.destroy().catch(() => undefined);
   }
 }

@@ -5,7 +5,7 @@ import type { CompiledRule, Decision } from '../rules/compile.js';
 import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore } from './context.js';
 import { finishRecord, newRecord } from './forward.js';
-import { upstreamError, writeRawError, type ProxyError } from './errors.js';
+import { ProxyError, upstreamError, writeRawError } from './errors.js';
 import { filterRawResponseHeaders, upstreamRequestHeaders } from './headers.js';
 
 export interface UpgradeTarget {
@@ -42,6 +42,25 @@ export function refuseUpgrade(core: ProxyCore, req: IncomingMessage, socket: Dup
  */
 export function relayUpgrade(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Buffer, t: UpgradeTarget): void {
   const started = performance.now();
+  // Resolved and checked against the egress policy first; the connection then goes to exactly that address.
+  core.upstream.dialAddress(t.host, t.port).then(
+    (address) => {
+      if (socket.destroyed) return;
+      relayTo(core, req, socket, head, t, address, started);
+    },
+    (err: unknown) => {
+      const perr = upstreamError(err, t.host);
+      if (!(err instanceof ProxyError)) core.events.emit('upstream_error', { host: t.host, reason: perr.reason });
+      const rec = newRecord(req, t, t.logPath);
+      rec.status = perr.status;
+      rec.error = perr.reason;
+      writeRawError(socket, perr);
+      finishRecord(core, rec, started);
+    },
+  );
+}
+
+function relayTo(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Buffer, t: UpgradeTarget, address: string, started: number): void {
   const rec = newRecord(req, t, t.logPath);
   rec.rule = t.rule?.name ?? null;
   rec.injected = t.rule?.headerNames ?? [];
@@ -54,7 +73,7 @@ export function relayUpgrade(core: ProxyCore, req: IncomingMessage, socket: Dupl
     headers,
     setHost: false,
     // No agent: with createConnection, node:http uses our (verified) socket for this one request.
-    createConnection: () => (t.scheme === 'https' ? core.upstream.connectTls(t.host, t.port) : core.upstream.connectTcp(t.host, t.port)),
+    createConnection: () => (t.scheme === 'https' ? core.upstream.connectTls(t.host, t.port, address) : core.upstream.connectTcp(t.host, t.port, address)),
   } as http.RequestOptions);
   const timer = setTimeout(() => upReq.destroy(Object.assign(new Error('timeout'), { code: 'UND_ERR_HEADERS_TIMEOUT' })), core.timeouts.headersMs);
   socket.on('error', () => upReq.destroy());

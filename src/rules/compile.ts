@@ -1,5 +1,6 @@
 import { inspect } from 'node:util';
 import { compileHostPattern, compilePathPattern, type HostPattern, type PathPattern } from './patterns.js';
+import { compileEgress, type AccessControl, type EgressPolicy } from './egress.js';
 
 /** A header to inject, already resolved (secret values in clear, in memory only). */
 export interface ResolvedHeader {
@@ -19,6 +20,8 @@ export interface ResolvedRule {
 export interface ResolvedProxyConfig {
   rules: ResolvedRule[];
   no_proxy: string[];
+  /** Egress policy (no secrets in it): copied as is. */
+  access_control?: AccessControl;
 }
 
 export type Decision = 'bypass' | 'intercept' | 'tunnel';
@@ -75,6 +78,8 @@ export interface CompiledConfig {
   readonly rules: readonly CompiledRule[];
   /** Config-level no_proxy entries as written (for the sandbox's NO_PROXY). */
   readonly noProxy: readonly string[];
+  /** Which destinations may be reached at all (access_control plus the built-in denies). */
+  readonly egress: EgressPolicy;
   decide(host: string, port: number): Decision;
   pickRule(host: string, port: number, path: string): CompiledRule | undefined;
 }
@@ -101,6 +106,7 @@ export function compileConfig(resolved: ResolvedProxyConfig): CompiledConfig {
   const config: CompiledConfig = {
     rules: Object.freeze(rules),
     noProxy,
+    egress: compileEgress(resolved.access_control),
     decide(host, port) {
       if (bypass.some((p) => p.test(host, port))) return 'bypass';
       for (const rule of rules) if (rule.matchesHost(host, port)) return 'intercept';

@@ -12,3 +12,4 @@ export {
   type ResolvedRule,
   type ResolvedHeader,
 } from './compile.js';
+export { compileEgress, parseCidr, parsePortRange, unwrapAddress, type AccessControl, type EgressPolicy, type EgressRefusal } from './egress.js';
