@@ -1,9 +1,10 @@
 import 'reflect-metadata';
-import { webcrypto } from 'node:crypto';
+import { createHash, KeyObject, sign, webcrypto } from 'node:crypto';
 import { isIP } from 'node:net';
 import tls from 'node:tls';
 import * as x509 from '@peculiar/x509';
 import { derToPem, EC_ALG, randomSerial, SIGN_ALG, type Ca } from './ca.js';
+import { bits, extension, oid, seq, set, time, tlv, uint, utf8 } from './der.js';
 
 const DAY = 24 * 3600 * 1000;
 
@@ -15,6 +16,24 @@ export interface LeafMinterOptions {
   /** Called on every lookup: `cached` false when a certificate was minted. */
   onCert?: (e: { host: string; cached: boolean }) => void;
 }
+
+/** What every leaf for a DNS name shares, as DER: all but serial, validity, subject and SAN. */
+interface Template {
+  caKey: KeyObject;
+  issuer: Buffer;
+  spki: Buffer;
+  /** BasicConstraints (CA:false), KeyUsage, ExtendedKeyUsage: before the SAN. */
+  head: Buffer;
+  /** AuthorityKeyIdentifier, SubjectKeyIdentifier: after the SAN. */
+  tail: Buffer;
+}
+
+const V3 = tlv(0xa0, uint(Buffer.from([2])));
+const ECDSA_SHA256 = seq(oid('1.2.840.10045.4.3.2'));
+const OID_CN = oid('2.5.4.3');
+const OID_SAN = '2.5.29.17';
+/** A host name that goes into a certificate as is (normalised: ASCII, punycode for IDN). */
+const DNS_NAME = /^[A-Za-z0-9*_.-]{1,253}$/;
 
 interface Entry {
   ctx: tls.SecureContext;
@@ -29,6 +48,7 @@ interface Entry {
  */
 export class LeafMinter {
   private keysP: Promise<{ keys: webcrypto.CryptoKeyPair; keyPem: string }>;
+  private templateP: Promise<Template> | undefined;
   private readonly cache = new Map<string, Entry>();
   private readonly pending = new Map<string, Promise<Entry>>();
   private readonly cacheSize: number;
@@ -87,6 +107,48 @@ export class LeafMinter {
     return p;
   }
 
+  private template(): Promise<Template> {
+    this.templateP ??= (async () => {
+      const { keys } = await this.keysP;
+      const spki = Buffer.from(await webcrypto.subtle.exportKey('spki', keys.publicKey));
+      // The subjectPublicKey bits of a P-256 SPKI: the uncompressed point at its end.
+      const point = spki.subarray(spki.length - 65);
+      const ski = createHash('sha1').update(point).digest();
+      return {
+        caKey: KeyObject.from(this.ca.key),
+        issuer: Buffer.from(this.ca.cert.subjectName.toArrayBuffer()),
+        spki,
+        head: Buffer.concat([
+          extension('2.5.29.19', true, seq()),
+          extension('2.5.29.15', true, tlv(0x03, Buffer.from([0x07, 0x80]))), // digitalSignature
+          extension('2.5.29.37', false, seq(oid('1.3.6.1.5.5.7.3.1'))), // serverAuth
+        ]),
+        tail: Buffer.concat([
+          extension('2.5.29.35', false, seq(tlv(0x80, Buffer.from(this.ca.ski, 'hex')))),
+          extension('2.5.29.14', false, tlv(0x04, ski)),
+        ]),
+      };
+    })();
+    return this.templateP;
+  }
+
+  /** The same certificate as `mintGeneric` for a DNS name, written directly as DER and signed synchronously. */
+  private async mintDns(host: string, notBefore: Date, notAfter: Date): Promise<string> {
+    const t = await this.template();
+    const tbs = seq(
+      V3,
+      uint(Buffer.from(randomSerial(), 'hex')),
+      ECDSA_SHA256,
+      t.issuer,
+      seq(time(notBefore), time(notAfter)),
+      seq(set(seq(OID_CN, utf8(host)))),
+      t.spki,
+      tlv(0xa3, seq(t.head, extension(OID_SAN, false, seq(tlv(0x82, Buffer.from(host, 'ascii')))), t.tail)),
+    );
+    const signature = sign('sha256', tbs, t.caKey); // DER-encoded ECDSA, as X.509 wants
+    return derToPem(seq(tbs, ECDSA_SHA256, bits(signature)), 'CERTIFICATE');
+  }
+
   private async mint(host: string): Promise<Entry> {
     const { keys, keyPem } = await this.keysP;
     const now = Date.now();
@@ -94,6 +156,15 @@ export class LeafMinter {
     const notBefore = new Date(Math.max(now - 60 * 60 * 1000, this.ca.notBefore.getTime()));
     const notAfter = new Date(Math.min(now + this.validityMs, this.ca.notAfter.getTime()));
     if (notAfter.getTime() <= now) throw new Error('the proxy CA has expired; create a new one');
+    const pem = !isIP(host) && DNS_NAME.test(host) ? await this.mintDns(host, notBefore, notAfter) : await this.mintGeneric(host, keys, notBefore, notAfter);
+    const ctx = tls.createSecureContext({ key: keyPem, cert: pem, minVersion: 'TLSv1.2' });
+    // Renew well before expiry so no client ever sees a certificate about to lapse.
+    const renewAfter = Math.min(now + (notAfter.getTime() - now) / 2, notAfter.getTime() - 60_000);
+    return { ctx, pem, renewAfter };
+  }
+
+  /** Any host (IP literals included) through the general X.509 generator. */
+  private async mintGeneric(host: string, keys: webcrypto.CryptoKeyPair, notBefore: Date, notAfter: Date): Promise<string> {
     const san = isIP(host) ? { type: 'ip' as const, value: host } : { type: 'dns' as const, value: host };
     const cert = await x509.X509CertificateGenerator.create({
       serialNumber: randomSerial(),
@@ -113,10 +184,6 @@ export class LeafMinter {
         await x509.SubjectKeyIdentifierExtension.create(keys.publicKey),
       ],
     });
-    const pem = cert.toString('pem') + '\n';
-    const ctx = tls.createSecureContext({ key: keyPem, cert: pem, minVersion: 'TLSv1.2' });
-    // Renew well before expiry so no client ever sees a certificate about to lapse.
-    const renewAfter = Math.min(now + (notAfter.getTime() - now) / 2, notAfter.getTime() - 60_000);
-    return { ctx, pem, renewAfter };
+    return cert.toString('pem') + '\n';
   }
 }
