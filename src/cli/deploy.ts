@@ -6,7 +6,7 @@ import { Reporter } from '../deploy/output.js';
 import { CliError } from './errors.js';
 
 const HELP = `usage: keygate deploy [DIR] [--name NAME] [--deployment-type dev|prod] [--wait|--no-wait]
-                      [--timeout 10m] [--json] [--image URI]
+                      [--timeout 10m] [--json] [--image URI | --build-image TAG]
        keygate deploy list [--json]
        keygate deploy logs [ID] [--name NAME] [--type build|deploy] [--revision ID] [--since 10m]
                            [--tail N] [--follow] [--json]
@@ -25,6 +25,12 @@ sent as the deployment's secrets (names shown, values never).
   --timeout DURATION        how long to wait for a terminal status (default 10m); exit 124 after it
   --json                    one JSON object per line on stdout, ending with {"event":"result",...}
   --image URI               deploy an existing container image (external_docker) instead of DIR
+  --build-image TAG         build the Dockerfile in DIR as TAG (docker build -t TAG DIR; on ARM hosts
+                            with --platform linux/amd64, the control plane's platform), push it when
+                            TAG names a registry (registry.example.com/team/app:1; a tag without one
+                            is deployed as is, for an engine on this host), then deploy it like
+                            --image. DIR's .env files must be excluded by its .dockerignore.
+                            Needs a running container runtime (docker, or KEYGATE_DOCKER).
 
 Configuration: KEYGATE_API_KEY and KEYGATE_URL (default http://127.0.0.1:8080), from the environment
 (KEYGATE_API_KEY=... keygate deploy) or from .env in the project root.
@@ -113,10 +119,13 @@ export async function run(argv: string[]): Promise<number> {
       timeout: { type: 'string' },
       json: { type: 'boolean' },
       image: { type: 'string' },
+      'build-image': { type: 'string' },
     },
     true,
   );
   if (values.help) return help();
+  if (values.image !== undefined && values['build-image'] !== undefined) throw new CliError('give either --image or --build-image, not both', 2);
+  if (values['build-image'] === '' || values.image === '') throw new CliError(`${values.image === '' ? '--image' : '--build-image'} needs a value`, 2);
   if (values.wait && values['no-wait']) throw new CliError('--wait and --no-wait contradict each other', 2);
   const timeoutMs = parseDuration((values.timeout as string | undefined) ?? '10m');
   if (timeoutMs === null || timeoutMs <= 0) throw new CliError(`--timeout: '${values.timeout}' is not a duration like 90s, 10m or 1h`, 2);
@@ -130,6 +139,7 @@ export async function run(argv: string[]): Promise<number> {
       wait: !values['no-wait'],
       timeoutMs,
       image: values.image as string | undefined,
+      buildImage: values['build-image'] as string | undefined,
     },
     reporter,
   );

@@ -6,7 +6,8 @@ import { CliError } from '../cli/errors.js';
 import { isSecretKey } from '../secrets/keys.js';
 import { checkAppDir } from './appdir.js';
 import { ApiError, ControlPlaneClient, type Deployment, type Revision, type Secret } from './client.js';
-import { checkContainerRuntime, localImagePlatform, suggestedBuildCommand, TARGET_PLATFORM } from './docker.js';
+import { buildImage, checkBuildContext, checkContainerRuntime, dockerEnv, localImagePlatform, pushImage, suggestedBuildCommand, TARGET_PLATFORM } from './docker.js';
+import { parseImageTag, type ImageRef } from './image-ref.js';
 import { formatBytes, formatElapsed } from './duration.js';
 import { selectFiles, type FileSelection } from './files.js';
 import { nameForDirectory, nameProblem } from './names.js';
@@ -28,6 +29,13 @@ export interface DeployOptions {
   timeoutMs: number;
   /** Deploy an existing container image (external_docker) instead of packing the directory. */
   image?: string;
+  /**
+   * Build the Dockerfile in `dir` as this tag (for linux/amd64 on ARM hosts), push it when the tag
+   * names a registry, then deploy it like {@link image}.
+   */
+  buildImage?: string;
+  /** The host's architecture (tests); default `process.arch`. */
+  arch?: string;
   env?: NodeJS.ProcessEnv;
 }
 
@@ -68,6 +76,14 @@ function urlOf(d: Deployment | undefined): string | null {
 export async function deploy(opts: DeployOptions, reporter: Reporter): Promise<number> {
   const env = opts.env ?? process.env;
   const dir = path.resolve(opts.dir);
+  if (opts.image && opts.buildImage) throw new CliError('give either --image or --build-image, not both', 2);
+  let buildRef: ImageRef | undefined;
+  if (opts.buildImage) {
+    const parsed = parseImageTag(opts.buildImage);
+    if (typeof parsed === 'string') throw new CliError(`--build-image: ${parsed}`, 2);
+    buildRef = parsed;
+  }
+  const imageUri = opts.image ?? opts.buildImage;
   const total = opts.image ? 2 : 4;
   let client: ControlPlaneClient | undefined;
   let tmp: string | undefined;
@@ -75,7 +91,8 @@ export async function deploy(opts: DeployOptions, reporter: Reporter): Promise<n
   try {
     // [1] Prerequisites, each with its own message, before anything is sent anywhere.
     reporter.step(1, total, 'Checking prerequisites');
-    const app = opts.image ? undefined : checkAppDir(dir);
+    if (opts.buildImage) reporter.ok(`Dockerfile ${checkBuildContext(dir).dockerfile}`);
+    const app = imageUri ? undefined : checkAppDir(dir);
     if (app) reporter.ok(`application ${dir} (assistants: ${app.assistants.join(', ')})`);
     const name = opts.name ?? nameForDirectory(dir);
     if (!opts.name && !name) throw new CliError(`cannot derive a deployment name from the directory '${path.basename(dir)}'; pass --name NAME`);
@@ -84,10 +101,12 @@ export async function deploy(opts: DeployOptions, reporter: Reporter): Promise<n
     const settings = resolveSettings(dir, env);
     const apiKey = requireApiKey(settings, dir);
     reporter.ok(`API key (from ${settings.apiKeySource === 'environment' ? 'the environment' : settings.envFile})`, { api_key_source: settings.apiKeySource });
-    if (opts.image) {
-      const version = checkContainerRuntime();
+    if (imageUri) {
+      const version = checkContainerRuntime(env.KEYGATE_DOCKER ?? 'docker');
       reporter.ok(`container runtime (docker ${version})`);
-      const platform = localImagePlatform(opts.image);
+    }
+    if (opts.image) {
+      const platform = localImagePlatform(opts.image, env.KEYGATE_DOCKER ?? 'docker');
       if (platform && platform !== TARGET_PLATFORM) {
         reporter.warn(`image ${opts.image} is ${platform}; the control plane runs ${TARGET_PLATFORM}. Build it with: ${suggestedBuildCommand(opts.image)}`);
       }
@@ -129,6 +148,9 @@ export async function deploy(opts: DeployOptions, reporter: Reporter): Promise<n
       const up = await client.upload(tarball, size, (sent) => reporter.progress(sent, size));
       reporter.info(`uploaded ${up.size ?? size} bytes (sha256 ${String(up.sha256 ?? '').slice(0, 12)})`, { bytes: up.size ?? size, sha256: up.sha256 });
       revisionConfig = { source_tarball_path: up.source_tarball_path };
+    } else if (buildRef && opts.buildImage) {
+      await buildAndPush(opts.buildImage, buildRef, dir, opts.arch ?? process.arch, env, reporter);
+      revisionConfig = { image_uri: opts.buildImage };
     } else {
       revisionConfig = { image_uri: opts.image };
     }
@@ -145,7 +167,7 @@ export async function deploy(opts: DeployOptions, reporter: Reporter): Promise<n
       try {
         deployment = await client.createDeployment({
           name,
-          source: opts.image ? 'external_docker' : 'internal_source',
+          source: imageUri ? 'external_docker' : 'internal_source',
           source_config: { deployment_type: opts.deploymentType },
           source_revision_config: revisionConfig,
           ...(secrets ? { secrets } : {}),
@@ -194,6 +216,26 @@ export async function deploy(opts: DeployOptions, reporter: Reporter): Promise<n
       });
     }
   }
+}
+
+/** Steps 2 and 3 of `--build-image`: the local build (cross-built on ARM) and the push to its registry. */
+async function buildAndPush(tag: string, ref: ImageRef, dir: string, arch: string, env: NodeJS.ProcessEnv, reporter: Reporter): Promise<void> {
+  const dockerBin = env.KEYGATE_DOCKER ?? 'docker';
+  const denv = dockerEnv(env);
+  reporter.step(2, 4, 'Building image');
+  const started = Date.now();
+  reporter.info(`docker build -t ${tag}${arch === 'arm64' || arch === 'arm' ? ` for ${TARGET_PLATFORM} (cross-built on this ${arch} host)` : ''}`, { tag, host_arch: arch });
+  await buildImage({ tag, dir, arch, docker: dockerBin, env: denv, onLine: (line, stream) => reporter.toolOutput('docker build', line, stream) });
+  reporter.ok(`built ${tag} in ${formatElapsed(Date.now() - started)}`, { tag });
+  const platform = localImagePlatform(tag, dockerBin);
+  if (platform && platform !== TARGET_PLATFORM) reporter.warn(`image ${tag} is ${platform}; the control plane runs ${TARGET_PLATFORM}`);
+  reporter.step(3, 4, 'Pushing image');
+  if (!ref.registry) {
+    reporter.info(`not pushed: ${tag} names no registry, so it is deployed as is (the control plane's engine must be this one); tag it as REGISTRY/NAME:TAG to push`, { pushed: false });
+    return;
+  }
+  await pushImage({ tag, registry: ref.registry, docker: dockerBin, env: denv, onLine: (line, stream) => reporter.toolOutput('docker push', line, stream) });
+  reporter.ok(`pushed ${tag} to ${ref.registry}`, { pushed: true, registry: ref.registry });
 }
 
 /** The build would fail later with a vaguer message: say now that an assistant module is excluded. */

@@ -1,4 +1,7 @@
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import path from 'node:path';
+import ignore from 'ignore';
 import { CliError } from '../cli/errors.js';
 
 /** The platform images must be built for: the control plane's hosts are x86-64. */
@@ -19,7 +22,7 @@ export function suggestedBuildCommand(tag: string, arch: string = process.arch):
  * message says which of "not installed" and "not running" it is.
  */
 export function checkContainerRuntime(docker = process.env.KEYGATE_DOCKER ?? 'docker'): string {
-  const r = spawnSync(docker, ['info', '--format', '{{.ServerVersion}}'], { encoding: 'utf8', timeout: 20_000 });
+  const r = spawnSync(docker, ['info', '--format', '{{.ServerVersion}}'], { encoding: 'utf8', timeout: 20_000, env: dockerEnv() });
   if (r.error) {
     const code = (r.error as NodeJS.ErrnoException).code;
     if (code === 'ENOENT') throw new CliError(`no container runtime: '${docker}' was not found; install Docker (or set KEYGATE_DOCKER) to deploy images`);
@@ -34,7 +37,133 @@ export function checkContainerRuntime(docker = process.env.KEYGATE_DOCKER ?? 'do
 
 /** `os/arch` of a locally available image, or undefined when it is not local (e.g. only in a registry). */
 export function localImagePlatform(image: string, docker = process.env.KEYGATE_DOCKER ?? 'docker'): string | undefined {
-  const r = spawnSync(docker, ['image', 'inspect', '--format', '{{.Os}}/{{.Architecture}}', image], { encoding: 'utf8', timeout: 20_000 });
+  const r = spawnSync(docker, ['image', 'inspect', '--format', '{{.Os}}/{{.Architecture}}', image], { encoding: 'utf8', timeout: 20_000, env: dockerEnv() });
   if (r.error || r.status !== 0) return undefined;
   return r.stdout.trim() || undefined;
+}
+
+/** One line of output from a docker command, as it arrives. */
+export type DockerLine = (line: string, stream: 'stdout' | 'stderr') => void;
+
+export interface DockerRunOptions {
+  docker?: string;
+  /** The environment of the docker process (default: this process's, minus keygate's own settings). */
+  env?: NodeJS.ProcessEnv;
+  onLine: DockerLine;
+}
+
+/** Longer lines are cut: a build printing a minified bundle must not grow memory without bound. */
+const MAX_LINE = 16 * 1024;
+
+/** What docker needs of our environment: everything but the variables that configure keygate (the API key). */
+export function dockerEnv(env: NodeJS.ProcessEnv = process.env): NodeJS.ProcessEnv {
+  const out: NodeJS.ProcessEnv = {};
+  for (const [k, v] of Object.entries(env)) if (k !== 'KEYGATE_API_KEY' && k !== 'KEYGATE_URL') out[k] = v;
+  return out;
+}
+
+/**
+ * Runs `docker ARGS...`, handing each output line to `onLine` as it comes (nothing is buffered
+ * beyond one line). Resolves with the exit status; a signal counts as a failure.
+ */
+export function runDocker(args: string[], o: DockerRunOptions): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
+  const docker = o.docker ?? process.env.KEYGATE_DOCKER ?? 'docker';
+  return new Promise((resolve, reject) => {
+    const child = spawn(docker, args, { stdio: ['ignore', 'pipe', 'pipe'], env: o.env ?? dockerEnv() });
+    const splitter = (stream: 'stdout' | 'stderr') => {
+      let pending = '';
+      let cut = false;
+      const emit = (raw: string) => {
+        const line = raw.endsWith('\r') ? raw.slice(0, -1) : raw;
+        o.onLine(line.length > MAX_LINE ? `${line.slice(0, MAX_LINE)} [line cut]` : line, stream);
+      };
+      return {
+        write(chunk: Buffer) {
+          const parts = (pending + chunk.toString('utf8')).split('\n');
+          pending = parts.pop() ?? '';
+          for (const p of parts) {
+            if (!cut) emit(p);
+            cut = false;
+          }
+          if (pending.length > MAX_LINE) {
+            if (!cut) emit(pending);
+            cut = true;
+            pending = '';
+          }
+        },
+        end() {
+          if (pending && !cut) emit(pending);
+          pending = '';
+        },
+      };
+    };
+    const out = splitter('stdout');
+    const err = splitter('stderr');
+    child.stdout!.on('data', (c: Buffer) => out.write(c));
+    child.stderr!.on('data', (c: Buffer) => err.write(c));
+    child.once('error', (e: NodeJS.ErrnoException) => {
+      reject(new CliError(e.code === 'ENOENT' ? `no container runtime: '${docker}' was not found` : `cannot run ${docker}: ${e.code ?? e.message}`));
+    });
+    child.once('close', (code, signal) => {
+      out.end();
+      err.end();
+      resolve({ code, signal });
+    });
+  });
+}
+
+function exitText(r: { code: number | null; signal: NodeJS.Signals | null }): string {
+  return r.signal ? `was stopped by ${r.signal}` : `exited with status ${r.code}`;
+}
+
+export interface BuildImageOptions extends DockerRunOptions {
+  tag: string;
+  /** The build context; it holds the Dockerfile. */
+  dir: string;
+  /** The host's architecture (injectable for tests); ARM hosts cross-build for {@link TARGET_PLATFORM}. */
+  arch?: string;
+}
+
+/** The exact `docker` arguments of an image build on a host of `arch`. */
+export function buildArgs(tag: string, dir: string, arch: string = process.arch): string[] {
+  return ['build', ...platformArgs(arch), '-t', tag, dir];
+}
+
+/** `docker build [--platform linux/amd64] -t TAG DIR`, streamed. Throws a one-line CliError on failure. */
+export async function buildImage(o: BuildImageOptions): Promise<void> {
+  const r = await runDocker(buildArgs(o.tag, o.dir, o.arch), o);
+  if (r.code !== 0) throw new CliError(`the image build failed: docker build ${exitText(r)} (its output is above)`);
+}
+
+/** `docker push TAG`, streamed. Throws a one-line CliError on failure. */
+export async function pushImage(o: DockerRunOptions & { tag: string; registry: string }): Promise<void> {
+  const r = await runDocker(['push', o.tag], o);
+  if (r.code !== 0) throw new CliError(`pushing ${o.tag} failed: docker push ${exitText(r)} (its output is above; are you logged in? docker login ${o.registry})`);
+}
+
+/** Local env files docker would send with the build context, where a `COPY . .` bakes them into the image. */
+const ENV_FILE = /^\.env(\..+)?$/;
+
+/**
+ * Prerequisites of an image build in `dir`: a Dockerfile, and no local env file (it holds the API key
+ * and the app's secrets) left in the build context. `.dockerignore` is read with gitignore rules,
+ * which agree with docker's for files at the root of the context, the only ones checked here.
+ */
+export function checkBuildContext(dir: string): { dockerfile: string } {
+  if (!existsSync(dir) || !statSync(dir).isDirectory()) throw new CliError(`build directory ${dir} does not exist or is not a directory`);
+  const dockerfile = path.join(dir, 'Dockerfile');
+  if (!existsSync(dockerfile) || !statSync(dockerfile).isFile()) throw new CliError(`${dockerfile} not found: --build-image builds the Dockerfile in DIR`);
+  const envFiles = readdirSync(dir).filter((n) => ENV_FILE.test(n));
+  if (envFiles.length) {
+    const ig = ignore();
+    const rules = path.join(dir, '.dockerignore');
+    if (existsSync(rules)) ig.add(readFileSync(rules, 'utf8'));
+    const exposed = envFiles.filter((n) => !ig.ignores(n));
+    if (exposed.length) {
+      throw new CliError(
+        `refusing to build: ${exposed.join(', ')} would be sent to docker with the build context (and could be copied into the image); add '.env*' to ${rules}`,
+      );
+    }
+  }
+  return { dockerfile };
 }

@@ -155,6 +155,16 @@ export class Reporter {
     this.#print(`      ${formatLogLine(entry, this.#colourOut)}`);
   }
 
+  /**
+   * A line of a local tool's output (docker build/push), streamed as it comes: on stderr for people,
+   * so stdout keeps the narrative; a `log` event in JSON mode.
+   */
+  toolOutput(origin: string, line: string, stream: 'stdout' | 'stderr'): void {
+    if (this.json) return this.emit({ event: 'log', timestamp: new Date().toISOString(), type: 'build', origin, stream, message: line });
+    this.#clear();
+    this.#err.write(`      ${paint(this.#colourErr, 'grey', '│')} ${line}\n`);
+  }
+
   /** Plain line in human mode (headings, the URL). */
   line(text: string): void {
     if (this.json) return;

@@ -10,7 +10,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ControlPlaneClient } from '../../src/deploy/client.js';
 import { CLI, startCli, type RunningCli } from '../helpers/cli.js';
-import { cleanEnv, copyEcho, findUnpacked, listTree, runDeploy, spawnDeploy } from './helpers.js';
+import { cleanEnv, copyEcho, fakeDocker, findUnpacked, listTree, runDeploy, spawnDeploy } from './helpers.js';
 
 const dirs: string[] = [];
 const tmp = (prefix = 'keygate-deploy-e2e-') => {
@@ -429,6 +429,133 @@ describe('prerequisites and failures are one clear line', () => {
     }
     const left = (await api('GET', '/v2/deployments?name_contains=img-app')).body.resources;
     for (const d of left) await api('DELETE', `/v2/deployments/${d.id}`);
+  });
+
+  describe('--build-image', () => {
+    const TAG = 'registry.test/team/img-build:1';
+    let ctx: string;
+    const dockerDir = () => mkdtempSync(path.join(work, 'docker-'));
+    const noDeployment = async () => expect((await api('GET', '/v2/deployments?name_contains=img-build')).body.resources).toHaveLength(0);
+
+    beforeAll(() => {
+      ctx = path.join(work, 'image-app');
+      mkdirSync(ctx);
+      writeFileSync(path.join(ctx, 'Dockerfile'), 'FROM node:20-slim\nCOPY . /app\nCMD ["node", "/app/server.js"]\n');
+      writeFileSync(path.join(ctx, 'server.js'), 'require("http").createServer((q, s) => s.end("ok")).listen(8000);\n');
+    });
+
+    it('builds (for linux/amd64 only on ARM hosts), streams the output, pushes to the registry, and deploys the image; the control plane refuses it without an engine in one line', async () => {
+      const fake = fakeDocker(dockerDir());
+      const r = await runDeploy([ctx, '--build-image', TAG, '--name', 'img-build', '--json', '--timeout', '60s'], { cwd: work, env: { ...withKey(), KEYGATE_DOCKER: fake.bin } });
+      const events = jsonLines(r.stdout);
+      expect(events.filter((e) => e.event === 'step').map((e) => `${e.step}/${e.total} ${e.title}`)).toEqual([
+        '1/4 Checking prerequisites',
+        '2/4 Building image',
+        '3/4 Pushing image',
+        '4/4 Deploying',
+      ]);
+      const calls = fake.calls().map((c) => c.args);
+      const hostPlatform = process.arch === 'arm64' || process.arch === 'arm' ? ['--platform', 'linux/amd64'] : [];
+      expect(calls).toEqual([
+        ['info', '--format', '{{.ServerVersion}}'],
+        ['build', ...hostPlatform, '-t', TAG, ctx],
+        ['image', 'inspect', '--format', '{{.Os}}/{{.Architecture}}', TAG],
+        ['push', TAG],
+      ]);
+      expect(fake.calls().some((c) => c.apiKeyInEnv)).toBe(false);
+      // The tools' output, line by line, as log events in order per stream.
+      const logs = events.filter((e) => e.event === 'log');
+      expect(logs.filter((e) => e.origin === 'docker build' && e.stream === 'stdout').map((e) => e.message)).toEqual([`build step 1/2 for ${ctx}`, 'build step 2/2 done']);
+      expect(logs.filter((e) => e.origin === 'docker build' && e.stream === 'stderr').map((e) => e.message)).toEqual(['build progress on stderr']);
+      expect(logs.filter((e) => e.origin === 'docker push').map((e) => e.message).sort()).toEqual(['push progress on stderr', `push step 1/2 for ${TAG}`, 'push step 2/2 done'].sort());
+      for (const l of logs) expect(l).toMatchObject({ type: 'build', timestamp: expect.any(String) });
+      expect(events.some((e) => e.event === 'check' && e.pushed === true && e.registry === 'registry.test')).toBe(true);
+      // The image went to the control plane as external_docker: with no engine there it answers 422.
+      const result = events.at(-1);
+      expect(result.event).toBe('result');
+      if (result.ok) {
+        console.warn('a Docker engine answered the control plane: the image deployment succeeded');
+      } else {
+        expect(r.code).toBe(1);
+        expect(result.error).toMatch(/container engine.*\(422\)$/);
+        expect(r.stderr).toBe(`keygate: ${result.error}\n`);
+        await noDeployment();
+      }
+      expectNoSecrets(r.stdout + r.stderr);
+    });
+
+    it('a tag without a registry is built and deployed as is, not pushed; people see the build output on stderr', async () => {
+      const fake = fakeDocker(dockerDir());
+      const r = await runDeploy([ctx, '--build-image', 'img-build:dev', '--name', 'img-build'], { cwd: work, env: { ...withKey(), KEYGATE_DOCKER: fake.bin } });
+      expect(fake.calls().map((c) => c.args[0])).toEqual(['info', 'build', 'image']);
+      expect(r.stdout).toContain('[2/4] Building image');
+      expect(r.stdout).toMatch(/\[3\/4\] Pushing image\n\s+not pushed: img-build:dev names no registry/);
+      expect(r.stdout).toContain('[4/4] Deploying');
+      const err = r.stderr.split('\n').filter(Boolean);
+      expect(err).toContain(`      │ build step 1/2 for ${ctx}`);
+      expect(err).toContain('      │ build progress on stderr');
+      expect(r.code).toBe(1);
+      expect(err.at(-1)).toMatch(/^keygate: .*container engine.*\(422\)$/);
+      expect(r.stderr).not.toMatch(/\n\s+at /);
+      await noDeployment();
+    });
+
+    it('a failed build stops before anything is pushed or deployed, with one line', async () => {
+      const fake = fakeDocker(dockerDir());
+      const r = await runDeploy([ctx, '--build-image', TAG, '--name', 'img-build'], { cwd: work, env: { ...withKey(), KEYGATE_DOCKER: fake.bin, FAKE_DOCKER_FAIL: 'build' } });
+      expect(r.code).toBe(1);
+      expect(r.stderr.split('\n').filter(Boolean).at(-1)).toBe('keygate: the image build failed: docker build exited with status 3 (its output is above)');
+      expect(r.stderr).toContain('│ build: something broke');
+      expect(fake.calls().map((c) => c.args[0])).toEqual(['info', 'build']);
+      await noDeployment();
+    });
+
+    it('a failed push stops before anything is deployed', async () => {
+      const fake = fakeDocker(dockerDir());
+      const r = await runDeploy([ctx, '--build-image', TAG, '--name', 'img-build', '--json'], { cwd: work, env: { ...withKey(), KEYGATE_DOCKER: fake.bin, FAKE_DOCKER_FAIL: 'push' } });
+      expect(r.code).toBe(1);
+      const msg = `pushing ${TAG} failed: docker push exited with status 3 (its output is above; are you logged in? docker login registry.test)`;
+      expect(r.stderr).toBe(`keygate: ${msg}\n`);
+      expect(jsonLines(r.stdout).at(-1)).toMatchObject({ event: 'result', ok: false, error: msg });
+      await noDeployment();
+    });
+
+    it('prerequisites: a Dockerfile in DIR, a runtime that is installed and running; nothing is built otherwise', async () => {
+      const fake = fakeDocker(dockerDir());
+      const empty = path.join(work, 'no-dockerfile');
+      mkdirSync(empty);
+      const noFile = await runDeploy([empty, '--build-image', TAG, '--name', 'img-build'], { cwd: work, env: { ...withKey(), KEYGATE_DOCKER: fake.bin } });
+      expect(noFile.code).toBe(1);
+      expect(noFile.stderr).toBe(`keygate: ${path.join(empty, 'Dockerfile')} not found: --build-image builds the Dockerfile in DIR\n`);
+      expect(fake.calls()).toEqual([]);
+
+      const missing = await runDeploy([ctx, '--build-image', TAG, '--name', 'img-build'], { cwd: work, env: { ...withKey(), KEYGATE_DOCKER: '/nonexistent/docker' } });
+      expect(missing.code).toBe(1);
+      expect(missing.stderr).toBe("keygate: no container runtime: '/nonexistent/docker' was not found; install Docker (or set KEYGATE_DOCKER) to deploy images\n");
+      const down = await runDeploy([ctx, '--build-image', TAG, '--name', 'img-build'], { cwd: work, env: { ...withKey(), KEYGATE_DOCKER: 'false' } });
+      expect(down.code).toBe(1);
+      expect(down.stderr).toBe('keygate: the container runtime is not running: false info: exit status 1\n');
+
+      // The project's .env (API key, app secrets) must not travel in the build context.
+      const leaky = path.join(work, 'leaky-image-app');
+      mkdirSync(leaky);
+      writeFileSync(path.join(leaky, 'Dockerfile'), 'FROM scratch\nCOPY . .\n');
+      writeFileSync(path.join(leaky, '.env'), `KEYGATE_API_KEY=${KEY}\n`);
+      const leak = await runDeploy([leaky, '--build-image', TAG, '--name', 'img-build'], { cwd: work, env: { KEYGATE_URL: server.url, KEYGATE_DOCKER: fake.bin } });
+      expect(leak.code).toBe(1);
+      expect(leak.stderr).toBe(`keygate: refusing to build: .env would be sent to docker with the build context (and could be copied into the image); add '.env*' to ${path.join(leaky, '.dockerignore')}\n`);
+      expect(fake.calls()).toEqual([]);
+      await noDeployment();
+    });
+
+    it('usage errors: both --image and --build-image, or an invalid tag', async () => {
+      for (const args of [['--image', 'a:1', '--build-image', 'b:1'], ['--build-image=--platform=linux/arm64'], ['--build-image', 'Bad Tag'], ['--build-image', 'x@sha256:00'], ['--build-image', '']]) {
+        const r = await runDeploy([ctx, ...args, '--name', 'img-build'], { cwd: work, env: { ...withKey(), KEYGATE_DOCKER: 'false' } });
+        expect(r.code, args.join(' ')).toBe(2);
+        expect(r.stderr, args.join(' ')).toMatch(/^keygate: (give either --image or --build-image, not both|--build-image( needs a value|: '))/);
+        expect(r.stderr).not.toMatch(/\n\s+at /);
+      }
+    });
   });
 
   it('usage errors exit 2', async () => {

@@ -1,7 +1,7 @@
 // Runs `node dist/cli/main.js deploy ...` asynchronously (spawnSync would freeze the test worker
 // while a deploy waits) with an environment that carries only what the test gives it.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { cpSync, existsSync, readdirSync, statSync } from 'node:fs';
+import { cpSync, existsSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { CLI, REPO_ROOT } from '../helpers/cli.js';
 
@@ -71,4 +71,40 @@ export function findUnpacked(root: string, revisionId: string): string | undefin
     return undefined;
   };
   return walk(root, 0);
+}
+
+/**
+ * A stand-in `docker` CLI (no engine runs here): it appends each invocation as a JSON line
+ * `{args, apiKeyInEnv}` to `<dir>/docker-calls.jsonl`, answers `info` with a version, prints a few
+ * lines on both streams for `build` and `push`, and fails the command named in FAKE_DOCKER_FAIL.
+ */
+export function fakeDocker(dir: string): { bin: string; calls(): { args: string[]; apiKeyInEnv: boolean }[] } {
+  const bin = path.join(dir, 'fake-docker');
+  const log = path.join(dir, 'docker-calls.jsonl');
+  const script = `#!${process.execPath}
+const fs = require('fs');
+const args = process.argv.slice(2);
+fs.appendFileSync(${JSON.stringify(log)}, JSON.stringify({ args, apiKeyInEnv: 'KEYGATE_API_KEY' in process.env }) + '\\n');
+const cmd = args[0];
+if (cmd === 'info') { console.log('27.0.0-test'); process.exit(0); }
+if (cmd === 'build' || cmd === 'push') {
+  console.log(cmd + ' step 1/2 for ' + args[args.length - 1]);
+  console.error(cmd + ' progress on stderr');
+  console.log(cmd + ' step 2/2 done');
+  if (process.env.FAKE_DOCKER_FAIL === cmd) { console.error(cmd + ': something broke'); process.exit(3); }
+  process.exit(0);
+}
+process.exit(1);
+`;
+  writeFileSync(bin, script, { mode: 0o755 });
+  return {
+    bin,
+    calls: () =>
+      existsSync(log)
+        ? readFileSync(log, 'utf8')
+            .split('\n')
+            .filter(Boolean)
+            .map((l) => JSON.parse(l))
+        : [],
+  };
 }

@@ -1,0 +1,168 @@
+// Image builds for `keygate deploy --build-image`: tag parsing, the build context check, and the
+// docker runs themselves against a stand-in docker CLI (a real process that records its arguments).
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { CliError } from '../../src/cli/errors.js';
+import { buildArgs, buildImage, checkBuildContext, dockerEnv, pushImage, runDocker } from '../../src/deploy/docker.js';
+import { parseImageTag } from '../../src/deploy/image-ref.js';
+import { fakeDocker } from './helpers.js';
+
+const dirs: string[] = [];
+const tmp = () => {
+  const d = mkdtempSync(path.join(os.tmpdir(), 'keygate-docker-unit-'));
+  dirs.push(d);
+  return d;
+};
+afterAll(() => {
+  for (const d of dirs) rmSync(d, { recursive: true, force: true });
+});
+
+describe('image tags', () => {
+  it.each([
+    ['app', null, 'app', null],
+    ['app:dev', null, 'app', 'dev'],
+    ['team/app:1.2', null, 'team/app', '1.2'],
+    ['registry.example.com/team/app:1', 'registry.example.com', 'team/app', '1'],
+    ['localhost:5000/app', 'localhost:5000', 'app', null],
+    ['localhost/app:x', 'localhost', 'app', 'x'],
+    ['Registry/app', 'Registry', 'app', null],
+    ['ghcr.io/me/my_app__x-y.z:v1_2-3', 'ghcr.io', 'me/my_app__x-y.z', 'v1_2-3'],
+    ['docker.io/me/app', 'docker.io', 'me/app', null],
+  ])('%s -> registry %s, repository %s, tag %s', (raw, registry, repository, tag) => {
+    expect(parseImageTag(raw)).toEqual({ registry, repository, tag });
+  });
+
+  it.each([
+    ['', /empty/],
+    ['-t', /starts with '-'/],
+    ['--platform=linux/arm64', /starts with '-'/],
+    ['app name', /white space/],
+    ['app@sha256:abcd', /not a digest/],
+    ['App', /'App' is not a valid repository name component/],
+    ['team/App:1', /'App'/],
+    ['app:', /the tag ''/],
+    ['app:-x', /the tag '-x'/],
+    ['app:' + 'x'.repeat(129), /up to 128/],
+    ['reg.io/', /repository name is missing/],
+    ['a..b/app', /'a\.\.b' is not a registry host/],
+    ['app_/x', /'app_'/],
+  ])('%j is refused', (raw, why) => {
+    const r = parseImageTag(raw);
+    expect(typeof r).toBe('string');
+    expect(r).toMatch(why);
+  });
+});
+
+describe('the build context', () => {
+  it('needs a Dockerfile in DIR', () => {
+    const d = tmp();
+    expect(() => checkBuildContext(d)).toThrow(CliError);
+    expect(() => checkBuildContext(d)).toThrow(`${path.join(d, 'Dockerfile')} not found: --build-image builds the Dockerfile in DIR`);
+    expect(() => checkBuildContext(path.join(d, 'nope'))).toThrow(/does not exist or is not a directory/);
+    writeFileSync(path.join(d, 'Dockerfile'), 'FROM scratch\n');
+    expect(checkBuildContext(d)).toEqual({ dockerfile: path.join(d, 'Dockerfile') });
+  });
+
+  it('refuses to send a local .env to docker unless .dockerignore excludes it', () => {
+    const d = tmp();
+    writeFileSync(path.join(d, 'Dockerfile'), 'FROM scratch\nCOPY . .\n');
+    writeFileSync(path.join(d, '.env'), 'KEYGATE_API_KEY=kg_secret_value\n');
+    writeFileSync(path.join(d, '.env.local'), 'X=1\n');
+    writeFileSync(path.join(d, 'environment.md'), 'not an env file\n');
+    let msg = '';
+    try {
+      checkBuildContext(d);
+    } catch (e) {
+      msg = (e as Error).message;
+    }
+    expect(msg).toBe(`refusing to build: .env, .env.local would be sent to docker with the build context (and could be copied into the image); add '.env*' to ${path.join(d, '.dockerignore')}`);
+    expect(msg).not.toContain('kg_secret_value');
+    writeFileSync(path.join(d, '.dockerignore'), '.env\n');
+    expect(() => checkBuildContext(d)).toThrow(/refusing to build: \.env\.local would be sent/);
+    writeFileSync(path.join(d, '.dockerignore'), 'node_modules\n.env*\n');
+    expect(checkBuildContext(d).dockerfile).toBe(path.join(d, 'Dockerfile'));
+    // A later negation brings it back into the context: refused again.
+    writeFileSync(path.join(d, '.dockerignore'), '.env*\n!.env\n');
+    expect(() => checkBuildContext(d)).toThrow(/refusing to build: \.env would be sent/);
+  });
+});
+
+describe('docker build and push', () => {
+  it('cross-builds for linux/amd64 on arm64 and arm hosts, natively on amd64', async () => {
+    for (const [arch, want] of [
+      ['arm64', ['build', '--platform', 'linux/amd64', '-t', 'reg.io/app:1', '/ctx']],
+      ['arm', ['build', '--platform', 'linux/amd64', '-t', 'reg.io/app:1', '/ctx']],
+      ['x64', ['build', '-t', 'reg.io/app:1', '/ctx']],
+    ] as const) {
+      expect(buildArgs('reg.io/app:1', '/ctx', arch)).toEqual(want);
+    }
+    expect(buildArgs('app', '/ctx')).toEqual(['build', ...(process.arch === 'arm64' || process.arch === 'arm' ? ['--platform', 'linux/amd64'] : []), '-t', 'app', '/ctx']);
+
+    // The same through a real docker process: the arguments it received, per host architecture.
+    const d = tmp();
+    const fake = fakeDocker(d);
+    const lines: string[] = [];
+    await buildImage({ tag: 'reg.io/team/app:1', dir: d, arch: 'arm64', docker: fake.bin, onLine: (l, s) => lines.push(`${s}: ${l}`) });
+    await buildImage({ tag: 'reg.io/team/app:1', dir: d, arch: 'x64', docker: fake.bin, onLine: () => undefined });
+    expect(fake.calls().map((c) => c.args)).toEqual([
+      ['build', '--platform', 'linux/amd64', '-t', 'reg.io/team/app:1', d],
+      ['build', '-t', 'reg.io/team/app:1', d],
+    ]);
+    expect(lines).toContain(`stdout: build step 1/2 for ${d}`);
+    expect(lines).toContain('stderr: build progress on stderr');
+    expect(lines).toContain('stdout: build step 2/2 done');
+  });
+
+  it('a failing build or push is one line naming the exit status; the API key never reaches docker', async () => {
+    const d = tmp();
+    const fake = fakeDocker(d);
+    const env = { ...dockerEnv({ ...process.env, KEYGATE_API_KEY: 'kg_never_to_docker', KEYGATE_URL: 'http://x' }), FAKE_DOCKER_FAIL: 'build' };
+    expect((env as NodeJS.ProcessEnv).KEYGATE_API_KEY).toBeUndefined();
+    const seen: string[] = [];
+    const err = await buildImage({ tag: 'app:1', dir: d, arch: 'x64', docker: fake.bin, env, onLine: (l) => seen.push(l) }).catch((e) => e);
+    expect(err).toBeInstanceOf(CliError);
+    expect(err.message).toBe('the image build failed: docker build exited with status 3 (its output is above)');
+    expect(seen).toContain('build: something broke');
+
+    const perr = await pushImage({ tag: 'reg.io/app:1', registry: 'reg.io', docker: fake.bin, env: { ...env, FAKE_DOCKER_FAIL: 'push' }, onLine: () => undefined }).catch((e) => e);
+    expect(perr.message).toBe('pushing reg.io/app:1 failed: docker push exited with status 3 (its output is above; are you logged in? docker login reg.io)');
+    await pushImage({ tag: 'reg.io/app:1', registry: 'reg.io', docker: fake.bin, env, onLine: () => undefined });
+    expect(fake.calls().map((c) => c.args)).toEqual([
+      ['build', '-t', 'app:1', d],
+      ['push', 'reg.io/app:1'],
+      ['push', 'reg.io/app:1'],
+    ]);
+    expect(fake.calls().every((c) => !c.apiKeyInEnv)).toBe(true);
+
+    const missing = await runDocker(['info'], { docker: path.join(d, 'no-such-docker'), onLine: () => undefined }).catch((e) => e);
+    expect(missing.message).toBe(`no container runtime: '${path.join(d, 'no-such-docker')}' was not found`);
+  });
+
+  it('streams line by line, joining chunks and cutting overlong lines', async () => {
+    const d = tmp();
+    const bin = path.join(d, 'chunky');
+    // Writes a line in pieces, a CRLF line, overlong lines (in one chunk and across chunks), and a
+    // last line without a newline.
+    writeFileSync(
+      bin,
+      `#!${process.execPath}
+const w = (s) => new Promise((r) => process.stdout.write(s, () => setTimeout(r, 20)));
+(async () => { await w('hel'); await w('lo\\nwin\\r\\n'); await w('x'.repeat(40000) + '\\n'); for (let i = 0; i < 3; i++) await w('y'.repeat(10000)); await w('yy\\nz\\n'); await w('tail'); })();
+`,
+      { mode: 0o755 },
+    );
+    const lines: string[] = [];
+    const r = await runDocker([], { docker: bin, onLine: (l) => lines.push(l) });
+    expect(r).toEqual({ code: 0, signal: null });
+    expect(lines.map((l) => (l.length > 100 ? `${l.slice(0, 3)}...${l.slice(-12)} (${l.length})` : l))).toEqual([
+      'hello',
+      'win',
+      `xxx...x [line cut] (${16 * 1024 + ' [line cut]'.length})`,
+      `yyy...y [line cut] (${16 * 1024 + ' [line cut]'.length})`,
+      'z',
+      'tail',
+    ]);
+  });
+});
