@@ -321,3 +321,36 @@ describe('--limit parsing', () => {
     expect(r.stderr).toMatch(/--limit must be KEY=INTEGER/);
   });
 });
+
+describe('the idle clock is request-aware (in-process proxy)', () => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'kg-idle-'));
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('a request waiting longer than idle_timeout_ms for a slow upstream still gets its answer', async () => {
+    const slow = net.createServer((s) => {
+      s.on('error', () => undefined);
+      s.once('data', () => setTimeout(() => s.end('HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\nslow'), 900));
+    });
+    await new Promise<void>((r) => slow.listen(0, '127.0.0.1', r));
+    const ca = await ensureCa(path.join(dir, 'certs'));
+    const p = await startProxy({
+      listen: { host: '127.0.0.1', port: 0 },
+      ca,
+      config: compileConfig({ rules: [], no_proxy: [] }),
+      logger: createLogger({ level: 'silent' }),
+      limits: { idleTimeoutMs: 300, responseHeaderTimeoutMs: 5000 },
+    });
+    try {
+      const port = (slow.address() as net.AddressInfo).port;
+      const res = await rawPlain(p.port, `GET http://127.0.0.1:${port}/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`);
+      expect(res.status).toBe(200);
+      expect(res.text.endsWith('slow')).toBe(true);
+      // The same client idle with no request in flight is cut.
+      const idle = await readUntilClose(await dial(p.port), undefined, 3000);
+      expect(idle.closed).toBe(true);
+    } finally {
+      await p.close(200);
+      await new Promise((r) => slow.close(r));
+    }
+  });
+});
