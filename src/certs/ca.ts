@@ -1,11 +1,26 @@
-import 'reflect-metadata';
-import { createPrivateKey, createPublicKey, randomBytes, webcrypto, X509Certificate as NodeX509 } from 'node:crypto';
+import { createHash, createPrivateKey, createPublicKey, randomBytes, webcrypto, X509Certificate as NodeX509 } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
-import * as x509 from '@peculiar/x509';
 import { createFileExclusive } from '../secrets/envelope.js';
+import { certificateSubjectAndSki } from './der.js';
 
-x509.cryptoProvider.set(webcrypto as unknown as Parameters<typeof x509.cryptoProvider.set>[0]);
+type X509Module = typeof import('@peculiar/x509');
+let x509Module: Promise<X509Module> | undefined;
+
+/**
+ * @peculiar/x509 (with reflect-metadata and its ASN.1 stack) is only needed to create a CA and to
+ * mint leaves for IP literals. Loaded on first use: it is a fifth of a running sidecar's memory
+ * otherwise (a sidecar runs beside every sandbox), and leaves for host names are written as DER.
+ */
+export function loadX509(): Promise<X509Module> {
+  x509Module ??= (async () => {
+    await import('reflect-metadata');
+    const x509 = await import('@peculiar/x509');
+    x509.cryptoProvider.set(webcrypto as unknown as Parameters<typeof x509.cryptoProvider.set>[0]);
+    return x509;
+  })();
+  return x509Module;
+}
 
 export const CA_CERT_FILE = 'ca.pem';
 export const CA_KEY_FILE = 'ca-key.pem';
@@ -16,7 +31,8 @@ const CA_YEARS = 10;
 /** The proxy's certificate authority. The private key stays in this process and in ca-key.pem. */
 export interface Ca {
   certPem: string;
-  cert: x509.X509Certificate;
+  /** The certificate's subject Name as DER (the issuer of every leaf, byte for byte). */
+  subjectDer: Buffer;
   /** Non-extractable signing key. */
   key: webcrypto.CryptoKey;
   /** Subject key identifier (hex), the AKI of every leaf. */
@@ -54,6 +70,7 @@ export function randomSerial(): string {
 }
 
 async function createCa(certPath: string, keyPath: string): Promise<void> {
+  const x509 = await loadX509();
   const keys = (await webcrypto.subtle.generateKey(EC_ALG, true, ['sign', 'verify'])) as webcrypto.CryptoKeyPair;
   const now = Date.now();
   const notBefore = new Date(now - 60 * 60 * 1000);
@@ -115,10 +132,25 @@ export async function loadCa(dir: string): Promise<Ca> {
   if (!nodeCert.ca) throw new CaError(`${certPath} is not a CA certificate`);
   if (nodeCert.publicKey.asymmetricKeyType !== 'ec') throw new CaError(`${certPath}: only ECDSA P-256 CAs are supported`);
   const key = await webcrypto.subtle.importKey('pkcs8', pemToDer(keyPem, 'PRIVATE KEY'), EC_ALG, false, ['sign']);
-  const cert = new x509.X509Certificate(certPem);
-  const skiExt = cert.getExtension(x509.SubjectKeyIdentifierExtension);
-  const ski = skiExt?.keyId ?? (await x509.SubjectKeyIdentifierExtension.create(cert.publicKey)).keyId;
-  return { certPem: cert.toString('pem') + '\n', cert, key, ski, notBefore: cert.notBefore, notAfter: cert.notAfter, certPath, keyPath };
+  let parsed: { subject: Buffer; ski?: Buffer };
+  try {
+    parsed = certificateSubjectAndSki(nodeCert.raw);
+  } catch (err) {
+    throw new CaError(`${certPath}: ${(err as Error).message}`);
+  }
+  // Without the extension, RFC 5280's method 1: SHA-1 of the public key bits (a P-256 point
+  // is the last 65 bytes of its SPKI).
+  const ski = (parsed.ski ?? createHash('sha1').update(spki.subarray(spki.length - 65)).digest()).toString('hex');
+  return {
+    certPem: nodeCert.toString(),
+    subjectDer: parsed.subject,
+    key,
+    ski,
+    notBefore: new Date(nodeCert.validFrom),
+    notAfter: new Date(nodeCert.validTo),
+    certPath,
+    keyPath,
+  };
 }
 
 /** Loads the CA in `dir`, creating `ca.pem` and `ca-key.pem` (mode 0600) on first use. */

@@ -60,3 +60,68 @@ export function extension(id: string, critical: boolean, value: Buffer): Buffer 
   return critical ? seq(oid(id), TRUE, octets(value)) : seq(oid(id), octets(value));
 }
 
+
+export interface Tlv {
+  tag: number;
+  /** Offset of the first byte of the TLV (its tag). */
+  offset: number;
+  /** Offset of the contents. */
+  start: number;
+  /** Offset just past the contents. */
+  end: number;
+}
+
+/** Reads the TLV at `offset` (definite lengths only, as DER requires). */
+export function readTlv(der: Buffer, offset: number): Tlv {
+  if (offset + 2 > der.length) throw new Error('truncated DER');
+  const tag = der[offset];
+  let len = der[offset + 1];
+  let start = offset + 2;
+  if (len & 0x80) {
+    const n = len & 0x7f;
+    if (n === 0 || n > 4 || start + n > der.length) throw new Error('unsupported DER length');
+    len = 0;
+    for (let i = 0; i < n; i++) len = len * 256 + der[start + i];
+    start += n;
+  }
+  if (start + len > der.length) throw new Error('truncated DER');
+  return { tag, offset, start, end: start + len };
+}
+
+/** The TLVs directly inside a constructed value. */
+export function children(der: Buffer, parent: Tlv): Tlv[] {
+  const out: Tlv[] = [];
+  for (let at = parent.start; at < parent.end; ) {
+    const t = readTlv(der, at);
+    out.push(t);
+    at = t.end;
+  }
+  return out;
+}
+
+/**
+ * From a certificate's DER: the subject Name exactly as encoded (a leaf's issuer must be
+ * byte-identical to it) and the SubjectKeyIdentifier extension's key id, if present.
+ */
+export function certificateSubjectAndSki(der: Buffer): { subject: Buffer; ski?: Buffer } {
+  const cert = readTlv(der, 0);
+  const tbs = children(der, cert)[0];
+  const fields = children(der, tbs);
+  // version [0] is optional; then serial, signature, issuer, validity, subject.
+  const base = fields[0].tag === 0xa0 ? 1 : 0;
+  const subject = fields[base + 4];
+  if (!subject || subject.tag !== 0x30) throw new Error('certificate without a subject');
+  const skiOid = oid('2.5.29.14');
+  let ski: Buffer | undefined;
+  const exts = fields.find((f) => f.tag === 0xa3);
+  if (exts) {
+    for (const ext of children(der, children(der, exts)[0])) {
+      const parts = children(der, ext);
+      if (!der.subarray(parts[0].offset, parts[0].end).equals(skiOid)) continue;
+      const value = parts[parts.length - 1]; // OCTET STRING wrapping the key id's OCTET STRING
+      const inner = readTlv(der, value.start);
+      ski = Buffer.from(der.subarray(inner.start, inner.end));
+    }
+  }
+  return { subject: Buffer.from(der.subarray(subject.offset, subject.end)), ski };
+}

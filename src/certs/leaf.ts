@@ -1,9 +1,7 @@
-import 'reflect-metadata';
 import { createHash, KeyObject, sign, webcrypto } from 'node:crypto';
 import { isIP } from 'node:net';
 import tls from 'node:tls';
-import * as x509 from '@peculiar/x509';
-import { derToPem, EC_ALG, randomSerial, SIGN_ALG, type Ca } from './ca.js';
+import { derToPem, EC_ALG, loadX509, randomSerial, SIGN_ALG, type Ca } from './ca.js';
 import { bits, extension, oid, seq, set, time, tlv, uint, utf8 } from './der.js';
 
 const DAY = 24 * 3600 * 1000;
@@ -116,7 +114,7 @@ export class LeafMinter {
       const ski = createHash('sha1').update(point).digest();
       return {
         caKey: KeyObject.from(this.ca.key),
-        issuer: Buffer.from(this.ca.cert.subjectName.toArrayBuffer()),
+        issuer: this.ca.subjectDer,
         spki,
         head: Buffer.concat([
           extension('2.5.29.19', true, seq()),
@@ -165,11 +163,12 @@ export class LeafMinter {
 
   /** Any host (IP literals included) through the general X.509 generator. */
   private async mintGeneric(host: string, keys: webcrypto.CryptoKeyPair, notBefore: Date, notAfter: Date): Promise<string> {
+    const x509 = await loadX509();
     const san = isIP(host) ? { type: 'ip' as const, value: host } : { type: 'dns' as const, value: host };
     const cert = await x509.X509CertificateGenerator.create({
       serialNumber: randomSerial(),
       subject: isIP(host) ? 'O=keygate' : `CN=${host}`,
-      issuer: this.ca.cert.subjectName,
+      issuer: new x509.Name(this.ca.subjectDer),
       notBefore,
       notAfter,
       signingAlgorithm: SIGN_ALG,
