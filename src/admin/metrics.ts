@@ -124,6 +124,10 @@ export class ProxyMetrics {
   readonly duration = new Histogram('keygate_proxy_request_duration_seconds', 'Time from request to the end of the response, by decision.', DURATION_BUCKETS);
   readonly configGeneration = new Counter('keygate_proxy_config_generation', 'Generation of the configuration in force (0: none applied).', 'gauge', true);
   readonly configApplies = new Counter('keygate_proxy_config_applies_total', 'Configuration pushes and reloads, by source and result (applied or rejected).');
+  readonly egressDenied = new Counter('keygate_proxy_egress_denied_total', 'Destinations refused by the egress policy, by kind of refusal.');
+  readonly connectionsRefused = new Counter('keygate_proxy_connections_refused_total', 'Client connections refused by a connection limit, by limit.');
+  readonly clientErrors = new Counter('keygate_proxy_client_errors_total', 'Malformed or over-limit client requests answered by the proxy itself, by status.');
+  readonly caExpiryDays = new Counter('keygate_proxy_ca_expiry_days', 'Whole days until the proxy CA expires (negative once expired).', 'gauge');
 
   private readonly all: Metric[] = [
     this.requests,
@@ -138,10 +142,19 @@ export class ProxyMetrics {
     this.duration,
     this.configGeneration,
     this.configApplies,
+    this.egressDenied,
+    this.connectionsRefused,
+    this.clientErrors,
+    this.caExpiryDays,
   ];
+  private caExpirySource?: () => { daysLeft: number };
 
-  /** Subscribes to a proxy's events; returns a function that unsubscribes. */
-  attach(events: EventEmitter): () => void {
+  /**
+   * Subscribes to a proxy's events; returns a function that unsubscribes. `caExpiry` (the proxy
+   * handle's) is read at each scrape, so the gauge is current for a sidecar that runs for months.
+   */
+  attach(events: EventEmitter, caExpiry?: () => { daysLeft: number }): () => void {
+    this.caExpirySource = caExpiry;
     const onRequest = (r: RequestEvent) => {
       const rule = r.rule ?? '';
       this.requests.inc({ decision: r.decision, rule, status: String(r.status) });
@@ -164,6 +177,15 @@ export class ProxyMetrics {
     const onTls = (e: { ok: boolean }) => this.tlsHandshakes.inc({ result: e.ok ? 'ok' : 'failed' });
     const onCert = (e: { cached: boolean }) => (e.cached ? this.certCacheHits.inc() : this.certMints.inc());
     const onUpstreamError = () => this.upstreamErrors.inc();
+    const onEgressDenied = (e: { kind: string }) => this.egressDenied.inc({ kind: e.kind });
+    const onConnectionRefused = (e: { reason: string }) => this.connectionsRefused.inc({ limit: e.reason });
+    const onClientError = (e: { status?: number }) => this.clientErrors.inc({ status: String(e.status ?? 0) });
+    const extra: [string, (e: any) => void][] = [ // eslint-disable-line @typescript-eslint/no-explicit-any
+      ['egress_denied', onEgressDenied],
+      ['connection_refused', onConnectionRefused],
+      ['client_error', onClientError],
+    ];
+    for (const [name, fn] of extra) events.on(name, fn);
     events.on('request', onRequest);
     events.on('tunnel', onTunnel);
     events.on('tls_handshake', onTls);
@@ -175,6 +197,8 @@ export class ProxyMetrics {
       events.off('tls_handshake', onTls);
       events.off('cert', onCert);
       events.off('upstream_error', onUpstreamError);
+      for (const [name, fn] of extra) events.off(name, fn);
+      this.caExpirySource = undefined;
     };
   }
 
@@ -184,6 +208,7 @@ export class ProxyMetrics {
   }
 
   render(): string {
+    if (this.caExpirySource) this.caExpiryDays.set({}, this.caExpirySource().daysLeft);
     return this.all.flatMap((m) => m.render()).join('\n') + '\n';
   }
 }

@@ -27,7 +27,7 @@ export function parseAdminListen(raw: string): AdminListen {
 }
 
 export interface SidecarControlOptions {
-  proxy: { setConfig(c: CompiledConfig): void; events: import('node:events').EventEmitter; denyTarget?(authority: string): void; port?: number };
+  proxy: { setConfig(c: CompiledConfig): void; events: import('node:events').EventEmitter; denyTarget?(authority: string): void; port?: number; caExpiry?(): { daysLeft: number } };
   /** The configuration the proxy was started with. */
   initial: { config: ProxyConfig; compiled: CompiledConfig };
   /** Re-read on SIGHUP and when it changes. */
@@ -53,7 +53,7 @@ export interface SidecarControl {
 
 export async function startSidecarControl(opts: SidecarControlOptions): Promise<SidecarControl> {
   const metrics = new ProxyMetrics();
-  const detach = metrics.attach(opts.proxy.events);
+  const detach = metrics.attach(opts.proxy.events, opts.proxy.caExpiry);
   const holder = new ConfigHolder({ proxy: opts.proxy, store: opts.store, envelope: opts.envelope, metrics, logger: opts.logger });
   holder.markApplied(opts.initial.config, opts.initial.compiled, { source: 'startup' });
   let admin: AdminHandle | undefined;
