@@ -1,7 +1,9 @@
+import path from 'node:path';
 import type { Area } from '../server/plugins.js';
 import { DockerDriver } from './drivers/docker.js';
 import { LocalProcessDriver } from './drivers/local.js';
 import { LogStore } from './logs.js';
+import { ReplicaRecords } from './orphans.js';
 import { ControlPlaneManager } from './manager.js';
 import { registerRoutes } from './routes.js';
 import { ControlPlaneStore, migrateControlPlane } from './store.js';
@@ -29,6 +31,7 @@ export const controlPlaneArea: Area = {
           limits: tarLimits,
           buildTimeoutMs: positiveInt(env.KEYGATE_BUILD_TIMEOUT_MS, 600_000),
           allowInstallScripts: env.KEYGATE_BUILD_INSTALL_SCRIPTS === '1',
+          records: new ReplicaRecords(path.join(ctx.dataDir, 'run', 'replicas'), (level, msg, fields) => ctx.logger[level]({ ...fields }, msg)),
         }),
         docker: new DockerDriver(env),
       },

@@ -3,6 +3,7 @@ import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { BuildError } from './drivers/types.js';
 import { LineSplitter } from './logs.js';
+import { REPLICA_TOKEN_ENV, ReplicaRecords } from './orphans.js';
 import { extractTarball, TarballError, type TarLimits } from './tarball.js';
 import { parseJsonSafely } from '../validation/json.js';
 
@@ -17,6 +18,8 @@ export interface LocalBuildOptions {
   allowInstallScripts: boolean;
   log(level: 'info' | 'warn' | 'error', line: string): void;
   signal: AbortSignal;
+  /** Build commands are recorded like replicas, so a server killed mid-build leaves none running. */
+  records?: { store: ReplicaRecords; deploymentId: string; revisionId: string };
 }
 
 /** npm as shipped with this node, so builds do not depend on the server's PATH. */
@@ -54,7 +57,11 @@ function readJson(file: string, what: string): Record<string, unknown> {
 function runStep(cmd: string, args: string[], shown: string, cwd: string, env: NodeJS.ProcessEnv, o: LocalBuildOptions): Promise<void> {
   o.log('info', `$ ${shown}`);
   return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { cwd, env, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+    const token = ReplicaRecords.newToken();
+    const child = spawn(cmd, args, { cwd, env: { ...env, [REPLICA_TOKEN_ENV]: token }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+    const rec = o.records;
+    if (rec && child.pid) rec.store.add(token, child.pid, { deploymentId: rec.deploymentId, revisionId: rec.revisionId, replica: 0, kind: 'build' });
+    child.once('exit', () => rec?.store.remove(token));
     const out = new LineSplitter((l) => o.log('info', l));
     const err = new LineSplitter((l) => o.log('warn', l));
     child.stdout!.on('data', (c: Buffer) => out.write(c));

@@ -260,6 +260,15 @@ export class ControlPlaneManager {
    * its built directory, unfinished revisions resolved (see state.recoveryAction).
    */
   async restore(): Promise<void> {
+    // First the replicas a killed predecessor left behind: otherwise the restored ones would run
+    // next to them, and nothing would ever stop the old ones.
+    for (const driver of new Set([this.drivers.local, this.drivers.docker])) {
+      try {
+        await driver.reapOrphans?.(this.cfg.stopGraceMs);
+      } catch (err) {
+        this.ctx.logger.error({ driver: driver.name, err: { message: (err as Error).message } }, 'could not stop replicas left by a previous server');
+      }
+    }
     for (const dep of await this.store.allDeployments()) {
       if (this.closing) return;
       try {

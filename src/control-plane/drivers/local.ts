@@ -5,6 +5,7 @@ import { fileURLToPath } from 'node:url';
 import { request } from 'undici';
 import { buildLocal } from '../builder.js';
 import { LineSplitter } from '../logs.js';
+import { REPLICA_TOKEN_ENV, ReplicaRecords, type ReapResult } from '../orphans.js';
 import type { TarLimits } from '../tarball.js';
 import { BuildError, DeployError, type BuildContext, type BuildOutput, type ExitInfo, type Replica, type RuntimeDriver, type StartSpec } from './types.js';
 
@@ -18,6 +19,8 @@ export interface LocalDriverOptions {
   limits: TarLimits;
   buildTimeoutMs: number;
   allowInstallScripts: boolean;
+  /** Where running replicas are recorded, so a server killed outright leaves no unknown processes. */
+  records?: ReplicaRecords;
 }
 
 /** The base environment of an app process: enough for node to run, nothing of the server's. */
@@ -44,6 +47,11 @@ export class LocalProcessDriver implements RuntimeDriver {
     return existsSync(KEYGATE_CLI) ? null : `the keygate CLI was not found at ${KEYGATE_CLI} (run npm run build)`;
   }
 
+  /** Stops replicas a previous server left running (see {@link ReplicaRecords.reap}); call before restoring. */
+  async reapOrphans(graceMs: number): Promise<ReapResult | null> {
+    return this.o.records ? this.o.records.reap(graceMs) : null;
+  }
+
   async build(ctx: BuildContext): Promise<BuildOutput> {
     if (ctx.source !== 'internal_source' || !ctx.config.source_tarball_path) throw new BuildError('the local driver builds internal_source revisions only');
     const appDir = path.join(ctx.revisionDir, 'app');
@@ -56,18 +64,24 @@ export class LocalProcessDriver implements RuntimeDriver {
       allowInstallScripts: this.o.allowInstallScripts,
       log: ctx.log,
       signal: ctx.signal,
+      records: this.o.records ? { store: this.o.records, deploymentId: ctx.deploymentId, revisionId: ctx.revisionId } : undefined,
     });
     return { artifact: appDir };
   }
 
   async start(spec: StartSpec): Promise<Replica> {
     const appDir = spec.artifact;
+    const token = ReplicaRecords.newToken();
     const child = spawn(process.execPath, [KEYGATE_CLI, 'app', 'serve', '--app', appDir, '--listen', '127.0.0.1:0'], {
       cwd: appDir,
-      env: { ...replicaBaseEnv(appDir), ...spec.env, KEYGATE_API_KEY: spec.apiKey },
+      env: { ...replicaBaseEnv(appDir), ...spec.env, KEYGATE_API_KEY: spec.apiKey, [REPLICA_TOKEN_ENV]: token },
       stdio: ['ignore', 'pipe', 'pipe'],
+      // Its own session and process group: a terminal's Ctrl-C does not reach it, and stop() can
+      // signal the group to take whatever the app started along.
       detached: true,
     });
+    // Recorded before anything else can fail: from here on a crash of this server leaves a trace.
+    if (child.pid) this.o.records?.add(token, child.pid, { deploymentId: spec.deploymentId, revisionId: spec.revisionId, replica: spec.replica });
     const exited = new Promise<ExitInfo>((resolve) => {
       child.once('exit', (code, signal) => resolve({ code, signal }));
       child.once('error', () => resolve({ code: null, signal: null }));
@@ -97,7 +111,10 @@ export class LocalProcessDriver implements RuntimeDriver {
     child.stderr!.once('end', () => err.end());
 
     const replica: Replica = { id: `${spec.revisionId}/${spec.replica}/${child.pid ?? 'x'}`, host: '127.0.0.1', port: 0, pid: child.pid, exited };
-    void exited.then(() => this.gone.add(replica));
+    void exited.then(() => {
+      this.gone.add(replica);
+      this.o.records?.remove(token);
+    });
     const deadline = Date.now() + spec.startTimeoutMs;
     const fail = async (why: string): Promise<never> => {
       await this.stop(replica, 2000);

@@ -15,6 +15,12 @@ export interface RuntimeDriver {
   start(spec: StartSpec): Promise<Replica>;
   /** Stops a replica: SIGTERM (or the engine's stop), then a kill after `graceMs`. Idempotent. */
   stop(replica: Replica, graceMs: number): Promise<void>;
+  /**
+   * Stops replicas a previous server process left running (it was killed before it could stop
+   * them). Called once at start, before deployments are restored. Optional: drivers whose
+   * replicas cannot outlive the server need none.
+   */
+  reapOrphans?(graceMs: number): Promise<unknown>;
 }
 
 export interface BuildContext {
