@@ -95,6 +95,13 @@ export function createSandboxArea(opts: SandboxAreaOptions = {}): Area {
       // Before the server listens, every sandbox has its proxy back (same port when it is free).
       app.addHook('onReady', async () => service.restoreAll());
       app.addHook('preClose', async () => service.close());
+      // The API's own address is known only once it listens; proxies restored before then get it now.
+      app.addHook('onListen', async () => {
+        const url = ctx.publicUrl();
+        if (!url) return;
+        const { port } = new URL(url);
+        for (const host of ['127.0.0.1', 'localhost', '[::1]']) service.denyToAll(`${host}:${port}`);
+      });
 
       if (ctx.db.kind === 'sqlite') {
         // The embedded secrets file is shared with `keygate secrets set/delete`, which another

@@ -50,6 +50,10 @@ class InProcessInstance implements ProxyInstance {
     return this.handle.getConfig() === this.compiledRef && (await acceptsConnection(this.host, this.handle.port));
   }
 
+  deny(authority: string): void {
+    this.handle.denyTarget(authority);
+  }
+
   stop(): Promise<void> {
     return this.handle.close(this.graceMs);
   }

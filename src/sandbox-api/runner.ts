@@ -14,6 +14,8 @@ export interface ProxyInstance {
   push(resolved: ResolvedProxyConfig): Promise<void>;
   /** True once the port accepts a connection and the last pushed configuration is applied. */
   ready(): Promise<boolean>;
+  /** Refuses `host:port` as a destination from now on (also by any name resolving to it). */
+  deny(authority: string): void;
   stop(): Promise<void>;
 }
 

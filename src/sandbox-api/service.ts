@@ -89,6 +89,8 @@ export class SandboxService {
   private readonly perSandbox = new KeyedQueue();
   private readonly perWorkspace = new KeyedQueue();
   private readonly secretStores = new Map<string, Promise<SecretStore>>();
+  /** Destinations no sandbox's proxy may reach (the API server itself), see denyToAll. */
+  private readonly deniedToAll = new Set<string>();
   private closing = false;
 
   constructor(private readonly deps: SandboxServiceDeps) {}
@@ -353,6 +355,7 @@ export class SandboxService {
         await instance.stop();
         return;
       }
+      this.isolate(rec.id, instance);
       this.proxies.set(rec.id, instance);
       if (!(await instance.ready())) throw new Error('the proxy does not accept connections');
       await this.deps.store.setStatus(rec.id, 'ready', null, instance.port);
@@ -362,6 +365,29 @@ export class SandboxService {
       const reason = `Proxy failed to start: ${(err as Error).message}`;
       this.deps.logger.error({ ...log, err: { message: (err as Error).message } }, 'sandbox proxy failed to start');
       if (!this.closing) await this.deps.store.setStatus(rec.id, 'failed', reason).catch(() => undefined);
+    }
+  }
+
+  /**
+   * Makes `authority` unreachable through every sandbox's proxy, now and for proxies started later.
+   * Used for the API server's own address: a box must not reach keygate's API on its loopback.
+   */
+  denyToAll(authority: string): void {
+    this.deniedToAll.add(authority);
+    for (const p of this.proxies.values()) p.deny(authority);
+  }
+
+  /**
+   * Every proxy listens on this host's loopback, so without this a box could CONNECT through its
+   * own proxy to another sandbox's proxy port and have that sandbox's credentials injected.
+   */
+  private isolate(id: string, instance: ProxyInstance): void {
+    const host = this.deps.proxyHost;
+    for (const a of this.deniedToAll) instance.deny(a);
+    for (const [otherId, other] of this.proxies) {
+      if (otherId === id) continue;
+      other.deny(`${host}:${instance.port}`);
+      instance.deny(`${host}:${other.port}`);
     }
   }
 

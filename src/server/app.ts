@@ -129,6 +129,15 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
     return { ready: true };
   });
 
+  // Set from the bound address as soon as the server listens, before the areas' onListen hooks
+  // run (they read ctx.publicUrl()); a wildcard bind is reached on loopback.
+  app.addHook('onListen', async () => {
+    const addr = app.server.address();
+    if (!addr || typeof addr !== 'object') return;
+    const host = addr.address === '0.0.0.0' || addr.address === '::' ? '127.0.0.1' : addr.address;
+    baseUrl = `http://${host.includes(':') ? `[${host}]` : host}:${addr.port}`;
+  });
+
   const areas = opts.areas ?? (await loadAreas());
   for (const area of areas) {
     await app.register(async (scope) => area.register(scope, ctx, { addAuthenticator: (a) => authenticators.push(a) }), { name: area.name } as never);
@@ -143,10 +152,6 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
     keyFile,
     async listen(host: string, port: number) {
       await app.listen({ host, port });
-      const addr = app.server.address();
-      const actualPort = typeof addr === 'object' && addr ? addr.port : port;
-      const shownHost = host.includes(':') ? `[${host}]` : host;
-      baseUrl = `http://${shownHost === '0.0.0.0' ? '127.0.0.1' : shownHost}:${actualPort}`;
       return baseUrl;
     },
     close: () => app.close(),
