@@ -272,11 +272,18 @@ async function main() {
         res[key] = s;
         log(`round ${r + 1} ${p.name} small x${conns}: ${s.ok ? `${Math.round(s.rps)} req/s p50 ${s.p50_ms.toFixed(2)} p99 ${s.p99_ms.toFixed(2)} ms${s.errors ? ` (${s.errors} errors)` : ''}${s.cpu_us_per_req ? ` cpu ${Math.round(s.cpu_us_per_req)} us/req` : ''}` : s.error}`);
       }
-      res.bulk = await client({ ...b, mode: 'bulk', host: 'bench.test', expectBytes: cfg.bulkBytes });
-      log(`round ${r + 1} ${p.name} bulk ${p.proxy ? 'intercepted' : 'direct'}: ${res.bulk.ok ? `${Math.round(res.bulk.mib_s)} MiB/s` : res.bulk.error}`);
+      const bulk = async (host) => {
+        const cpu0 = p.pid ? cpuSeconds(p.pid) : 0;
+        const x = await client({ ...b, mode: 'bulk', host, expectBytes: cfg.bulkBytes, warmupTransfers: 1 });
+        if (x.ok && p.pid) x.cpu_s_per_gib = ((cpuSeconds(p.pid) - cpu0) * 1024 * 1048576) / x.total_bytes;
+        return x;
+      };
+      const showBulk = (x) => (x.ok ? `${Math.round(x.mib_s)} MiB/s${x.cpu_s_per_gib ? `, proxy CPU ${x.cpu_s_per_gib.toFixed(2)} s/GiB` : ''}` : x.error);
+      res.bulk = await bulk('bench.test');
+      log(`round ${r + 1} ${p.name} bulk ${p.proxy ? 'intercepted' : 'direct'}: ${showBulk(res.bulk)}`);
       if (p.tunnelOk) {
-        res.tunnel = await client({ ...b, mode: 'bulk', host: 'plain.test', expectBytes: cfg.bulkBytes });
-        log(`round ${r + 1} ${p.name} bulk tunnel: ${res.tunnel.ok ? `${Math.round(res.tunnel.mib_s)} MiB/s` : res.tunnel.error}`);
+        res.tunnel = await bulk('plain.test');
+        log(`round ${r + 1} ${p.name} bulk tunnel: ${showBulk(res.tunnel)}`);
       }
       res.newHost = await client({ ...b, mode: 'fresh', hosts: newHosts[r] });
       res.knownHost = await client({ ...b, mode: 'fresh', hosts: Array(cfg.hosts).fill('bench.test') });

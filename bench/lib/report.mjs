@@ -36,6 +36,8 @@ export function summarise(peers) {
       cpu_cN: pick(R, (r) => okv(r.cN, 'cpu_us_per_req')),
       bulk: pick(R, (r) => okv(r.bulk, 'mib_s')),
       tunnel: p.name === 'direct' ? null : pick(R, (r) => okv(r.tunnel, 'mib_s')),
+      bulk_cpu: pick(R, (r) => okv(r.bulk, 'cpu_s_per_gib')),
+      tunnel_cpu: pick(R, (r) => okv(r.tunnel, 'cpu_s_per_gib')),
       new_p50: pick(R, (r) => okv(r.newHost, 'p50_ms')),
       new_p90: pick(R, (r) => okv(r.newHost, 'p90_ms')),
       known_p50: pick(R, (r) => okv(r.knownHost, 'p50_ms')),
@@ -102,16 +104,16 @@ export function renderResults({ machine, cfg, peers, summary, notes, command, or
   L.push(`- ${cfg.rounds} interleaved rounds, medians; ${cfg.durationMs / 1000} s per load phase after ${cfg.warmupMs / 1000} s warm-up; ${cfg.bulkBytes / 1048576} MiB bulk body; ${cfg.hosts} new host names per round`);
   L.push('');
   L.push('## Summary (medians over rounds)', '');
-  L.push(`| mode | small GET req/s, 1 conn | p50 / p99 ms at 1 | small GET req/s, ${N} conns | p50 / p99 ms at ${N} | ${cfg.bulkBytes / 1048576} MiB via interception MiB/s | via plain tunnel MiB/s | first request, new host p50 ms | first request, known host p50 ms | proxy CPU us/req at 1 / ${N} | idle RSS MiB | peak RSS MiB |`);
-  L.push('|---|---|---|---|---|---|---|---|---|---|---|---|');
+  L.push(`| mode | small GET req/s, 1 conn | p50 / p99 ms at 1 | small GET req/s, ${N} conns | p50 / p99 ms at ${N} | ${cfg.bulkBytes / 1048576} MiB via interception MiB/s | via plain tunnel MiB/s | first request, new host p50 ms | first request, known host p50 ms | proxy CPU us/req at 1 / ${N} | proxy CPU s/GiB interception / tunnel | idle RSS MiB | peak RSS MiB |`);
+  L.push('|---|---|---|---|---|---|---|---|---|---|---|---|---|');
   for (const p of peers) {
     const s = summary[p.name];
     if (s.skipped) {
-      L.push(`| ${LABEL[p.name]} | skipped: ${s.skipped.replace(/\|/g, '/')} |||||||||||`);
+      L.push(`| ${LABEL[p.name]} | skipped: ${s.skipped.replace(/\|/g, '/')} ||||||||||||`);
       continue;
     }
     const direct = p.name === 'direct';
-    L.push(`| ${LABEL[p.name]} | ${f0(s.c1_rps)} | ${f2(s.c1_p50)} / ${f2(s.c1_p99)} | ${f0(s.cN_rps)} | ${f2(s.cN_p50)} / ${f2(s.cN_p99)} | ${f0(s.bulk)} | ${direct ? 'n/a' : f0(s.tunnel)} | ${f2(s.new_p50)} | ${f2(s.known_p50)} | ${direct ? 'n/a' : `${f0(s.cpu_c1)} / ${f0(s.cpu_cN)}`} | ${direct ? 'n/a' : f1(s.idle_rss)} | ${direct ? 'n/a' : f1(s.peak_rss)} |`);
+    L.push(`| ${LABEL[p.name]} | ${f0(s.c1_rps)} | ${f2(s.c1_p50)} / ${f2(s.c1_p99)} | ${f0(s.cN_rps)} | ${f2(s.cN_p50)} / ${f2(s.cN_p99)} | ${f0(s.bulk)} | ${direct ? 'n/a' : f0(s.tunnel)} | ${f2(s.new_p50)} | ${f2(s.known_p50)} | ${direct ? 'n/a' : `${f0(s.cpu_c1)} / ${f0(s.cpu_cN)}`} | ${direct ? 'n/a' : `${f2(s.bulk_cpu)} / ${f2(s.tunnel_cpu)}`} | ${direct ? 'n/a' : f1(s.idle_rss)} | ${direct ? 'n/a' : f1(s.peak_rss)} |`);
   }
   L.push('');
   L.push('"new host": a new connection (CONNECT, TLS, one GET) to a name the proxy has not seen (certificate minting); "known host": the same to a name it has. CPU is user+system time of the proxy\'s process tree over the whole load phase divided by the requests served; RSS is summed over the tree (squid\'s certificate helpers included).', '');
@@ -131,6 +133,8 @@ export function renderResults({ machine, cfg, peers, summary, notes, command, or
     row('first request, new host p50', 'lower', 'new_p50');
     row('first request, known host p50', 'lower', 'known_p50');
     row(`CPU per request at ${N}`, 'lower', 'cpu_cN', true);
+    row('CPU per GiB, interception', 'lower', 'bulk_cpu', true);
+    row('CPU per GiB, tunnel', 'lower', 'tunnel_cpu', true);
     row('peak RSS', 'lower', 'peak_rss', true);
     row('idle RSS', 'lower', 'idle_rss', true);
     L.push('');
