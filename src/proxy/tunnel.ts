@@ -44,6 +44,29 @@ export function openTunnel(core: ProxyCore, client: Socket, head: Buffer, target
   track(client);
 }
 
+/** Bytes a tunnel may queue towards a slow side before it stops reading the other side. */
+const TUNNEL_QUEUE_BYTES = 1 << 20;
+
+/**
+ * `src` to `dst` like pipe(), but reading stops only once 1 MiB is queued for `dst`, not at the
+ * 16 KiB writable mark pipe() obeys: with 64 KiB reads that mark is crossed by every chunk, so
+ * pipe() stops and restarts reading (and the event loop turns) once per chunk even when the
+ * kernel takes the bytes at once. Memory per tunnel stays bounded: 1 MiB plus one read per
+ * direction.
+ */
+function relay(src: Socket, dst: Socket): void {
+  const resume = () => src.resume();
+  src.on('data', (chunk: Buffer) => {
+    dst.write(chunk);
+    if (dst.writableLength > TUNNEL_QUEUE_BYTES) {
+      src.pause();
+      dst.once('drain', resume);
+    }
+  });
+  src.once('end', () => dst.end());
+  src.resume();
+}
+
 type TunnelTarget = { host: string; port: number; client: string; decision: Decision };
 
 function splice(core: ProxyCore, client: Socket, head: Buffer, target: TunnelTarget, track: (s: Socket) => void, address: string, started: number): void {
@@ -79,9 +102,9 @@ function splice(core: ProxyCore, client: Socket, head: Buffer, target: TunnelTar
     core.events.emit('tunnel', { ...rec });
     client.write(CONNECT_OK);
     if (head.length) upstream.write(head);
-    // pipe() keeps backpressure both ways; ending one side half-closes the other.
-    upstream.pipe(client);
-    client.pipe(upstream);
+    // Backpressure both ways; ending one side half-closes the other.
+    relay(upstream, client);
+    relay(client, upstream);
   });
   upstream.on('error', (err) => {
     if (!connected) {

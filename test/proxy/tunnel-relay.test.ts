@@ -1,0 +1,108 @@
+// The blind tunnel's relay: half-close in both directions, and backpressure towards a client that
+// stops reading (the proxy must stop reading the upstream instead of queueing everything).
+import { mkdtempSync, rmSync } from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { Writable } from 'node:stream';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ensureCa } from '../../src/certs/index.js';
+import { createLogger } from '../../src/log.js';
+import { startProxy, type ProxyHandle } from '../../src/proxy/server.js';
+import { compileConfig } from '../../src/rules/index.js';
+import { connectTunnel } from '../helpers/connect.js';
+
+const dir = mkdtempSync(path.join(os.tmpdir(), 'kg-relay-'));
+let proxy: ProxyHandle;
+let counter: net.Server; // reads until FIN, answers with the byte count, then FIN
+let firehose: net.Server; // writes as fast as backpressure allows
+let firehoseAccepted = 0;
+const sockets = new Set<net.Socket>();
+const MIB = 1 << 20;
+
+function listen(server: net.Server): Promise<number> {
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve((server.address() as net.AddressInfo).port)));
+}
+
+beforeAll(async () => {
+  counter = net.createServer({ allowHalfOpen: true }, (s) => {
+    sockets.add(s);
+    let n = 0;
+    s.on('data', (d: Buffer) => (n += d.length));
+    s.on('end', () => s.end(String(n)));
+  });
+  firehose = net.createServer((s) => {
+    sockets.add(s);
+    s.on('error', () => undefined);
+    const chunk = Buffer.alloc(256 * 1024, 0x61);
+    const pump = () => {
+      while (!s.destroyed && firehoseAccepted < 256 * MIB) {
+        firehoseAccepted += chunk.length;
+        if (!s.write(chunk)) {
+          s.once('drain', pump);
+          return;
+        }
+      }
+    };
+    pump();
+  });
+  const [cport, fport] = await Promise.all([listen(counter), listen(firehose)]);
+  const ca = await ensureCa(path.join(dir, 'certs'));
+  proxy = await startProxy({
+    listen: { host: '127.0.0.1', port: 0 },
+    ca,
+    config: compileConfig({ no_proxy: [], rules: [] }), // every CONNECT is a blind tunnel
+    logger: createLogger({ destination: new Writable({ write: (_c, _e, cb) => cb() }) }),
+    resolve: new Map([
+      [`counter.test.local:${cport}`, '127.0.0.1'],
+      [`firehose.test.local:${fport}`, '127.0.0.1'],
+    ]),
+  });
+  (globalThis as Record<string, unknown>).__ports = { cport, fport };
+});
+
+afterAll(async () => {
+  for (const s of sockets) s.destroy();
+  await proxy?.close(500);
+  await new Promise((r) => counter?.close(r));
+  await new Promise((r) => firehose?.close(r));
+  rmSync(dir, { recursive: true, force: true });
+});
+
+const ports = () => (globalThis as Record<string, unknown>).__ports as { cport: number; fport: number };
+
+describe('blind tunnel relay', () => {
+  it('carries a client half-close to the upstream and the answer and its close back', async () => {
+    const t = await connectTunnel(proxy.port, `counter.test.local:${ports().cport}`);
+    expect(t.status).toBe(200);
+    const answer = new Promise<string>((resolve) => {
+      let text = '';
+      t.socket.on('data', (d: Buffer) => (text += d.toString()));
+      t.socket.on('end', () => resolve(text));
+    });
+    const payload = Buffer.alloc(5 * MIB + 123, 0x62);
+    t.socket.end(payload);
+    expect(await answer).toBe(String(payload.length));
+    t.socket.destroy();
+  });
+
+  it('stops reading the upstream while the client does not read', async () => {
+    firehoseAccepted = 0;
+    const t = await connectTunnel(proxy.port, `firehose.test.local:${ports().fport}`);
+    expect(t.status).toBe(200);
+    t.socket.pause();
+    // Give the upstream every chance to push; only socket buffers and the relay's bounded
+    // queue may hold what the client has not read.
+    await new Promise((r) => setTimeout(r, 1500));
+    const stalled = firehoseAccepted;
+    expect(stalled).toBeLessThan(64 * MIB);
+    // Reading again lets the stream flow on.
+    let received = 0;
+    t.socket.on('data', (d: Buffer) => (received += d.length));
+    t.socket.resume();
+    const deadline = Date.now() + 10_000;
+    while (received < stalled + 8 * MIB && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    expect(received).toBeGreaterThan(stalled);
+    t.socket.destroy();
+  });
+});
