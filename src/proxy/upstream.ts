@@ -1,10 +1,28 @@
 import { readFileSync } from 'node:fs';
 import net from 'node:net';
 import tls from 'node:tls';
-import { Agent, buildConnector } from 'undici';
+import { createRequire } from 'node:module';
+import type * as Undici from 'undici';
 import { formatAuthority } from '../rules/host.js';
 import type { EgressPolicy } from '../rules/egress.js';
 import { EgressDenied, resolveAllowed } from './egress.js';
+
+const requireCjs = createRequire(import.meta.url);
+/**
+ * undici's index also loads fetch, WebSocket, EventSource, caches and mocks (about 8 MiB resident
+ * in every sidecar); the proxy needs only the Agent and its TLS connector. Falls back to the
+ * index if a future undici moves these files.
+ */
+function undiciPart<T>(file: string, name: 'Agent' | 'buildConnector'): T {
+  try {
+    return requireCjs(`undici/lib/${file}`) as T;
+  } catch {
+    return (requireCjs('undici') as Record<string, unknown>)[name] as T;
+  }
+}
+const Agent = undiciPart<typeof Undici.Agent>('dispatcher/agent.js', 'Agent');
+type Agent = Undici.Agent;
+const buildConnector = undiciPart<typeof Undici.buildConnector>('core/connect.js', 'buildConnector');
 
 export interface ProxyTimeouts {
   /** TCP + TLS connect to an upstream. */
@@ -66,7 +84,7 @@ export class Upstream {
   #agent: Agent;
   readonly secureContext: tls.SecureContext;
   private readonly resolveMap: ReadonlyMap<string, string>;
-  private readonly connector: buildConnector.connector;
+  private readonly connector: Undici.buildConnector.connector;
 
   constructor(private readonly opts: UpstreamOptions) {
     this.resolveMap = opts.resolve ?? new Map();
@@ -76,7 +94,7 @@ export class Upstream {
       secureContext: this.secureContext,
       rejectUnauthorized: true,
       timeout: opts.timeouts.connectMs,
-    } as buildConnector.BuildOptions);
+    } as Undici.buildConnector.BuildOptions);
     this.connector = (o, cb) => {
       const hostname = o.hostname.startsWith('[') ? o.hostname.slice(1, -1) : o.hostname;
       const port = Number(o.port) || (o.protocol === 'https:' ? 443 : 80);
