@@ -12,7 +12,7 @@ import { cpuSeconds, peakRssMiB, rssMiB } from './lib/proc.mjs';
 import { renderResults, summarise } from './lib/report.mjs';
 
 const USAGE = `usage: npm run bench -- [options]
-  --quick              short run (~1-2 min): 3 s per load phase, 10 new hosts
+  --quick              short run (~1.5-2 min): 2 s per load phase, 10 new hosts
   --duration S         seconds per load phase (default 8)
   --warmup S           unmeasured seconds before each load phase (default 1)
   --rounds N           interleaved rounds; figures are medians over rounds (default 2)
@@ -60,7 +60,7 @@ if (opts.help) {
 
 const num = (v, d) => (v === undefined ? d : Number(v));
 const cfg = {
-  durationMs: num(opts.duration, opts.quick ? 3 : 8) * 1000,
+  durationMs: num(opts.duration, opts.quick ? 2 : 8) * 1000,
   warmupMs: num(opts.warmup, opts.quick ? 0.5 : 1) * 1000,
   rounds: num(opts.rounds, 2),
   hosts: num(opts.hosts, opts.quick ? 10 : 20),
