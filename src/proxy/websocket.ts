@@ -1,23 +1,14 @@
 import http, { type IncomingMessage } from 'node:http';
 import { STATUS_CODES } from 'node:http';
 import type { Duplex } from 'node:stream';
-import type { CompiledRule, Decision } from '../rules/compile.js';
 import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore } from './context.js';
-import { finishRecord, newRecord } from './forward.js';
+import { finishRecord, newRecord, type ForwardTarget } from './forward.js';
 import { ProxyError, upstreamError, writeRawError } from './errors.js';
 import { filterRawResponseHeaders, upstreamRequestHeaders } from './headers.js';
 
-export interface UpgradeTarget {
-  scheme: 'https' | 'http';
-  host: string;
-  port: number;
-  pathAndQuery: string;
-  logPath: string;
-  decision: Decision;
-  rule?: CompiledRule;
-  client: string;
-}
+/** Where an upgrade goes: the same target a forwarded request has. */
+export type UpgradeTarget = ForwardTarget;
 
 function rawHead(status: number, message: string | undefined, headers: string[]): string {
   let head = `HTTP/1.1 ${status} ${message || STATUS_CODES[status] || ''}\r\n`;
