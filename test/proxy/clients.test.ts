@@ -1,11 +1,11 @@
 import { spawn, spawnSync } from 'node:child_process';
 import { X509Certificate } from 'node:crypto';
 import tls from 'node:tls';
-import { ProxyAgent, request } from 'undici';
+import { request } from 'undici';
 import WebSocket from 'ws';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { connectTunnel, tlsOverTunnel } from '../helpers/connect.js';
-import { CONFIG, OPAQUE, SECRET, startFixture, type Fixture } from './fixture.js';
+import { CONFIG, OPAQUE, SECRET, useProxyFixture } from './fixture.js';
 
 /** Runs a command without blocking this process (the origin lives here and must keep answering). */
 function run(cmd: string, args: string[]): Promise<{ status: number | null; stdout: string; stderr: string }> {
@@ -23,25 +23,10 @@ function run(cmd: string, args: string[]): Promise<{ status: number | null; stdo
 type Echo = { method: string; url: string; host: string; headers: [string, string][] };
 const named = (e: Echo, name: string) => e.headers.filter(([k]) => k.toLowerCase() === name).map(([, v]) => v);
 
-let f: Fixture;
-let agent: ProxyAgent;
-beforeAll(async () => {
-  f = await startFixture();
-  agent = new ProxyAgent({ uri: f.proxy.url, requestTls: { ca: [f.proxy.caPem, f.pki.caPem] } });
-});
-afterAll(async () => {
-  await agent?.close();
-  const output = f?.proxy.output() ?? '';
-  await f?.close();
-  // Values of injected headers never appear in anything the proxy printed.
-  expect(output).not.toContain(SECRET);
-  expect(output).not.toContain(OPAQUE);
-  expect(output).not.toContain('plain-value');
-  expect(output).not.toContain('kgUNUSED');
-});
+const fx = useProxyFixture();
 
 async function get(host: string, path: string, headers: string[] | Record<string, string> = {}): Promise<{ status: number; echo: Echo }> {
-  const res = await request(f.url(host, path), { dispatcher: agent, headers });
+  const res = await request(fx.f.url(host, path), { dispatcher: fx.agent, headers });
   const text = await res.body.text();
   return { status: res.statusCode, echo: JSON.parse(text) as Echo };
 }
@@ -52,7 +37,7 @@ describe('undici ProxyAgent', () => {
     expect(status).toBe(200);
     expect(named(echo, 'authorization')).toEqual([`Bearer ${SECRET}`]);
     expect(echo.url).toBe('/repos/keygate/issues?state=open');
-    expect(echo.host).toBe(`api.test.local:${f.origin.port}`);
+    expect(echo.host).toBe(`api.test.local:${fx.f.origin.port}`);
   });
 
   it('replaces client-sent headers of the same name, any case, duplicates included', async () => {
@@ -100,19 +85,19 @@ describe('undici ProxyAgent', () => {
   it('logs one line per request with decision, rule and header names only', async () => {
     await get('api.test.local', '/repos/logged?token=abc');
     await new Promise((r) => setTimeout(r, 100));
-    const line = f.proxy.logs().find((l) => l.msg === 'request' && l.path === '/repos/logged');
+    const line = fx.f.proxy.logs().find((l) => l.msg === 'request' && l.path === '/repos/logged');
     expect(line).toMatchObject({ decision: 'intercept', rule: 'api-repos', injected: ['authorization'], status: 200, method: 'GET', host: 'api.test.local' });
     expect(typeof line!.duration_ms).toBe('number');
     expect(typeof line!.bytes_out).toBe('number');
-    expect(JSON.stringify(f.proxy.logs())).not.toContain('token=abc');
+    expect(JSON.stringify(fx.f.proxy.logs())).not.toContain('token=abc');
   });
 });
 
 describe('blind tunnels are not intercepted', () => {
   async function peer(host: string): Promise<X509Certificate> {
-    const c = await connectTunnel(f.proxy.port, `${host}:${f.origin.port}`);
+    const c = await connectTunnel(fx.f.proxy.port, `${host}:${fx.f.origin.port}`);
     expect(c.status).toBe(200);
-    const t = await tlsOverTunnel(c.socket, host, [f.proxy.caPem, f.pki.caPem]);
+    const t = await tlsOverTunnel(c.socket, host, [fx.f.proxy.caPem, fx.f.pki.caPem]);
     const cert = new X509Certificate(t.getPeerCertificate(false).raw);
     t.destroy();
     return cert;
@@ -121,21 +106,21 @@ describe('blind tunnels are not intercepted', () => {
   it('the client sees the origin’s own certificate for no_proxy and unmatched hosts', async () => {
     for (const host of ['bypass.test.local', 'skip.test.local', 'test.local']) {
       const cert = await peer(host);
-      expect(cert.fingerprint256).toBe(f.pki.fingerprint256);
+      expect(cert.fingerprint256).toBe(fx.f.pki.fingerprint256);
       expect(cert.issuer).toContain('keygate test origin CA');
     }
   });
 
   it('an intercepted host gets a certificate minted by the keygate CA', async () => {
     const cert = await peer('api.test.local');
-    expect(cert.fingerprint256).not.toBe(f.pki.fingerprint256);
-    expect(cert.checkIssued(new X509Certificate(f.proxy.caPem))).toBe(true);
+    expect(cert.fingerprint256).not.toBe(fx.f.pki.fingerprint256);
+    expect(cert.checkIssued(new X509Certificate(fx.f.proxy.caPem))).toBe(true);
     expect(cert.subjectAltName).toBe('DNS:api.test.local');
   });
 
   it('logs tunnels with their decision', async () => {
     await new Promise((r) => setTimeout(r, 100));
-    const tunnels = f.proxy.logs().filter((l) => l.type === 'tunnel' && l.phase === 'close');
+    const tunnels = fx.f.proxy.logs().filter((l) => l.type === 'tunnel' && l.phase === 'close');
     expect(tunnels.some((l) => l.host === 'bypass.test.local' && l.decision === 'bypass')).toBe(true);
     expect(tunnels.some((l) => l.host === 'test.local' && l.decision === 'tunnel')).toBe(true);
   });
@@ -143,14 +128,14 @@ describe('blind tunnels are not intercepted', () => {
 
 describe('curl', () => {
   it('gets the injected header through -x with --cacert', async () => {
-    const r = await run('curl', ['-sS', '--max-time', '20', '-x', f.proxy.url, '--cacert', f.proxy.caPath, '-H', 'Authorization: Bearer curl-own', f.url('api.test.local', '/repos/curl')]);
+    const r = await run('curl', ['-sS', '--max-time', '20', '-x', fx.f.proxy.url, '--cacert', fx.f.proxy.caPath, '-H', 'Authorization: Bearer curl-own', fx.f.url('api.test.local', '/repos/curl')]);
     expect(r.stderr).toBe('');
     const echo = JSON.parse(r.stdout) as Echo;
     expect(named(echo, 'authorization')).toEqual([`Bearer ${SECRET}`]);
   });
 
   it('reaches a blind-tunnelled host with the origin’s CA only', async () => {
-    const r = await run('curl', ['-sS', '--max-time', '20', '-x', f.proxy.url, '--cacert', f.bundlePath, f.url('test.local', '/w/x')]);
+    const r = await run('curl', ['-sS', '--max-time', '20', '-x', fx.f.proxy.url, '--cacert', fx.f.bundlePath, fx.f.url('test.local', '/w/x')]);
     expect(r.status).toBe(0);
     expect(named(JSON.parse(r.stdout) as Echo, 'x-api-key')).toEqual([]);
   });
@@ -172,7 +157,7 @@ import json, sys, requests
 r = requests.get(sys.argv[1], proxies={"https": sys.argv[2]}, verify=sys.argv[3], headers={"authorization": "py-own"}, timeout=20)
 print(json.dumps({"status": r.status_code, "echo": r.json()}))
 `;
-    const r = await run(py!, ['-c', script, f.url('x.y.test.local', '/w/py'), f.proxy.url, f.bundlePath]);
+    const r = await run(py!, ['-c', script, fx.f.url('x.y.test.local', '/w/py'), fx.f.proxy.url, fx.f.bundlePath]);
     expect(r.stderr).toBe('');
     const out = JSON.parse(r.stdout) as { status: number; echo: Echo };
     expect(out.status).toBe(200);
@@ -183,11 +168,11 @@ print(json.dumps({"status": r.status_code, "echo": r.json()}))
 
 describe('WebSocket through an intercepted tunnel', () => {
   async function open(host: string, path: string, headers: Record<string, string> = {}): Promise<{ ws: WebSocket; first: { url: string; headers: [string, string][] } }> {
-    const c = await connectTunnel(f.proxy.port, `${host}:${f.origin.port}`);
+    const c = await connectTunnel(fx.f.proxy.port, `${host}:${fx.f.origin.port}`);
     expect(c.status).toBe(200);
-    const ws = new WebSocket(f.url(host, path).replace('https:', 'wss:'), {
+    const ws = new WebSocket(fx.f.url(host, path).replace('https:', 'wss:'), {
       headers,
-      createConnection: () => tls.connect({ socket: c.socket, servername: host, ca: [f.proxy.caPem, f.pki.caPem] }),
+      createConnection: () => tls.connect({ socket: c.socket, servername: host, ca: [fx.f.proxy.caPem, fx.f.pki.caPem] }),
     } as WebSocket.ClientOptions);
     const first = await new Promise<{ url: string; headers: [string, string][] }>((resolve, reject) => {
       ws.once('message', (d) => resolve(JSON.parse(String(d))));

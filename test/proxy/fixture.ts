@@ -6,6 +6,8 @@
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { ProxyAgent } from 'undici';
+import { afterAll, beforeAll, expect } from 'vitest';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { startOrigin, type TestOrigin } from '../helpers/origin.js';
 import { spawnProxy, type SpawnedProxy } from '../helpers/proxy.js';
@@ -74,4 +76,24 @@ export async function startFixture(): Promise<Fixture> {
       await evil.close();
     },
   };
+}
+
+/**
+ * The usual set-up of an end-to-end proxy test file: the fixture and an undici ProxyAgent that
+ * trusts the proxy CA (and the origin's), started once for the file; on teardown, proof that no
+ * configured value (secret, opaque, plaintext, unused secret) appeared in anything the proxy printed.
+ */
+export function useProxyFixture(): { readonly f: Fixture; readonly agent: ProxyAgent } {
+  const state = {} as { f: Fixture; agent: ProxyAgent };
+  beforeAll(async () => {
+    state.f = await startFixture();
+    state.agent = new ProxyAgent({ uri: state.f.proxy.url, requestTls: { ca: [state.f.proxy.caPem, state.f.pki.caPem] } });
+  });
+  afterAll(async () => {
+    await state.agent?.close();
+    const output = state.f?.proxy.output() ?? '';
+    await state.f?.close();
+    for (const value of [SECRET, OPAQUE, 'plain-value', 'kgUNUSED']) expect(output).not.toContain(value);
+  });
+  return state;
 }

@@ -1,29 +1,17 @@
 import net from 'node:net';
 import { ProxyAgent, request } from 'undici';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { connectTunnel, rawExchange, requestThroughTunnel, tlsOverTunnel } from '../helpers/connect.js';
-import { OPAQUE, SECRET, startFixture, type Fixture } from './fixture.js';
+import { SECRET, useProxyFixture } from './fixture.js';
 
-let f: Fixture;
-let agent: ProxyAgent;
-beforeAll(async () => {
-  f = await startFixture();
-  agent = new ProxyAgent({ uri: f.proxy.url, requestTls: { ca: [f.proxy.caPem, f.pki.caPem] } });
-});
-afterAll(async () => {
-  await agent?.close();
-  const output = f?.proxy.output() ?? '';
-  await f?.close();
-  expect(output).not.toContain(SECRET);
-  expect(output).not.toContain(OPAQUE);
-});
+const fx = useProxyFixture();
 
 function tunnelRequest(requestLine: string, headers: [string, string][], host = 'api.test.local') {
   return requestThroughTunnel({
-    proxyPort: f.proxy.port,
-    authority: `${host}:${f.origin.port}`,
+    proxyPort: fx.f.proxy.port,
+    authority: `${host}:${fx.f.origin.port}`,
     servername: host,
-    ca: f.proxy.caPem,
+    ca: fx.f.proxy.caPem,
     requestLine,
     headers,
   });
@@ -38,10 +26,10 @@ function expectProxyError(res: { status: number; headers: Record<string, unknown
 
 describe('421: the CONNECT target is the only destination', () => {
   it('refuses a Host header naming another host, and nothing reaches the origin', async () => {
-    const before = f.origin.requests;
-    const res = await tunnelRequest('GET /repos/x HTTP/1.1', [['Host', `other.test.local:${f.origin.port}`]]);
+    const before = fx.f.origin.requests;
+    const res = await tunnelRequest('GET /repos/x HTTP/1.1', [['Host', `other.test.local:${fx.f.origin.port}`]]);
     expectProxyError(res, 421, /does not match the tunnel/);
-    expect(f.origin.requests).toBe(before);
+    expect(fx.f.origin.requests).toBe(before);
   });
 
   it('refuses a Host header with another port', async () => {
@@ -50,22 +38,22 @@ describe('421: the CONNECT target is the only destination', () => {
   });
 
   it('refuses an absolute URI naming another authority', async () => {
-    const before = f.origin.requests;
-    const res = await tunnelRequest(`GET https://other.test.local:${f.origin.port}/repos/x HTTP/1.1`, [['Host', `api.test.local:${f.origin.port}`]]);
+    const before = fx.f.origin.requests;
+    const res = await tunnelRequest(`GET https://other.test.local:${fx.f.origin.port}/repos/x HTTP/1.1`, [['Host', `api.test.local:${fx.f.origin.port}`]]);
     expectProxyError(res, 421, /inside a tunnel/);
-    expect(f.origin.requests).toBe(before);
+    expect(fx.f.origin.requests).toBe(before);
   });
 
   it('accepts an absolute URI naming the tunnel target, and a Host in another spelling', async () => {
-    const res = await tunnelRequest(`GET https://API.test.local:${f.origin.port}/repos/x HTTP/1.1`, [['Host', `api.TEST.local.:${f.origin.port}`]]);
+    const res = await tunnelRequest(`GET https://API.test.local:${fx.f.origin.port}/repos/x HTTP/1.1`, [['Host', `api.TEST.local.:${fx.f.origin.port}`]]);
     expect(res.status).toBe(200);
     expect(JSON.parse(res.body).headers).toContainEqual(['authorization', `Bearer ${SECRET}`]);
   });
 
   it('refuses two Host headers', async () => {
     const res = await tunnelRequest('GET /repos/x HTTP/1.1', [
-      ['Host', `api.test.local:${f.origin.port}`],
-      ['Host', `other.test.local:${f.origin.port}`],
+      ['Host', `api.test.local:${fx.f.origin.port}`],
+      ['Host', `other.test.local:${fx.f.origin.port}`],
     ]);
     expect(res.status).toBe(400);
   });
@@ -73,12 +61,12 @@ describe('421: the CONNECT target is the only destination', () => {
 
 describe('502/504: upstream failures', () => {
   it('502 with a reason for an origin whose certificate is not trusted, nothing sent to it', async () => {
-    const res = await request(f.url('evil.test.local', '/anything'), { dispatcher: agent });
+    const res = await request(fx.f.url('evil.test.local', '/anything'), { dispatcher: fx.agent });
     const body = await res.body.text();
     expect(res.statusCode).toBe(502);
     expect(String(res.headers['proxy-status'])).toContain('error=tls_certificate_error');
     expect(body).toMatch(/certificate of evil\.test\.local not trusted/);
-    expect(f.evil.requests).toBe(0);
+    expect(fx.f.evil.requests).toBe(0);
   });
 
   it('502 for a blind tunnel to a closed port (CONNECT answered only after the upstream connects)', async () => {
@@ -86,7 +74,7 @@ describe('502/504: upstream failures', () => {
     await new Promise<void>((r) => closed.listen(0, '127.0.0.1', r));
     const port = (closed.address() as net.AddressInfo).port;
     await new Promise((r) => closed.close(r));
-    const c = await connectTunnel(f.proxy.port, `127.0.0.1:${port}`);
+    const c = await connectTunnel(fx.f.proxy.port, `127.0.0.1:${port}`);
     expect(c.status).toBe(502);
     expect(c.head).toMatch(/Proxy-Status: keygate; error=connection_refused/);
   });
@@ -94,10 +82,10 @@ describe('502/504: upstream failures', () => {
 
 describe('403: no credentials over cleartext, no loops', () => {
   it('refuses plain http:// to a rule host (absolute-form)', async () => {
-    const before = f.origin.requests;
-    const plain = new ProxyAgent({ uri: f.proxy.url, proxyTunnel: false });
+    const before = fx.f.origin.requests;
+    const plain = new ProxyAgent({ uri: fx.f.proxy.url, proxyTunnel: false });
     try {
-      const res = await request(`http://api.test.local:${f.origin.port}/repos/x`, { dispatcher: plain });
+      const res = await request(`http://api.test.local:${fx.f.origin.port}/repos/x`, { dispatcher: plain });
       const body = await res.body.text();
       expect(res.statusCode).toBe(403);
       expect(body).toMatch(/credentials are injected only over HTTPS/);
@@ -105,21 +93,21 @@ describe('403: no credentials over cleartext, no loops', () => {
     } finally {
       await plain.close();
     }
-    expect(f.origin.requests).toBe(before);
+    expect(fx.f.origin.requests).toBe(before);
   });
 
   it('refuses cleartext HTTP sent through a CONNECT tunnel to a rule host', async () => {
-    const before = f.origin.requests;
-    const res = await request(`http://api.test.local:${f.origin.port}/repos/x`, { dispatcher: agent });
+    const before = fx.f.origin.requests;
+    const res = await request(`http://api.test.local:${fx.f.origin.port}/repos/x`, { dispatcher: fx.agent });
     expect(res.statusCode).toBe(403);
     expect(await res.body.text()).toMatch(/only over HTTPS/);
-    expect(f.origin.requests).toBe(before);
+    expect(fx.f.origin.requests).toBe(before);
   });
 
   it('refuses CONNECT to the proxy itself', async () => {
-    const c = await connectTunnel(f.proxy.port, `127.0.0.1:${f.proxy.port}`);
+    const c = await connectTunnel(fx.f.proxy.port, `127.0.0.1:${fx.f.proxy.port}`);
     expect(c.status).toBe(403);
-    const l = await connectTunnel(f.proxy.port, `localhost:${f.proxy.port}`);
+    const l = await connectTunnel(fx.f.proxy.port, `localhost:${fx.f.proxy.port}`);
     expect(l.status).toBe(403);
   });
 });
@@ -131,7 +119,7 @@ describe('plain HTTP forwarding for other hosts', () => {
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
     const port = (server.address() as net.AddressInfo).port;
     try {
-      const s = net.connect(f.proxy.port, '127.0.0.1');
+      const s = net.connect(fx.f.proxy.port, '127.0.0.1');
       const res = await rawExchange(
         s,
         `GET http://127.0.0.1:${port}/plain?q=1 HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nX-Mine: yes\r\nProxy-Authorization: Basic Zm9vOmJhcg==\r\nConnection: close\r\n\r\n`,
@@ -150,21 +138,21 @@ describe('plain HTTP forwarding for other hosts', () => {
 describe('400: malformed', () => {
   it('refuses CONNECT to a host that does not parse', async () => {
     for (const target of ['bad..host:443', 'bad_host%2e:443', 'a b:443', 'api.test.local', 'api.test.local:0', '[::1:443']) {
-      const c = await connectTunnel(f.proxy.port, target.replace(' ', '%20'));
+      const c = await connectTunnel(fx.f.proxy.port, target.replace(' ', '%20'));
       expect(c.status, target).toBe(400);
       expect(c.head).toMatch(/Proxy-Status: keygate; error=http_request_error/);
     }
   });
 
   it.each(['/repos/..%2fadmin', '/repos/%2F', '/repos/%5Cadmin', '/../admin', '/repos/%252e%252e/admin', '/repos/a%00'])('refuses the path %s', async (p) => {
-    const before = f.origin.requests;
-    const res = await tunnelRequest(`GET ${p} HTTP/1.1`, [['Host', `api.test.local:${f.origin.port}`]]);
+    const before = fx.f.origin.requests;
+    const res = await tunnelRequest(`GET ${p} HTTP/1.1`, [['Host', `api.test.local:${fx.f.origin.port}`]]);
     expectProxyError(res, 400, /./);
-    expect(f.origin.requests).toBe(before);
+    expect(fx.f.origin.requests).toBe(before);
   });
 
   it('resolves an encoded traversal before matching: /repos/%2e%2e/admin is /admin, not a /repos/* request', async () => {
-    const res = await tunnelRequest('GET /repos/%2e%2e/admin HTTP/1.1', [['Host', `api.test.local:${f.origin.port}`]]);
+    const res = await tunnelRequest('GET /repos/%2e%2e/admin HTTP/1.1', [['Host', `api.test.local:${fx.f.origin.port}`]]);
     expect(res.status).toBe(200);
     const echo = JSON.parse(res.body) as { url: string; headers: [string, string][] };
     expect(echo.url).toBe('/admin');
@@ -172,10 +160,10 @@ describe('400: malformed', () => {
   });
 
   it('refuses an origin-form request to the proxy itself and garbage', async () => {
-    const s1 = net.connect(f.proxy.port, '127.0.0.1');
+    const s1 = net.connect(fx.f.proxy.port, '127.0.0.1');
     const r1 = await rawExchange(s1, 'GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
     expectProxyError(r1, 400, /absolute-form/);
-    const s2 = net.connect(f.proxy.port, '127.0.0.1');
+    const s2 = net.connect(fx.f.proxy.port, '127.0.0.1');
     const r2 = await rawExchange(s2, 'HELLO\r\n\r\n');
     expect(r2.status).toBe(400);
   });
@@ -184,7 +172,7 @@ describe('400: malformed', () => {
 describe('hop-by-hop headers', () => {
   it('are not forwarded upstream', async () => {
     const res = await tunnelRequest('GET /repos/hop HTTP/1.1', [
-      ['Host', `api.test.local:${f.origin.port}`],
+      ['Host', `api.test.local:${fx.f.origin.port}`],
       ['Connection', 'X-Custom-Hop'],
       ['X-Custom-Hop', 'drop-me'],
       ['Keep-Alive', 'timeout=5'],
@@ -202,7 +190,7 @@ describe('hop-by-hop headers', () => {
   });
 
   it('are not passed back to the client', async () => {
-    const res = await request(f.url('api.test.local', '/hop'), { dispatcher: agent });
+    const res = await request(fx.f.url('api.test.local', '/hop'), { dispatcher: fx.agent });
     await res.body.text();
     expect(res.headers['x-hop']).toBeUndefined();
     expect(res.headers['x-end-to-end']).toBe('kept');
@@ -211,14 +199,14 @@ describe('hop-by-hop headers', () => {
 
 describe('keep-alive inside a tunnel', () => {
   it('serves several requests on one intercepted connection, each checked and injected', async () => {
-    const c = await connectTunnel(f.proxy.port, `api.test.local:${f.origin.port}`);
-    const t = await tlsOverTunnel(c.socket, 'api.test.local', f.proxy.caPem);
+    const c = await connectTunnel(fx.f.proxy.port, `api.test.local:${fx.f.origin.port}`);
+    const t = await tlsOverTunnel(c.socket, 'api.test.local', fx.f.proxy.caPem);
     const { default: http } = await import('node:http');
     const ka = new http.Agent({ keepAlive: true, maxSockets: 1 });
     (ka as unknown as { createConnection: () => unknown }).createConnection = () => t;
     const one = (p: string) =>
       new Promise<string>((resolve, reject) => {
-        http.get({ agent: ka, host: 'api.test.local', port: f.origin.port, path: p }, (res) => {
+        http.get({ agent: ka, host: 'api.test.local', port: fx.f.origin.port, path: p }, (res) => {
           let b = '';
           res.on('data', (d) => (b += d));
           res.on('end', () => resolve(b));

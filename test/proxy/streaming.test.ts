@@ -1,21 +1,10 @@
 import { Readable } from 'node:stream';
-import { ProxyAgent, request } from 'undici';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { request } from 'undici';
+import { describe, expect, it } from 'vitest';
 import { memoryOf } from '../helpers/proxy.js';
-import { SECRET, startFixture, type Fixture } from './fixture.js';
+import { useProxyFixture } from './fixture.js';
 
-let f: Fixture;
-let agent: ProxyAgent;
-beforeAll(async () => {
-  f = await startFixture();
-  agent = new ProxyAgent({ uri: f.proxy.url, requestTls: { ca: [f.proxy.caPem, f.pki.caPem] } });
-});
-afterAll(async () => {
-  await agent?.close();
-  const output = f?.proxy.output() ?? '';
-  await f?.close();
-  expect(output).not.toContain(SECRET);
-});
+const fx = useProxyFixture();
 
 /** Next chunk from an async iterator, failing (instead of hanging) if it does not come in time. */
 async function nextWithin<T>(it: AsyncIterator<T>, ms: number, what: string): Promise<IteratorResult<T>> {
@@ -34,7 +23,7 @@ async function nextWithin<T>(it: AsyncIterator<T>, ms: number, what: string): Pr
 
 describe('server-sent events', () => {
   it('arrive one by one: the origin writes event N+1 only after the client has seen event N', async () => {
-    const res = await request(f.url('api.test.local', '/sse?n=4'), { dispatcher: agent });
+    const res = await request(fx.f.url('api.test.local', '/sse?n=4'), { dispatcher: fx.agent });
     expect(res.statusCode).toBe(200);
     expect(res.headers['content-type']).toBe('text/event-stream');
     const it = res.body[Symbol.asyncIterator]();
@@ -46,7 +35,7 @@ describe('server-sent events', () => {
         text += Buffer.from(r.value as Uint8Array).toString('utf8');
       }
       expect(text).not.toContain(`data: ${i + 1}`);
-      f.origin.release();
+      fx.f.origin.release();
     }
     const end = await nextWithin(it, 5000, 'end of stream');
     expect(end.done).toBe(true);
@@ -66,9 +55,9 @@ describe('large uploads', () => {
         this.push(chunk);
       },
     });
-    const before = memoryOf(f.proxy.pid);
-    const res = await request(f.url('api.test.local', '/upload'), {
-      dispatcher: agent,
+    const before = memoryOf(fx.f.proxy.pid);
+    const res = await request(fx.f.url('api.test.local', '/upload'), {
+      dispatcher: fx.agent,
       method: 'POST',
       body,
       headers: { 'content-type': 'application/octet-stream', 'content-length': String(total) },
@@ -76,7 +65,7 @@ describe('large uploads', () => {
     const answer = (await res.body.json()) as { bytes: number };
     expect(res.statusCode).toBe(200);
     expect(answer.bytes).toBe(total);
-    const after = memoryOf(f.proxy.pid);
+    const after = memoryOf(fx.f.proxy.pid);
     const growthMb = (after.hwmKb - before.hwmKb) / 1024;
     expect(growthMb, `proxy peak RSS grew by ${growthMb.toFixed(1)} MB`).toBeLessThan(200);
   }, 180_000);
@@ -88,7 +77,7 @@ describe('large uploads', () => {
         for (; n < 64; n++) yield Buffer.alloc(64 * 1024, 0x62);
       })(),
     );
-    const res = await request(f.url('api.test.local', '/upload'), { dispatcher: agent, method: 'POST', body });
+    const res = await request(fx.f.url('api.test.local', '/upload'), { dispatcher: fx.agent, method: 'POST', body });
     expect(((await res.body.json()) as { bytes: number }).bytes).toBe(64 * 64 * 1024);
   });
 });
