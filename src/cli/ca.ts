@@ -1,9 +1,9 @@
 import { X509Certificate } from 'node:crypto';
 import path from 'node:path';
-import { parseArgs } from 'node:util';
 import { ensureCa } from '../certs/ca.js';
 import { sandboxEnv, writeCaBundle } from '../certs/env.js';
 import { ConfigFileError, readProxyConfigFile } from '../config/load.js';
+import { parseCliArgs } from './args.js';
 import { CliError } from './errors.js';
 
 const USAGE = `usage: keygate ca init --certs DIR
@@ -31,9 +31,8 @@ export async function run(argv: string[]): Promise<number> {
     process.stdout.write(USAGE + '\n');
     return sub ? 0 : 2;
   }
-  let values;
-  try {
-    ({ values } = parseArgs({
+  const { values } = parseCliArgs(
+    {
       args: rest,
       options: {
         certs: { type: 'string', default: './certs' },
@@ -44,11 +43,9 @@ export async function run(argv: string[]): Promise<number> {
         'ca-path': { type: 'string' },
         'bundle-path': { type: 'string' },
       },
-      strict: true,
-    }));
-  } catch (err) {
-    throw new CliError(`${(err as Error).message}\n${USAGE}`, 2);
-  }
+    },
+    USAGE,
+  );
   const certs = values.certs!;
   if (sub === 'init') {
     const ca = await ensureCa(certs).catch((err: Error) => {

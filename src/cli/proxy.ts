@@ -1,5 +1,4 @@
 import { existsSync, readFileSync } from 'node:fs';
-import { parseArgs } from 'node:util';
 import { createLogger, type Logger } from '../log.js';
 import { ensureCa, type Ca } from '../certs/ca.js';
 import path from 'node:path';
@@ -18,6 +17,7 @@ import type { CompiledConfig } from '../rules/compile.js';
 import { formatAuthority, normaliseHost, parseAuthority } from '../rules/host.js';
 import { startProxy, type ProxyHandle } from '../proxy/server.js';
 import { LIMIT_KEYS, parseLimitFlag, type ProxyLimits } from '../proxy/limits.js';
+import { parseCliArgs } from './args.js';
 import { CliError } from './errors.js';
 import { untilShutdown } from './shutdown.js';
 
@@ -106,9 +106,8 @@ export function parseLimitFlags(raw: string[]): Partial<ProxyLimits> {
 }
 
 export function parseProxyArgs(argv: string[]): ProxyCliOptions | 'help' {
-  let values;
-  try {
-    ({ values } = parseArgs({
+  const { values } = parseCliArgs(
+    {
       args: argv,
       options: {
         config: { type: 'string' },
@@ -126,12 +125,10 @@ export function parseProxyArgs(argv: string[]): ProxyCliOptions | 'help' {
         limit: { type: 'string', multiple: true, default: [] },
         help: { type: 'boolean', short: 'h' },
       },
-      strict: true,
       allowPositionals: false,
-    }));
-  } catch (err) {
-    throw new CliError(`${(err as Error).message}\n${USAGE}`, 2);
-  }
+    },
+    USAGE,
+  );
   if (values.help) return 'help';
   if (!values.config) throw new CliError(`--config FILE is required\n${USAGE}`, 2);
   const grace = Number(values.grace);

@@ -1,9 +1,9 @@
-import { parseArgs } from 'node:util';
 import { createLogger } from '../log.js';
 import { buildServer } from '../server/app.js';
 import { AUTH_MIGRATIONS, createApiKey, DEFAULT_WORKSPACE_ID } from '../server/auth.js';
 import { migrate, openDb } from '../store/db.js';
 import { resolveDataDir } from './data-dir.js';
+import { parseCliArgs } from './args.js';
 import { CliError } from './errors.js';
 import { parseListen } from './listen.js';
 import { untilShutdown } from './shutdown.js';
@@ -23,16 +23,18 @@ generated into <data>/api-key (mode 0600).
 keys create prints a new API key for a user of a workspace (created if needed). It is shown once.`;
 
 async function keysCreate(argv: string[]): Promise<number> {
-  const { values } = parseArgs({
-    args: argv,
-    options: {
-      workspace: { type: 'string', default: DEFAULT_WORKSPACE_ID },
-      user: { type: 'string', default: 'admin' },
-      name: { type: 'string', default: 'cli' },
-      data: { type: 'string' },
+  const { values } = parseCliArgs(
+    {
+      args: argv,
+      options: {
+        workspace: { type: 'string', default: DEFAULT_WORKSPACE_ID },
+        user: { type: 'string', default: 'admin' },
+        name: { type: 'string', default: 'cli' },
+        data: { type: 'string' },
+      },
     },
-    strict: true,
-  });
+    HELP,
+  );
   const dataDir = resolveDataDir(values.data);
   const db = await openDb({ dataDir });
   try {
@@ -52,9 +54,8 @@ export async function run(argv: string[]): Promise<number> {
     if (argv[1] !== 'create') throw new CliError(`unknown 'serve keys' command; try 'keygate serve keys create'`);
     return keysCreate(argv.slice(2));
   }
-  let values;
-  try {
-    ({ values } = parseArgs({
+  const { values } = parseCliArgs(
+    {
       args: argv,
       options: {
         listen: { type: 'string', default: process.env.KEYGATE_LISTEN ?? '127.0.0.1:8080' },
@@ -62,11 +63,9 @@ export async function run(argv: string[]): Promise<number> {
         'config-dir': { type: 'string' },
         help: { type: 'boolean', short: 'h' },
       },
-      strict: true,
-    }));
-  } catch (err) {
-    throw new CliError(`${(err as Error).message}\n${HELP}`, 2);
-  }
+    },
+    HELP,
+  );
   if (values.help) {
     process.stdout.write(HELP + '\n');
     return 0;

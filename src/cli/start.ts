@@ -1,6 +1,5 @@
 import { randomBytes } from 'node:crypto';
 import path from 'node:path';
-import { parseArgs } from 'node:util';
 import { createLogger } from '../log.js';
 import { createSandboxArea } from '../sandbox-api/area.js';
 import { startEchoOrigin, type EchoOrigin } from '../sandbox-api/demo-origin.js';
@@ -9,7 +8,7 @@ import { buildServer, type BuiltServer } from '../server/app.js';
 import { DEFAULT_WORKSPACE_ID } from '../server/auth.js';
 import { loadAreas } from '../server/plugins.js';
 import { resolveDataDir } from './data-dir.js';
-import { CliError } from './errors.js';
+import { parseCliArgs } from './args.js';
 import { parseListen } from './listen.js';
 import { untilShutdown } from './shutdown.js';
 
@@ -92,20 +91,17 @@ Press Ctrl-C to stop.
 
 
 export async function run(argv: string[]): Promise<number> {
-  let values;
-  try {
-    ({ values } = parseArgs({
+  const { values } = parseCliArgs(
+    {
       args: argv,
       options: {
         data: { type: 'string' },
         listen: { type: 'string', default: process.env.KEYGATE_LISTEN ?? '127.0.0.1:8080' },
         help: { type: 'boolean', short: 'h' },
       },
-      strict: true,
-    }));
-  } catch (err) {
-    throw new CliError(`${(err as Error).message}\n${HELP}`, 2);
-  }
+    },
+    HELP,
+  );
   if (values.help) {
     process.stdout.write(HELP + '\n');
     return 0;
