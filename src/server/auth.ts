@@ -1,5 +1,5 @@
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import path from 'node:path';
 import type { FastifyRequest } from 'fastify';
 import { createFileExclusive } from '../secrets/envelope.js';
@@ -107,10 +107,6 @@ export async function bootstrapAuth(db: Db, dataDir: string, env: NodeJS.Process
     }
   }
   return existsSync(keyFile) ? { keyFile } : {};
-}
-
-export function readKeyFile(file: string): string {
-  return readFileSync(file, 'utf8').trim();
 }
 
 function headerValue(req: FastifyRequest, name: string): string | undefined {

@@ -22,6 +22,5 @@ export class HttpValidationError extends Error {
 export const notFound = (detail: string) => new HttpError(404, detail);
 export const conflict = (detail: string) => new HttpError(409, detail);
 export const forbidden = (detail: string) => new HttpError(403, detail);
-export const unauthorized = (detail: string) => new HttpError(401, detail);
 export const badGateway = (detail: string) => new HttpError(502, detail);
 export const unavailable = (detail: string) => new HttpError(503, detail);
