@@ -198,7 +198,8 @@ export class ProxyMetrics {
       events.off('cert', onCert);
       events.off('upstream_error', onUpstreamError);
       for (const [name, fn] of extra) events.off(name, fn);
-      this.caExpirySource = undefined;
+      // Only the attachment that set the CA source clears it.
+      if (this.caExpirySource === caExpiry) this.caExpirySource = undefined;
     };
   }
 

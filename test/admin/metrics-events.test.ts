@@ -56,6 +56,8 @@ describe('ProxyMetrics counts the hardening events of a real proxy', () => {
       });
       expect(bad).toMatch(/^HTTP\/1\.1 400/);
 
+      // Detaching another proxy must not take the CA gauge with it.
+      detachLimited();
       const text = metrics.render();
       const deniedLines = text.split('\n').filter((l) => l.startsWith('keygate_proxy_egress_denied_total{'));
       expect(deniedLines).toHaveLength(1);
@@ -67,7 +69,6 @@ describe('ProxyMetrics counts the hardening events of a real proxy', () => {
       expect(days).toBe(proxy.caExpiry().daysLeft);
     } finally {
       detach();
-      detachLimited();
       await proxy.close(0);
       await limited.close(0);
     }
