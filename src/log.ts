@@ -1,3 +1,4 @@
+import { writeSync } from 'node:fs';
 import { pino, type Logger, type DestinationStream, type LoggerOptions } from 'pino';
 
 export type { Logger } from 'pino';
@@ -44,6 +45,91 @@ export interface LogOptions {
   level?: string;
   name?: string;
   destination?: DestinationStream;
+  /**
+   * Info and debug lines are gathered for up to this long (or 16 KiB) and written in one go;
+   * warnings and errors go out at once, and everything is flushed on exit. 0 writes every line
+   * as it comes. Default: KEYGATE_LOG_FLUSH_MS, else 100.
+   */
+  flushMs?: number;
+}
+
+/** Bytes gathered before a write whatever the clock says. */
+const BATCH_BYTES = 16 * 1024;
+/**
+ * Bytes held while the reader of stdout is not keeping up; lines past this are dropped (and
+ * counted) instead of growing the process without bound.
+ */
+const MAX_HELD_BYTES = 8 * 1024 * 1024;
+
+/**
+ * stdout for log lines, written in batches. Before this, every line was its own write on a
+ * libuv worker thread: a thread wake-up, a context switch and an event-loop wake-up per proxied
+ * request, on a sidecar that usually has one core (bench/README.md has the figures). Lines are
+ * gathered here and handed to sonic-boom (which writes whatever it is given as soon as its
+ * previous write is done) every flushMs, at 16 KiB, at once for warnings and errors, and
+ * synchronously at exit.
+ */
+class BatchedStdout implements DestinationStream {
+  /** pino sets lastLevel on a destination that asks for it, before each write. */
+  readonly [pino.symbols.needsMetadataGsym] = true;
+  lastLevel = 0;
+  private batch = '';
+  private dropped = 0;
+  private readonly boom: ReturnType<typeof pino.destination>;
+  private readonly timer: NodeJS.Timeout;
+
+  constructor(
+    private readonly fd: number,
+    flushMs: number,
+  ) {
+    // pino.destination registers a synchronous flush of what it holds at process exit; the batch
+    // not yet handed over is written after it (below), so the order is kept.
+    this.boom = pino.destination({ dest: fd, sync: false, minLength: 0, maxLength: MAX_HELD_BYTES });
+    this.boom.on('drop', () => this.dropped++);
+    this.timer = setInterval(() => this.flush(), flushMs).unref();
+    process.once('exit', () => {
+      clearInterval(this.timer);
+      if (!this.batch) return;
+      try {
+        writeSync(this.fd, this.batch);
+      } catch {
+        /* stdout is gone: nothing left to tell */
+      }
+      this.batch = '';
+    });
+  }
+
+  write(line: string): void {
+    this.batch += line;
+    if (this.lastLevel >= 40 || this.batch.length >= BATCH_BYTES) this.flush();
+  }
+
+  flush(cb?: (err?: Error) => void): void {
+    if (this.dropped > 0) {
+      this.boom.write(`${JSON.stringify({ level: 40, time: new Date().toISOString(), msg: `log output dropped ${this.dropped} times: nothing was reading stdout fast enough` })}\n`);
+      this.dropped = 0;
+    }
+    if (this.batch) {
+      const out = this.batch;
+      this.batch = '';
+      this.boom.write(out);
+    }
+    cb?.();
+  }
+
+  flushSync(): void {
+    const out = this.batch;
+    this.batch = '';
+    this.boom.flushSync();
+    if (out) writeSync(this.fd, out);
+  }
+}
+
+function flushMsFromEnv(): number {
+  const raw = process.env.KEYGATE_LOG_FLUSH_MS;
+  if (raw === undefined || raw === '') return 100;
+  const n = Number(raw);
+  return Number.isFinite(n) && n >= 0 ? Math.min(n, 10_000) : 100;
 }
 
 /** One JSON line per event on stdout (or the given stream), with redaction. */
@@ -54,5 +140,7 @@ export function createLogger(opts: LogOptions = {}): Logger {
     base: opts.name ? { name: opts.name } : { pid: process.pid },
     timestamp: pino.stdTimeFunctions.isoTime,
   };
-  return opts.destination ? pino(options, opts.destination) : pino(options);
+  if (opts.destination) return pino(options, opts.destination);
+  const flushMs = opts.flushMs ?? flushMsFromEnv();
+  return pino(options, flushMs > 0 ? new BatchedStdout(1, flushMs) : pino.destination({ dest: 1, sync: false }));
 }

@@ -119,8 +119,11 @@ http {
 export async function startKeygate({ work, pki, token, names, originPort, extraArgs = [], nodeArgs = [] }) {
   const dir = path.join(work, 'keygate');
   mkdirSync(dir, { recursive: true });
-  const config = path.join(dir, 'config.json');
-  const secrets = path.join(dir, 'secrets.json');
+  // The proxy watches the directory of its config and secrets files for changes: the log goes
+  // elsewhere, or each log write would wake it up (production logs go to a pipe).
+  mkdirSync(path.join(dir, 'conf'), { recursive: true });
+  const config = path.join(dir, 'conf', 'config.json');
+  const secrets = path.join(dir, 'conf', 'secrets.json');
   writeFileSync(
     config,
     JSON.stringify({

@@ -288,6 +288,7 @@ export async function run(argv: string[]): Promise<number> {
   const { handle, logger, ca } = running;
   const rules = handle.getConfig().rules.map((r) => r.name);
   logger.info({ url: handle.url, ca: ca.certPath, rules }, `listening on ${formatAuthority(handle.host, handle.port)}`);
+  logger.flush(); // what supervisors and scripts wait for: not held back by the log batching
   const sig = await signal;
   logger.info({ signal: sig, grace_ms: opts.graceMs }, 'shutting down: no new connections, waiting for requests in flight');
   await running.control.close();

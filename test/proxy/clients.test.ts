@@ -6,6 +6,7 @@ import WebSocket from 'ws';
 import { describe, expect, it } from 'vitest';
 import { connectTunnel, tlsOverTunnel } from '../helpers/connect.js';
 import { CONFIG, OPAQUE, SECRET, useProxyFixture } from './fixture.js';
+import { eventually } from './hardening-helpers.js';
 
 /** Runs a command without blocking this process (the origin lives here and must keep answering). */
 function run(cmd: string, args: string[]): Promise<{ status: number | null; stdout: string; stderr: string }> {
@@ -84,8 +85,10 @@ describe('undici ProxyAgent', () => {
 
   it('logs one line per request with decision, rule and header names only', async () => {
     await get('api.test.local', '/repos/logged?token=abc');
-    await new Promise((r) => setTimeout(r, 100));
-    const line = fx.f.proxy.logs().find((l) => l.msg === 'request' && l.path === '/repos/logged');
+    // Info lines are written in batches (every 100 ms by default): wait for it, within a bound.
+    const find = () => fx.f.proxy.logs().find((l) => l.msg === 'request' && l.path === '/repos/logged');
+    expect(await eventually(() => find() !== undefined, 2000)).toBe(true);
+    const line = find();
     expect(line).toMatchObject({ decision: 'intercept', rule: 'api-repos', injected: ['authorization'], status: 200, method: 'GET', host: 'api.test.local' });
     expect(typeof line!.duration_ms).toBe('number');
     expect(typeof line!.bytes_out).toBe('number');
@@ -119,10 +122,9 @@ describe('blind tunnels are not intercepted', () => {
   });
 
   it('logs tunnels with their decision', async () => {
-    await new Promise((r) => setTimeout(r, 100));
-    const tunnels = fx.f.proxy.logs().filter((l) => l.type === 'tunnel' && l.phase === 'close');
-    expect(tunnels.some((l) => l.host === 'bypass.test.local' && l.decision === 'bypass')).toBe(true);
-    expect(tunnels.some((l) => l.host === 'test.local' && l.decision === 'tunnel')).toBe(true);
+    const tunnels = () => fx.f.proxy.logs().filter((l) => l.type === 'tunnel' && l.phase === 'close');
+    expect(await eventually(() => tunnels().some((l) => l.host === 'bypass.test.local' && l.decision === 'bypass'), 2000)).toBe(true);
+    expect(tunnels().some((l) => l.host === 'test.local' && l.decision === 'tunnel')).toBe(true);
   });
 });
 
