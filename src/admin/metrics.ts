@@ -18,6 +18,20 @@ function labelText(labels: Labels): string {
   return parts.length ? `{${parts.join(',')}}` : '';
 }
 
+/**
+ * The identity of a label set, for the series maps. Built per event on the request path, so
+ * cheap: no escaping, no arrays (labelText, the exposition form, is built at scrape time).
+ * Each value is length-prefixed, so no rule name can make two label sets collide.
+ */
+function seriesKey(labels: Labels): string {
+  let key = '';
+  for (const k in labels) {
+    const v = labels[k];
+    key += `${k}=${v.length}:${v};`;
+  }
+  return key;
+}
+
 function formatNumber(n: number): string {
   if (Number.isNaN(n)) return 'NaN';
   if (n === Infinity) return '+Inf';
@@ -40,7 +54,7 @@ class Counter implements Metric {
   ) {}
 
   private entry(labels: Labels) {
-    const key = labelText(labels);
+    const key = seriesKey(labels);
     let e = this.values.get(key);
     if (!e) this.values.set(key, (e = { labels, value: 0 }));
     return e;
@@ -55,7 +69,7 @@ class Counter implements Metric {
   }
 
   get(labels: Labels = {}): number {
-    return this.values.get(labelText(labels))?.value ?? 0;
+    return this.values.get(seriesKey(labels))?.value ?? 0;
   }
 
   render(): string[] {
@@ -75,7 +89,7 @@ class Histogram implements Metric {
   ) {}
 
   observe(labels: Labels, value: number): void {
-    const key = labelText(labels);
+    const key = seriesKey(labels);
     let s = this.series.get(key);
     if (!s) this.series.set(key, (s = { labels, counts: this.buckets.map(() => 0), sum: 0, count: 0 }));
     for (let i = 0; i < this.buckets.length; i++) if (value <= this.buckets[i]) s.counts[i]++;
