@@ -30,5 +30,8 @@ USER node
 VOLUME ["/data", "/certs"]
 STOPSIGNAL SIGTERM
 EXPOSE 8080 3128
-ENTRYPOINT ["node", "/app/dist/cli/main.js"]
+# A young generation of at most 2 MiB per semi-space (V8 grows it to 16 under load): the
+# sidecar's peak RSS under 32 busy connections drops by about 25 MiB at no measurable CPU cost
+# (bench/README.md). Heap sizes can only be set when node starts, hence here.
+ENTRYPOINT ["node", "--max-semi-space-size=2", "/app/dist/cli/main.js"]
 CMD ["serve", "--listen", "0.0.0.0:8080", "--data", "/data"]

@@ -115,6 +115,9 @@ http {
   return { kind: 'node', port, pid: child.pid, stop: () => stopChild(child) };
 }
 
+/** The node flags of the Docker image's ENTRYPOINT: keygate is measured the way it ships. */
+export const IMAGE_NODE_FLAGS = ['--max-semi-space-size=2'];
+
 /** keygate itself, from dist/ (built by run.mjs), with --resolve pins for every bench name. */
 export async function startKeygate({ work, pki, token, names, originPort, extraArgs = [], nodeArgs = [] }) {
   const dir = path.join(work, 'keygate');
@@ -134,7 +137,7 @@ export async function startKeygate({ work, pki, token, names, originPort, extraA
   const certs = path.join(dir, 'certs');
   const logFile = path.join(dir, 'stdout.log');
   const resolve = names.flatMap((n) => ['--resolve', `${n}:${originPort}:127.0.0.1`]);
-  const args = [...nodeArgs, path.join(REPO_ROOT, 'dist/cli/main.js'), 'proxy', '--config', config, '--listen', '127.0.0.1:0', '--certs', certs, '--secrets', secrets, '--upstream-ca', pki.originCa, ...resolve, '--grace', '1', ...extraArgs];
+  const args = [...IMAGE_NODE_FLAGS, ...nodeArgs, path.join(REPO_ROOT, 'dist/cli/main.js'), 'proxy', '--config', config, '--listen', '127.0.0.1:0', '--certs', certs, '--secrets', secrets, '--upstream-ca', pki.originCa, ...resolve, '--grace', '1', ...extraArgs];
   const child = launch(process.execPath, args, { cwd: dir, logFile, core: 0 });
   const port = await waitFor(
     'keygate',

@@ -4,6 +4,7 @@
 // the database driver and `keygate deploy` never loads the TLS interception code.
 
 import { CliError } from './errors.js';
+import { leanServerFlags } from './v8-flags.js';
 
 type CommandModule = { run(argv: string[]): Promise<number | void> };
 
@@ -16,6 +17,9 @@ const commands: Record<string, { summary: string; load: () => Promise<CommandMod
   app: { summary: 'serve an application (POST /runs/stream)', load: () => import('./app.js') },
   deploy: { summary: 'deploy an application and manage deployments', load: () => import('./deploy.js') },
 };
+
+/** Commands that run servers with upstream connections (see v8-flags.ts). */
+const SERVERS = new Set(['proxy', 'serve', 'start']);
 
 function usage(): string {
   const width = Math.max(...Object.keys(commands).map((c) => c.length));
@@ -39,6 +43,7 @@ async function main(argv: string[]): Promise<number> {
     process.stderr.write(`keygate: unknown command '${name}'\n\n${usage()}\n`);
     return 2;
   }
+  if (SERVERS.has(name)) leanServerFlags();
   const mod = await command.load();
   const code = await mod.run(rest);
   return typeof code === 'number' ? code : 0;
