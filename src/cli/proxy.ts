@@ -1,6 +1,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { createLogger, type Logger } from '../log.js';
 import { ensureCa, type Ca } from '../certs/ca.js';
+import { availableParallelism } from 'node:os';
 import path from 'node:path';
 import { parseAdminListen, startSidecarControl, type SidecarControl } from '../admin/sidecar.js';
 import { resolveAdminToken } from '../admin/server.js';
@@ -25,6 +26,7 @@ const USAGE = `usage: keygate proxy --config FILE [--listen HOST:PORT] [--certs 
                      [--resolve HOST:PORT:ADDR]... [--upstream-ca FILE]... [--grace SECONDS]
                      [--data DIR] [--secrets-dir DIR] [--workspace ID]
                      [--admin HOST:PORT | --admin unix:/path] [--no-watch] [--limit KEY=VALUE]...
+                     [--workers N|auto]
 
   --config FILE        proxy_config JSON ({"rules": [...], "no_proxy": [...]})
   --listen HOST:PORT   proxy address (default 127.0.0.1:3128; port 0 picks a free one)
@@ -44,7 +46,10 @@ const USAGE = `usage: keygate proxy --config FILE [--listen HOST:PORT] [--certs 
   --upstream-ca FILE   extra CA (PEM) trusted for upstream TLS; repeatable
   --grace SECONDS      on SIGTERM/SIGINT, time in-flight requests get to finish (default 10)
   --limit KEY=VALUE    a size, count or timeout (docs/hardening.md); repeatable. Keys:
-                       ${Object.keys(LIMIT_KEYS).join(', ')}`;
+                       ${Object.keys(LIMIT_KEYS).join(', ')}
+  --workers N|auto     worker processes sharing the listening port (default 1: one process; auto: one
+                       per CPU). Each worker is a complete proxy with these flags; a crashed worker is
+                       replaced. Not with --admin for now (each worker has its own config and metrics)`;
 
 export interface ProxyCliOptions {
   config: string;
@@ -61,6 +66,8 @@ export interface ProxyCliOptions {
   watch: boolean;
   /** --limit flags (the rest keep their defaults). */
   limits?: Partial<ProxyLimits>;
+  /** --workers: processes sharing the port (1 or absent: today's single process). */
+  workers?: number;
 }
 
 function parseListen(raw: string): { host: string; port: number } {
@@ -88,6 +95,18 @@ function parseAdmin(raw: string | undefined): ProxyCliOptions['admin'] {
   } catch (err) {
     throw new CliError((err as Error).message, 2);
   }
+}
+
+/** Upper bound for --workers: far beyond any core count, low enough that a typo cannot fork-bomb the host. */
+export const MAX_WORKERS = 256;
+
+/** `--workers N|auto` -> a process count (auto: os.availableParallelism()). */
+export function parseWorkers(raw: string): number {
+  if (raw === 'auto') return Math.min(Math.max(availableParallelism(), 1), MAX_WORKERS);
+  if (!/^[0-9]+$/.test(raw) || Number(raw) < 1 || Number(raw) > MAX_WORKERS) {
+    throw new CliError(`--workers must be a whole number from 1 to ${MAX_WORKERS}, or auto (got '${raw}')`, 2);
+  }
+  return Number(raw);
 }
 
 // ---- --limit (hardening: sizes, counts, timeouts) ----
@@ -123,6 +142,7 @@ export function parseProxyArgs(argv: string[]): ProxyCliOptions | 'help' {
         admin: { type: 'string' },
         'no-watch': { type: 'boolean', default: false },
         limit: { type: 'string', multiple: true, default: [] },
+        workers: { type: 'string', default: '1' },
         help: { type: 'boolean', short: 'h' },
       },
       allowPositionals: false,
@@ -133,6 +153,13 @@ export function parseProxyArgs(argv: string[]): ProxyCliOptions | 'help' {
   if (!values.config) throw new CliError(`--config FILE is required\n${USAGE}`, 2);
   const grace = Number(values.grace);
   if (!Number.isFinite(grace) || grace < 0) throw new CliError('--grace must be a number of seconds', 2);
+  const workers = parseWorkers(values.workers!);
+  // The admin API holds one configuration generation, one set of metrics and one health state per
+  // process; with several workers it would answer for whichever worker it reached. Refused for
+  // 'auto' too, so that a command line does not work on one machine and fail on a bigger one.
+  if (values.admin !== undefined && (workers > 1 || values.workers === 'auto')) {
+    throw new CliError('--admin needs --workers 1 for now (each worker process would hold its own configuration, metrics and health)', 2);
+  }
   return {
     config: values.config,
     listen: parseListen(values.listen!),
@@ -147,6 +174,7 @@ export function parseProxyArgs(argv: string[]): ProxyCliOptions | 'help' {
     admin: parseAdmin(values.admin),
     watch: !values['no-watch'],
     limits: parseLimitFlags(values.limit!),
+    workers,
   };
 }
 
@@ -218,8 +246,21 @@ export interface RunningProxy {
   control: SidecarControl;
 }
 
-/** Starts the sidecar from parsed options (the part `run` and future hooks share). */
-export async function startFromOptions(opts: ProxyCliOptions, logger: Logger = createLogger({ name: 'keygate-proxy' })): Promise<RunningProxy> {
+export interface PreparedStart {
+  store: SecretStore;
+  envelope: () => import('../secrets/envelope.js').Envelope;
+  initial: { config: ProxyConfig; compiled: CompiledConfig };
+  ca: Ca;
+  upstreamCa: string[];
+}
+
+/**
+ * Everything start-up checks before listening: the configuration (validated, secrets resolved,
+ * compiled), the CA (created on first run) and the --upstream-ca files. Each failure is a one-line
+ * CliError naming files, keys and locations, never a value. `keygate proxy --workers N` runs it in
+ * the primary before forking, so a bad configuration fails once, and workers never race to create the CA.
+ */
+export async function prepareStart(opts: ProxyCliOptions): Promise<PreparedStart> {
   const store = proxySecretStore(opts);
   // Opaque values sealed by keygate (a config file it wrote) open with the data directory's key.
   const envelope = () => loadKeyring(resolveDataDir(opts.data)).envelope;
@@ -228,11 +269,9 @@ export async function startFromOptions(opts: ProxyCliOptions, logger: Logger = c
   try {
     initial = await loadAndCompile(opts, checker);
   } catch (err) {
-    // Each of these names files, keys and locations, never a value.
     if (err instanceof ConfigFileError || err instanceof ConfigApplyError || err instanceof SecretStoreError || err instanceof EnvelopeError) throw new CliError(err.message);
     throw err;
   }
-  const compiled = initial.compiled;
   let ca: Ca;
   try {
     ca = await ensureCa(opts.certs);
@@ -246,6 +285,13 @@ export async function startFromOptions(opts: ProxyCliOptions, logger: Logger = c
       throw new CliError(`cannot read --upstream-ca ${f}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
     }
   });
+  return { store, envelope, initial, ca, upstreamCa };
+}
+
+/** Starts the sidecar from parsed options (the part `run` and future hooks share). */
+export async function startFromOptions(opts: ProxyCliOptions, logger: Logger = createLogger({ name: 'keygate-proxy' })): Promise<RunningProxy> {
+  const { store, envelope, initial, ca, upstreamCa } = await prepareStart(opts);
+  const compiled = initial.compiled;
   let handle: ProxyHandle;
   try {
     handle = await startProxy({ listen: opts.listen, ca, config: compiled, logger, resolve: opts.resolve, upstreamCa, limits: opts.limits });
@@ -277,11 +323,27 @@ export async function startFromOptions(opts: ProxyCliOptions, logger: Logger = c
   return { handle, ca, logger, control };
 }
 
+/** Stops accepting, lets requests in flight finish within --grace, stops the control side. */
+export async function stopRunning(running: RunningProxy, opts: ProxyCliOptions, signal: string): Promise<void> {
+  const { handle, logger } = running;
+  logger.info({ signal, grace_ms: opts.graceMs }, 'shutting down: no new connections, waiting for requests in flight');
+  await running.control.close();
+  await handle.close(opts.graceMs);
+  logger.info('stopped');
+}
+
 export async function run(argv: string[]): Promise<number> {
   const opts = parseProxyArgs(argv);
   if (opts === 'help') {
     process.stdout.write(USAGE + '\n');
     return 0;
+  }
+  // Loaded only when used: a single-process sidecar (the default) never loads node:cluster. Workers
+  // run with the primary's arguments, so they take this branch too.
+  if ((opts.workers ?? 1) > 1) {
+    const cluster = await import('./proxy-cluster.js');
+    if (cluster.isWorkerProcess()) return cluster.runWorker(opts, { start: startFromOptions, stop: stopRunning });
+    return cluster.runPrimary(opts, opts.workers ?? 1, prepareStart);
   }
   const signal = untilShutdown((sig) => process.stderr.write(`keygate proxy: ${sig} again: still draining (a second Ctrl-C exits now)\n`));
   const running = await startFromOptions(opts);
@@ -289,10 +351,6 @@ export async function run(argv: string[]): Promise<number> {
   const rules = handle.getConfig().rules.map((r) => r.name);
   logger.info({ url: handle.url, ca: ca.certPath, rules }, `listening on ${formatAuthority(handle.host, handle.port)}`);
   logger.flush(); // what supervisors and scripts wait for: not held back by the log batching
-  const sig = await signal;
-  logger.info({ signal: sig, grace_ms: opts.graceMs }, 'shutting down: no new connections, waiting for requests in flight');
-  await running.control.close();
-  await handle.close(opts.graceMs);
-  logger.info('stopped');
+  await stopRunning(running, opts, await signal);
   return 0;
 }
