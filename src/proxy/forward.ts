@@ -6,6 +6,7 @@ import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore, RequestRecord } from './context.js';
 import { sendError, upstreamError, type ProxyError } from './errors.js';
 import { filterRawResponseHeaders, upstreamRequestHeaders } from './headers.js';
+import { upstreamEnding } from './upstream.js';
 
 export interface ForwardTarget {
   scheme: 'https' | 'http';
@@ -155,8 +156,12 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         abortUpstream = abort;
         if (clientGone) abort(new Error('client closed the connection'));
       },
+      // Once the exchange is over for the client (it left, or the proxy answered an error), the
+      // upstream request is aborted and whatever undici still delivers is dropped, never paused:
+      // a parser paused at that point and then ended by the origin trips an assertion inside
+      // undici (Parser.finish) that takes the whole process down.
       onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void) {
-        if (clientGone) return false;
+        if (clientGone || res.destroyed) return true;
         rec.status = statusCode;
         if (core.draining()) res.shouldKeepAlive = false;
         try {
@@ -167,7 +172,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
           finished = true;
           res.off('close', onClose);
           refuse(core, res, rec, started, upstreamError({ code: 'INVALID_RESPONSE_HEADER' }, t.host));
-          return false;
+          return true;
         }
         // Small answers arrive with their headers: let the first chunk carry them. If nothing
         // follows at once (a stream), send the headers on their own.
@@ -184,9 +189,10 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         return true;
       },
       onData(chunk: Buffer) {
-        if (finished) return false;
+        if (finished || res.destroyed) return true;
         rec.bytes_out += chunk.length;
-        if (res.write(chunk)) return true;
+        // Never pause while undici drains a connection the origin has ended (upstream.ts).
+        if (res.write(chunk) || upstreamEnding()) return true;
         waitingForDrain = true;
         return false;
       },

@@ -328,6 +328,8 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   inner.on('clientError', onClientError);
 
   async function intercept(client: Socket, head: Buffer, host: string, port: number, clientAddr: string): Promise<void> {
+    // The upstream handshake (for an origin with no connection open) overlaps the client's.
+    upstream.prewarm(host, port);
     let ctx: tls.SecureContext;
     try {
       ctx = await minter.secureContext(host);

@@ -24,6 +24,49 @@ const Agent = undiciPart<typeof Undici.Agent>('dispatcher/agent.js', 'Agent');
 type Agent = Undici.Agent;
 const buildConnector = undiciPart<typeof Undici.buildConnector>('core/connect.js', 'buildConnector');
 
+/**
+ * undici 7 (the last line that runs on Node 20) crashes the whole process when an upstream
+ * ends its connection while undici's HTTP/1 parser is paused for backpressure (nodejs/undici#5360,
+ * fixed only in undici 8, which needs Node 22.19): `Parser.finish` asserts the parser is not
+ * paused, from the socket's 'end' handler. A slow client reading a `Connection: close` response,
+ * or a client leaving at the wrong moment, is enough. This 'end' listener runs before undici's:
+ * it resumes the paused parser so it drains what is left (at most the socket's buffered bytes,
+ * the origin has finished sending), while `upstreamEnding()` tells the response handlers not to
+ * pause again. Remove with undici 8.
+ */
+let ending = false;
+
+/** True while a paused parser is being drained at the end of its connection (see above). */
+export function upstreamEnding(): boolean {
+  return ending;
+}
+
+interface PausableParser {
+  paused: boolean;
+  statusCode: number;
+  resume(): void;
+}
+
+function guardPausedParserOnEnd(socket: net.Socket): void {
+  socket.prependListener('end', () => {
+    const sym = Object.getOwnPropertySymbols(socket).find((x) => x.description === 'parser');
+    const parser = sym ? ((socket as unknown as Record<symbol, PausableParser | null>)[sym] ?? undefined) : undefined;
+    if (!parser || !parser.paused || !parser.statusCode || socket.destroyed) return;
+    ending = true;
+    try {
+      parser.resume();
+    } catch {
+      // Could not drain it: make undici's finish() see an unpaused parser (llhttp reports the
+      // pause itself there, without asserting) and fail this connection's request instead.
+      parser.paused = false;
+      socket.destroy(new Error('upstream closed the connection during a paused response'));
+    } finally {
+      ending = false;
+    }
+    if (parser.paused) parser.paused = false;
+  });
+}
+
 export interface ProxyTimeouts {
   /** TCP + TLS connect to an upstream. */
   connectMs: number;
@@ -73,6 +116,21 @@ export interface UpstreamOptions {
   isSelf?: (address: string, port: number) => boolean;
   /** Told about every refusal (events, log). */
   onDenied?: (e: EgressDenied) => void;
+  /** How long a connection opened ahead of a request waits for it (ms). Default 5000. */
+  warmIdleMs?: number;
+}
+
+type ConnectOptions = Parameters<Undici.buildConnector.connector>[0];
+type ConnectCallback = Parameters<Undici.buildConnector.connector>[1];
+type Connected = Parameters<ConnectCallback>[1];
+
+/** A TLS connection opened ahead of the first request to an origin (see prewarm). */
+interface Warm {
+  /** Undici's callback, once it asks for this origin before the connection is up. */
+  waiter?: ConnectCallback;
+  socket?: Connected;
+  error?: Error;
+  timer?: NodeJS.Timeout;
 }
 
 /**
@@ -85,6 +143,9 @@ export class Upstream {
   readonly secureContext: tls.SecureContext;
   private readonly resolveMap: ReadonlyMap<string, string>;
   private readonly connector: Undici.buildConnector.connector;
+  /** Upstream connections open now, by origin key (`host:port`). */
+  private readonly live = new Map<string, number>();
+  private readonly warm = new Map<string, Warm>();
 
   constructor(private readonly opts: UpstreamOptions) {
     this.resolveMap = opts.resolve ?? new Map();
@@ -95,18 +156,107 @@ export class Upstream {
       rejectUnauthorized: true,
       timeout: opts.timeouts.connectMs,
     } as Undici.buildConnector.BuildOptions);
-    this.connector = (o, cb) => {
+    const dial = (o: ConnectOptions, cb: ConnectCallback) => {
       const hostname = o.hostname.startsWith('[') ? o.hostname.slice(1, -1) : o.hostname;
       const port = Number(o.port) || (o.protocol === 'https:' ? 443 : 80);
       // Resolved once and checked against the egress policy; the connection goes to exactly that
       // address (no second lookup a rebinding DNS server could answer differently). `host`
       // keeps the name, so undici still sends SNI and verifies the certificate for it.
       this.dialAddress(hostname, port).then(
-        (address) => base({ ...o, hostname: address }, cb),
+        (address) =>
+          base({ ...o, hostname: address }, (err, socket) => {
+            if (err || !socket) return cb(err ?? new Error('upstream connection failed'), null);
+            guardPausedParserOnEnd(socket);
+            this.count(`${o.protocol}//${o.host}`, socket);
+            cb(null, socket);
+          }),
         (err: Error) => cb(err, null),
       );
     };
+    this.dial = dial;
+    this.connector = (o, cb) => {
+      const warm = this.takeWarm(`${o.protocol}//${o.host}`);
+      if (!warm) return dial(o, cb);
+      // Never synchronously: undici's connect() is not re-entrant (a request would never be written).
+      if (warm.socket) return process.nextTick(cb, null, warm.socket);
+      if (warm.error) return process.nextTick(cb, warm.error, null);
+      warm.waiter = cb;
+    };
     this.#agent = this.newAgent();
+  }
+
+  private readonly dial: Undici.buildConnector.connector;
+
+  /** Keeps `live` current: an origin with a connection open needs no connection opened ahead. */
+  private count(key: string, socket: NonNullable<Connected>): void {
+    this.live.set(key, (this.live.get(key) ?? 0) + 1);
+    socket.once('close', () => {
+      const n = (this.live.get(key) ?? 1) - 1;
+      if (n <= 0) this.live.delete(key);
+      else this.live.set(key, n);
+    });
+  }
+
+  /** The warm connection for an origin, handed over once (undici owns it from here). */
+  private takeWarm(key: string): Warm | undefined {
+    const warm = this.warm.get(key);
+    if (!warm) return undefined;
+    this.warm.delete(key);
+    clearTimeout(warm.timer);
+    if (warm.socket && (warm.socket.destroyed || !warm.socket.writable)) return undefined;
+    return warm;
+  }
+
+  /**
+   * Opens the TLS connection to an HTTPS origin ahead of its first request, when none is open:
+   * called when a client's CONNECT is intercepted, so the upstream handshake overlaps the
+   * client's own (certificate minting, TLS) instead of following it. The connection goes
+   * through the same connector as any other (egress policy, --resolve pins, verification); an
+   * error is kept and given to the request that would have dialled. At most one per origin at a
+   * time; unused, it is closed after warmIdleMs.
+   */
+  prewarm(host: string, port: number): void {
+    // The key undici's connector sees: the URL host, where the default port is left out.
+    const key = `https://${port === 443 ? formatAuthority(host, port).replace(/:443$/, '') : formatAuthority(host, port)}`;
+    if (this.warm.has(key) || this.live.has(key)) return;
+    const warm: Warm = {};
+    this.warm.set(key, warm);
+    const authority = formatAuthority(host, port);
+    const hostname = net.isIPv6(host) ? `[${host}]` : host;
+    this.dial({ host: authority, hostname, protocol: 'https:', port: String(port), servername: net.isIP(host) ? undefined : host } as ConnectOptions, (err, socket) => {
+      const waiter = warm.waiter;
+      if (waiter) return err || !socket ? waiter(err ?? new Error('upstream connection failed'), null) : waiter(null, socket);
+      if (this.warm.get(key) !== warm) {
+        // Dropped meanwhile (a policy change): never handed to anyone.
+        socket?.destroy();
+        return;
+      }
+      if (err || !socket) {
+        // Kept briefly for the request that is coming, so it fails the same way a dial would.
+        warm.error = err ?? new Error('upstream connection failed');
+      } else {
+        warm.socket = socket;
+        socket.once('close', () => {
+          if (this.warm.get(key) === warm) this.warm.delete(key);
+        });
+        // undici has not attached yet: an error before it does must not be unhandled.
+        socket.on('error', () => undefined);
+      }
+      warm.timer = setTimeout(() => {
+        if (this.warm.get(key) === warm) this.warm.delete(key);
+        warm.socket?.destroy();
+      }, this.opts.warmIdleMs ?? 5000);
+      warm.timer.unref();
+    });
+  }
+
+  /** Closes every connection opened ahead and not yet used. */
+  private dropWarm(): void {
+    for (const warm of this.warm.values()) {
+      clearTimeout(warm.timer);
+      warm.socket?.destroy();
+    }
+    this.warm.clear();
   }
 
   private newAgent(): Agent {
@@ -131,6 +281,7 @@ export class Upstream {
    * not carry new requests). The old pool finishes what it has in flight, then closes.
    */
   renewPool(): void {
+    this.dropWarm();
     const old = this.#agent;
     this.#agent = this.newAgent();
     void old.close().catch(() => undefined);
@@ -173,10 +324,12 @@ export class Upstream {
   }
 
   async close(): Promise<void> {
+    this.dropWarm();
     await this.#agent.close().catch(() => undefined);
   }
 
   destroy(): void {
+    this.dropWarm();
     void this.#agent.destroy().catch(() => undefined);
   }
 }
