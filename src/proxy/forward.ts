@@ -7,6 +7,7 @@ import type { ProxyCore, RequestRecord } from './context.js';
 import { sendError, upstreamError, type ProxyError } from './errors.js';
 import { filterRawResponseHeaders, upstreamRequestHeaders } from './headers.js';
 import { upstreamEnding } from './upstream.js';
+import { chunkRelayed } from './buffer-gc.js';
 
 export interface ForwardTarget {
   scheme: 'https' | 'http';
@@ -191,6 +192,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
       onData(chunk: Buffer) {
         if (finished || res.destroyed) return true;
         rec.bytes_out += chunk.length;
+        chunkRelayed(chunk.length);
         // Never pause while undici drains a connection the origin has ended (upstream.ts).
         if (res.write(chunk) || upstreamEnding()) return true;
         waitingForDrain = true;

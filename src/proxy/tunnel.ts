@@ -3,6 +3,7 @@ import type { Decision } from '../rules/compile.js';
 import type { ProxyCore, TunnelRecord } from './context.js';
 import { ProxyError, upstreamError, writeRawError } from './errors.js';
 import { accessLog } from './forward.js';
+import { chunkRelayed } from './buffer-gc.js';
 
 export const CONNECT_OK = 'HTTP/1.1 200 Connection Established\r\n\r\n';
 
@@ -58,6 +59,7 @@ function relay(src: Socket, dst: Socket): void {
   const resume = () => src.resume();
   src.on('data', (chunk: Buffer) => {
     dst.write(chunk);
+    chunkRelayed(chunk.length);
     if (dst.writableLength > TUNNEL_QUEUE_BYTES) {
       src.pause();
       dst.once('drain', resume);

@@ -11,7 +11,7 @@ import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectTunnel, tlsOverTunnel } from '../helpers/connect.js';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
-import { spawnProxy, type SpawnedProxy } from '../helpers/proxy.js';
+import { memoryOf, spawnProxy, type SpawnedProxy } from '../helpers/proxy.js';
 
 const HOST = 'close.test.local';
 const SIZE = 8 * 1024 * 1024;
@@ -53,10 +53,10 @@ afterAll(async () => {
 });
 
 /** One GET, read slowly (pausing every 256 KiB), resolved with the body's digest and size. */
-async function slowDownload(pauseMs: number): Promise<{ status: number; bytes: number; digest: string }> {
-  const c = await connectTunnel(proxy.port, `${HOST}:${originPort}`);
+async function slowDownload(pauseMs: number, via: SpawnedProxy = proxy): Promise<{ status: number; bytes: number; digest: string }> {
+  const c = await connectTunnel(via.port, `${HOST}:${originPort}`);
   expect(c.status).toBe(200);
-  const t = await tlsOverTunnel(c.socket, HOST, proxy.caPem);
+  const t = await tlsOverTunnel(c.socket, HOST, via.caPem);
   return new Promise((resolve, reject) => {
     let head = Buffer.alloc(0);
     let status = 0;
@@ -117,5 +117,30 @@ describe('an origin closing after a response the client reads slowly', () => {
     const after = await slowDownload(1);
     expect(after.digest).toBe(DIGEST);
     expect(proxy.output()).not.toMatch(/AssertionError|ERR_ASSERTION/);
+  }, 60_000);
+
+  it('relayed chunks do not pile up between collections (src/proxy/buffer-gc.ts)', async () => {
+    /** Peak RSS growth of a fresh proxy over 64 MiB relayed, after one warm-up transfer. */
+    const growth = async (env: NodeJS.ProcessEnv) => {
+      const p = await spawnProxy({
+        config: { rules: [{ name: 'c', match_hosts: [HOST], headers: [{ name: 'X-Key', type: 'plaintext', value: 'k' }] }] },
+        resolve: [`${HOST}:${originPort}:127.0.0.1`],
+        upstreamCa: [pki.caPem],
+        env,
+      });
+      try {
+        expect((await slowDownload(0, p)).digest).toBe(DIGEST);
+        const before = memoryOf(p.pid).hwmKb;
+        for (let i = 0; i < 8; i++) expect((await slowDownload(0, p)).digest).toBe(DIGEST);
+        return (memoryOf(p.pid).hwmKb - before) / 1024;
+      } finally {
+        await p.stop();
+      }
+    };
+    const hinted = await growth({});
+    const unhinted = await growth({ KEYGATE_RELAY_GC: '0' });
+    const why = `peak RSS growth over 64 MiB: ${hinted.toFixed(1)} MiB with collection hints, ${unhinted.toFixed(1)} without`;
+    expect(hinted, why).toBeLessThan(unhinted);
+    expect(unhinted - hinted, why).toBeGreaterThan(8);
   }, 60_000);
 });
