@@ -1,4 +1,5 @@
-import { Ajv, type ValidateFunction } from 'ajv';
+import { createRequire } from 'node:module';
+import type { Ajv as AjvClass, ValidateFunction } from 'ajv';
 import { ajvToIssues, type ValidationIssue } from '../validation/errors.js';
 import { compileHostPattern, compilePathPattern, PatternError } from '../rules/patterns.js';
 import { TEMPLATE_REF_RE } from '../secrets/keys.js';
@@ -146,11 +147,38 @@ export interface ProxyConfig {
 
 export type { AccessControl } from '../rules/egress.js';
 
+/** The ajv options the schema is compiled with, at build time and in the fallback below. */
+export const AJV_OPTIONS = { allErrors: true, strict: true } as const;
+/** The validator `npm run build` generates next to this module (scripts/build-validators.mjs). */
+export const PRECOMPILED_VALIDATOR = 'proxy-config.validate.cjs';
+
+const requireHere = createRequire(import.meta.url);
 let validator: ValidateFunction | undefined;
+let precompiled = false;
+
+/**
+ * The schema validator: the standalone one generated at build time (so a sidecar never loads
+ * ajv), else compiled here with ajv (running from the TypeScript sources, as the tests do).
+ */
 function schemaValidator(): ValidateFunction {
-  // Compiled lazily once: ajv code generation is the slow part, validation is cheap.
-  validator ??= new Ajv({ allErrors: true, strict: true }).compile(proxyConfigSchema);
+  if (validator) return validator;
+  try {
+    const mod = requireHere(`./${PRECOMPILED_VALIDATOR}`) as ValidateFunction | { default: ValidateFunction };
+    validator = typeof mod === 'function' ? mod : mod.default;
+    precompiled = true;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'MODULE_NOT_FOUND') throw err;
+    // Compiled lazily once: ajv code generation is the slow part, validation is cheap.
+    const { Ajv } = requireHere('ajv') as { Ajv: typeof AjvClass };
+    validator = new Ajv(AJV_OPTIONS).compile(proxyConfigSchema);
+  }
   return validator;
+}
+
+/** Whether validation uses the build's standalone validator (for tests and diagnostics). */
+export function usesPrecompiledValidator(): boolean {
+  schemaValidator();
+  return precompiled;
 }
 
 /** `{KEY}` references, and any brace that is not part of one (a typo that would otherwise be sent verbatim). */

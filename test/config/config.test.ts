@@ -3,7 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { Ajv } from 'ajv';
-import { proxyConfigSchema, validateProxyConfig, type ProxyConfig } from '../../src/config/schema.js';
+import { proxyConfigSchema, usesPrecompiledValidator, validateProxyConfig, type ProxyConfig } from '../../src/config/schema.js';
 import { referencedSecretKeys, resolveProxyConfig } from '../../src/config/resolve.js';
 import { ConfigFileError, loadProxyConfigFile } from '../../src/config/load.js';
 import { Envelope } from '../../src/secrets/envelope.js';
@@ -25,6 +25,29 @@ const good: ProxyConfig = {
   ],
 };
 
+const cases: [string, unknown, (string | number)[], RegExp][] = [
+  ['unknown top-level property', { ...good, extra: 1 }, ['extra'], /Extra inputs/],
+  ['unknown rule property', { rules: [{ name: 'a', match_hosts: ['a.com'], bogus: 1 }] }, ['rules', 0, 'bogus'], /Extra/],
+  ['missing name', { rules: [{ match_hosts: ['a.com'] }] }, ['rules', 0, 'name'], /required/],
+  ['bad header type', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X', type: 'secret', value: 'v' }] }] }, ['rules', 0, 'headers', 0, 'type'], /Input should be/],
+  ['bad host pattern', { rules: [{ name: 'a', match_hosts: ['ok.com', 'bad host'] }] }, ['rules', 0, 'match_hosts', 1], /Invalid host pattern/],
+  ['bad no_proxy', { no_proxy: ['a..b'] }, ['no_proxy', 0], /Invalid host pattern/],
+  ['bad rule no_proxy', { rules: [{ name: 'a', match_hosts: ['a.com'], no_proxy: ['*.'] }] }, ['rules', 0, 'no_proxy', 0], /Invalid host pattern/],
+  ['bad path pattern', { rules: [{ name: 'a', match_hosts: ['a.com'], match_paths: ['/ok', 'nope'] }] }, ['rules', 0, 'match_paths', 1], /Invalid path pattern/],
+  ['encoded slash in path pattern', { rules: [{ name: 'a', match_hosts: ['a.com'], match_paths: ['/a%2Fb'] }] }, ['rules', 0, 'match_paths', 0], /encoded/],
+  ['header name not a token', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X Bad', type: 'plaintext', value: 'v' }] }] }, ['rules', 0, 'headers', 0, 'name'], /pattern/],
+  ['CRLF in value', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X', type: 'plaintext', value: 'v\r\nX-Evil: 1' }] }] }, ['rules', 0, 'headers', 0, 'value'], /legal HTTP field/],
+  ['NUL in value', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X', type: 'plaintext', value: 'v\u0000' }] }] }, ['rules', 0, 'headers', 0, 'value'], /legal HTTP field/],
+  ['forbidden header', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'Host', type: 'plaintext', value: 'evil.com' }] }] }, ['rules', 0, 'headers', 0, 'name'], /cannot be injected/],
+  ['duplicate header', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X-A', type: 'plaintext', value: '1' }, { name: 'x-a', type: 'plaintext', value: '2' }] }] }, ['rules', 0, 'headers', 1, 'name'], /set twice/],
+  ['duplicate rule name', { rules: [{ name: 'a', match_hosts: ['a.com'] }, { name: 'a', match_hosts: ['b.com'] }] }, ['rules', 1, 'name'], /Duplicate rule/],
+  ['secret without reference', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X', type: 'workspace_secret', value: 'Bearer TOKEN' }] }] }, ['rules', 0, 'headers', 0, 'value'], /at least one secret/],
+  ['malformed reference', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X', type: 'workspace_secret', value: '{A} {bad-key}' }] }] }, ['rules', 0, 'headers', 0, 'value'], /Malformed/],
+  ['empty match_hosts', { rules: [{ name: 'a', match_hosts: [] }] }, ['rules', 0, 'match_hosts'], /fewer than 1/],
+  ['too many rules', { rules: Array.from({ length: 101 }, (_, i) => ({ name: `r${i}`, match_hosts: ['a.com'] })) }, ['rules'], /more than 100/],
+  ['not an object', [], [], /object/],
+];
+
 describe('validateProxyConfig', () => {
   it('accepts the spec shape, both no_proxy placements', () => {
     expect(validateProxyConfig(good)).toEqual([]);
@@ -36,28 +59,6 @@ describe('validateProxyConfig', () => {
     expect(new Ajv().compile({ type: 'object', properties: { proxy_config: proxyConfigSchema } })).toBeTypeOf('function');
   });
 
-  const cases: [string, unknown, (string | number)[], RegExp][] = [
-    ['unknown top-level property', { ...good, extra: 1 }, ['extra'], /Extra inputs/],
-    ['unknown rule property', { rules: [{ name: 'a', match_hosts: ['a.com'], bogus: 1 }] }, ['rules', 0, 'bogus'], /Extra/],
-    ['missing name', { rules: [{ match_hosts: ['a.com'] }] }, ['rules', 0, 'name'], /required/],
-    ['bad header type', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X', type: 'secret', value: 'v' }] }] }, ['rules', 0, 'headers', 0, 'type'], /Input should be/],
-    ['bad host pattern', { rules: [{ name: 'a', match_hosts: ['ok.com', 'bad host'] }] }, ['rules', 0, 'match_hosts', 1], /Invalid host pattern/],
-    ['bad no_proxy', { no_proxy: ['a..b'] }, ['no_proxy', 0], /Invalid host pattern/],
-    ['bad rule no_proxy', { rules: [{ name: 'a', match_hosts: ['a.com'], no_proxy: ['*.'] }] }, ['rules', 0, 'no_proxy', 0], /Invalid host pattern/],
-    ['bad path pattern', { rules: [{ name: 'a', match_hosts: ['a.com'], match_paths: ['/ok', 'nope'] }] }, ['rules', 0, 'match_paths', 1], /Invalid path pattern/],
-    ['encoded slash in path pattern', { rules: [{ name: 'a', match_hosts: ['a.com'], match_paths: ['/a%2Fb'] }] }, ['rules', 0, 'match_paths', 0], /encoded/],
-    ['header name not a token', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X Bad', type: 'plaintext', value: 'v' }] }] }, ['rules', 0, 'headers', 0, 'name'], /pattern/],
-    ['CRLF in value', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X', type: 'plaintext', value: 'v\r\nX-Evil: 1' }] }] }, ['rules', 0, 'headers', 0, 'value'], /legal HTTP field/],
-    ['NUL in value', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X', type: 'plaintext', value: 'v\u0000' }] }] }, ['rules', 0, 'headers', 0, 'value'], /legal HTTP field/],
-    ['forbidden header', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'Host', type: 'plaintext', value: 'evil.com' }] }] }, ['rules', 0, 'headers', 0, 'name'], /cannot be injected/],
-    ['duplicate header', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X-A', type: 'plaintext', value: '1' }, { name: 'x-a', type: 'plaintext', value: '2' }] }] }, ['rules', 0, 'headers', 1, 'name'], /set twice/],
-    ['duplicate rule name', { rules: [{ name: 'a', match_hosts: ['a.com'] }, { name: 'a', match_hosts: ['b.com'] }] }, ['rules', 1, 'name'], /Duplicate rule/],
-    ['secret without reference', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X', type: 'workspace_secret', value: 'Bearer TOKEN' }] }] }, ['rules', 0, 'headers', 0, 'value'], /at least one secret/],
-    ['malformed reference', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X', type: 'workspace_secret', value: '{A} {bad-key}' }] }] }, ['rules', 0, 'headers', 0, 'value'], /Malformed/],
-    ['empty match_hosts', { rules: [{ name: 'a', match_hosts: [] }] }, ['rules', 0, 'match_hosts'], /fewer than 1/],
-    ['too many rules', { rules: Array.from({ length: 101 }, (_, i) => ({ name: `r${i}`, match_hosts: ['a.com'] })) }, ['rules'], /more than 100/],
-    ['not an object', [], [], /object/],
-  ];
   it.each(cases)('%s', (_name, value, loc, msg) => {
     const issues = validateProxyConfig(value);
     const hit = issues.find((i) => JSON.stringify(i.loc) === JSON.stringify(loc));
@@ -69,6 +70,21 @@ describe('validateProxyConfig', () => {
     const issues = validateProxyConfig({ rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X', type: 'plaintext', value: 'sup3rs3cret\n' }] }] });
     expect(issues.length).toBeGreaterThan(0);
     expect(JSON.stringify(issues)).not.toContain('sup3rs3cret');
+  });
+});
+
+describe('the standalone validator built by npm run build (scripts/build-validators.mjs)', () => {
+  const built = () => import(path.resolve('dist/config/schema.js')) as Promise<typeof import('../../src/config/schema.js')>;
+
+  it('is what the built proxy uses (no ajv at run time), while the sources compile the schema', async () => {
+    const dist = await built();
+    expect(dist.usesPrecompiledValidator()).toBe(true);
+    expect(usesPrecompiledValidator()).toBe(false);
+  });
+
+  it('gives exactly the issues ajv gives, for every case above and the good config', async () => {
+    const dist = await built();
+    for (const [, value] of [['good', good] as const, ...cases]) expect(dist.validateProxyConfig(value)).toEqual(validateProxyConfig(value));
   });
 });
 
