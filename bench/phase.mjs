@@ -1,0 +1,78 @@
+#!/usr/bin/env node
+// One load phase against keygate alone, for profiling and A/B comparisons (bench/ab.mjs): the
+// benchmark's nginx origin and client, keygate started as run.mjs starts it (the image's node
+// flags), one phase, one JSON line: the client's figures plus the proxy's CPU (`cpu_us_per_req`;
+// for bulk, ms of CPU per GiB), `util` (its CPU share), `idle` and `peak` RSS (MiB).
+//
+// usage: node bench/phase.mjs [--mode small|bulk|probe|fresh] [--connections 32] [--seconds 5]
+//          [--host bench.test|plain.test] [--cpu-prof] [--strace FILE [--strace-raw]]
+//          [--keygate-arg ARG]...
+// env: KEYGATE_NODE_ARGS  extra node flags for keygate (space separated), e.g. --trace-gc
+//      and any KEYGATE_* setting, passed through to keygate.
+import path from 'node:path';
+import { spawn, spawnSync } from 'node:child_process';
+import { parseArgs } from 'node:util';
+import { startOrigin, startKeygate, BENCH_DIR } from './lib/peers.mjs';
+import { ensurePki, ensureContent } from './lib/setup.mjs';
+import { cpuSeconds, rssMiB, peakRssMiB } from './lib/proc.mjs';
+import { probe } from './lib/probe.mjs';
+
+const { values: o } = parseArgs({
+  options: {
+    mode: { type: 'string', default: 'small' },
+    connections: { type: 'string', default: '32' },
+    seconds: { type: 'string', default: '5' },
+    host: { type: 'string', default: 'bench.test' },
+    'cpu-prof': { type: 'boolean', default: false },
+    strace: { type: 'string' },
+    'strace-raw': { type: 'boolean', default: false },
+    'keygate-arg': { type: 'string', multiple: true, default: [] },
+  },
+});
+const WORK = path.join(BENCH_DIR, '.work');
+spawnSync('taskset', ['-a', '-pc', '1', String(process.pid)], { stdio: 'ignore' });
+const pki = ensurePki(WORK);
+const content = ensureContent(WORK, 100 * 1048576);
+const origin = await startOrigin({ work: WORK, pki, content });
+const names = ['bench.test', 'plain.test', ...Array.from({ length: 20 }, (_, i) => `p${i}-${Date.now()}.bench.test`)];
+const nodeArgs = [...(process.env.KEYGATE_NODE_ARGS ? process.env.KEYGATE_NODE_ARGS.split(' ') : []), ...(o['cpu-prof'] ? ['--cpu-prof', `--cpu-prof-dir=${WORK}/prof`] : [])];
+const kg = await startKeygate({ work: WORK, pki, token: 'phase-token', names, originPort: origin.port, extraArgs: o['keygate-arg'], nodeArgs });
+try {
+  await new Promise((r) => setTimeout(r, 1500));
+  const idle = rssMiB(kg.pid);
+  const client = (spec) =>
+    new Promise((resolve) => {
+      const c = spawn('taskset', ['-c', '1', process.execPath, path.join(BENCH_DIR, 'client.mjs'), JSON.stringify(spec)]);
+      let out = '';
+      c.stdout.on('data', (d) => (out += d));
+      c.stderr.on('data', (d) => process.stderr.write(d));
+      c.on('close', () => resolve(JSON.parse(out.trim().split('\n').pop() || '{"ok":false}')));
+    });
+  const base = { proxy: { host: '127.0.0.1', port: kg.port }, port: origin.port, ca: [kg.ca, pki.originCa] };
+  let st;
+  if (o.strace) {
+    st = spawn('strace', [o['strace-raw'] ? '-tt' : '-c', '-f', '-p', String(kg.pid), '-o', o.strace]);
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  const c0 = cpuSeconds(kg.pid);
+  const t0 = performance.now();
+  let r;
+  if (o.mode === 'small') r = await client({ ...base, mode: 'small', host: o.host, connections: Number(o.connections), durationMs: Number(o.seconds) * 1000, warmupMs: 500 });
+  else if (o.mode === 'bulk') r = await client({ ...base, mode: 'bulk', host: o.host, expectBytes: 100 * 1048576, warmupTransfers: 1, repeats: 3 });
+  else if (o.mode === 'probe') r = await probe({ proxyPort: kg.port, originPort: origin.port, hosts: names.slice(2), ca: [kg.ca, pki.originCa] });
+  else if (o.mode === 'fresh') r = await client({ ...base, mode: 'fresh', hosts: names.slice(2) });
+  else throw new Error(`unknown --mode ${o.mode}`);
+  const c1 = cpuSeconds(kg.pid);
+  if (st) {
+    st.kill('SIGINT');
+    await new Promise((res) => st.on('close', res));
+  }
+  r.util = (c1 - c0) / ((performance.now() - t0) / 1000);
+  r.cpu_us_per_req = r.total ? ((c1 - c0) * 1e6) / r.total : r.runs ? ((c1 - c0) * 1e3) / ((r.runs.length + 1) * (100 / 1024)) : undefined;
+  r.idle = idle;
+  r.peak = peakRssMiB(kg.pid);
+  console.log(JSON.stringify(r));
+} finally {
+  await kg.stop();
+  await origin.stop();
+}
