@@ -140,6 +140,17 @@ function isoTime(): string {
   return lastTime;
 }
 
+/**
+ * One batch per flush interval for the whole process: loggers that share stdout share the
+ * batch (their lines stay in order, one exit hook and one timer however many loggers there are).
+ */
+const batches = new Map<number, BatchedStdout>();
+function batchedStdout(flushMs: number): BatchedStdout {
+  let b = batches.get(flushMs);
+  if (!b) batches.set(flushMs, (b = new BatchedStdout(1, flushMs)));
+  return b;
+}
+
 function flushMsFromEnv(): number {
   const raw = process.env.KEYGATE_LOG_FLUSH_MS;
   if (raw === undefined || raw === '') return 100;
@@ -157,5 +168,5 @@ export function createLogger(opts: LogOptions = {}): Logger {
   };
   if (opts.destination) return pino(options, opts.destination);
   const flushMs = opts.flushMs ?? flushMsFromEnv();
-  return pino(options, flushMs > 0 ? new BatchedStdout(1, flushMs) : pino.destination({ dest: 1, sync: false }));
+  return pino(options, flushMs > 0 ? batchedStdout(flushMs) : pino.destination({ dest: 1, sync: false }));
 }
