@@ -143,7 +143,9 @@ export class Upstream {
   readonly secureContext: tls.SecureContext;
   private readonly resolveMap: ReadonlyMap<string, string>;
   private readonly connector: Undici.buildConnector.connector;
-  /** Upstream connections open now, by origin key (`host:port`). */
+  /** Dials a new connection (the connector without the connections opened ahead). */
+  private readonly dial: Undici.buildConnector.connector;
+  /** Upstream connections open now, by origin key (`https://host:port`, as undici names it). */
   private readonly live = new Map<string, number>();
   private readonly warm = new Map<string, Warm>();
 
@@ -156,7 +158,7 @@ export class Upstream {
       rejectUnauthorized: true,
       timeout: opts.timeouts.connectMs,
     } as Undici.buildConnector.BuildOptions);
-    const dial = (o: ConnectOptions, cb: ConnectCallback) => {
+    this.dial = (o: ConnectOptions, cb: ConnectCallback) => {
       const hostname = o.hostname.startsWith('[') ? o.hostname.slice(1, -1) : o.hostname;
       const port = Number(o.port) || (o.protocol === 'https:' ? 443 : 80);
       // Resolved once and checked against the egress policy; the connection goes to exactly that
@@ -173,10 +175,9 @@ export class Upstream {
         (err: Error) => cb(err, null),
       );
     };
-    this.dial = dial;
     this.connector = (o, cb) => {
       const warm = this.takeWarm(`${o.protocol}//${o.host}`);
-      if (!warm) return dial(o, cb);
+      if (!warm) return this.dial(o, cb);
       // Never synchronously: undici's connect() is not re-entrant (a request would never be written).
       if (warm.socket) return process.nextTick(cb, null, warm.socket);
       if (warm.error) return process.nextTick(cb, warm.error, null);
@@ -184,8 +185,6 @@ export class Upstream {
     };
     this.#agent = this.newAgent();
   }
-
-  private readonly dial: Undici.buildConnector.connector;
 
   /** Keeps `live` current: an origin with a connection open needs no connection opened ahead. */
   private count(key: string, socket: NonNullable<Connected>): void {
