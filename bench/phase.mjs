@@ -36,8 +36,9 @@ const content = ensureContent(WORK, 100 * 1048576);
 const origin = await startOrigin({ work: WORK, pki, content });
 const names = ['bench.test', 'plain.test', ...Array.from({ length: 20 }, (_, i) => `p${i}-${Date.now()}.bench.test`)];
 const nodeArgs = [...(process.env.KEYGATE_NODE_ARGS ? process.env.KEYGATE_NODE_ARGS.split(' ') : []), ...(o['cpu-prof'] ? ['--cpu-prof', `--cpu-prof-dir=${WORK}/prof`] : [])];
-const kg = await startKeygate({ work: WORK, pki, token: 'phase-token', names, originPort: origin.port, extraArgs: o['keygate-arg'], nodeArgs });
+let kg;
 try {
+  kg = await startKeygate({ work: WORK, pki, token: 'phase-token', names, originPort: origin.port, extraArgs: o['keygate-arg'], nodeArgs });
   await new Promise((r) => setTimeout(r, 1500));
   const idle = rssMiB(kg.pid);
   const client = (spec) =>
@@ -73,6 +74,7 @@ try {
   r.peak = peakRssMiB(kg.pid);
   console.log(JSON.stringify(r));
 } finally {
-  await kg.stop();
+  // The origin too, whatever failed: a run must not leave an nginx behind.
+  await kg?.stop();
   await origin.stop();
 }
