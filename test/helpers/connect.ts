@@ -52,6 +52,13 @@ export function tlsOverTunnel(socket: net.Socket, servername: string, ca: string
   });
 }
 
+/** CONNECT host:port through the proxy, then TLS to it trusting `ca`; fails unless the CONNECT got 200. */
+export async function interceptedTls(proxyPort: number, host: string, port: number, ca: string | string[]): Promise<tls.TLSSocket> {
+  const c = await connectTunnel(proxyPort, `${host}:${port}`);
+  if (c.status !== 200) throw new Error(`CONNECT ${host}:${port} answered ${c.status}: ${c.body.slice(0, 200)}`);
+  return tlsOverTunnel(c.socket, host, ca);
+}
+
 export interface RawResponse {
   status: number;
   headers: http.IncomingHttpHeaders;

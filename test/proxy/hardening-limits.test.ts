@@ -15,7 +15,7 @@ import { createLogger } from '../../src/log.js';
 import { parseLimitFlag, resolveLimits } from '../../src/proxy/limits.js';
 import { startProxy, type ProxyHandle } from '../../src/proxy/server.js';
 import { compileConfig } from '../../src/rules/index.js';
-import { connectTunnel, tlsOverTunnel } from '../helpers/connect.js';
+import { connectTunnel, interceptedTls, tlsOverTunnel } from '../helpers/connect.js';
 import { startOrigin, type TestOrigin } from '../helpers/origin.js';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { runCli, spawnProxy, type SpawnedProxy } from '../helpers/proxy.js';
@@ -78,9 +78,7 @@ const plainGet = (extra: string[] = [], target = `/x`) => `GET http://127.0.0.1:
 
 /** CONNECT + TLS to an intercepted host; the TLS socket. */
 async function intercepted(host = 'api.test.local', port = origin.port) {
-  const c = await connectTunnel(proxy.port, `${host}:${port}`);
-  expect(c.status).toBe(200);
-  return tlsOverTunnel(c.socket, host, proxy.caPem);
+  return interceptedTls(proxy.port, host, port, proxy.caPem);
 }
 
 function proxyStatusOf(text: string): string {

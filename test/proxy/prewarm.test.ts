@@ -9,7 +9,7 @@ import net from 'node:net';
 import type { AddressInfo } from 'node:net';
 import type tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectTunnel, rawExchange, tlsOverTunnel as tlsOver } from '../helpers/connect.js';
+import { interceptedTls, rawExchange } from '../helpers/connect.js';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { spawnProxy, type SpawnedProxy } from '../helpers/proxy.js';
 import { eventually } from './hardening-helpers.js';
@@ -60,13 +60,6 @@ afterAll(async () => {
   expect(proxy.output()).not.toContain(TOKEN);
 });
 
-/** CONNECT host:port, then TLS to it trusting `ca`. */
-async function tlsOverTunnel(proxyPort: number, host: string, port: number, ca: string[]): Promise<{ tls: tls.TLSSocket }> {
-  const c = await connectTunnel(proxyPort, `${host}:${port}`);
-  expect(c.status).toBe(200);
-  return { tls: await tlsOver(c.socket, host, ca) };
-}
-
 /** One request over an established TLS session through the tunnel; resolves with the raw answer. */
 function get(t: tls.TLSSocket, host: string, port: number, path: string): Promise<string> {
   return new Promise((resolve) => {
@@ -88,7 +81,7 @@ function get(t: tls.TLSSocket, host: string, port: number, path: string): Promis
 describe('connections opened ahead of the first request', () => {
   it('the upstream handshake starts at CONNECT and the first request uses that connection', async () => {
     const before = seen.accepted;
-    const { tls: t } = await tlsOverTunnel(proxy.port, HOST, originPort, [proxy.caPem]);
+    const t = await interceptedTls(proxy.port, HOST, originPort, [proxy.caPem]);
     // No request sent yet: the origin already has the proxy's connection.
     expect(await eventually(() => seen.accepted === before + 1, 3000)).toBe(true);
     const answer = await get(t, HOST, originPort, '/first');
@@ -97,7 +90,7 @@ describe('connections opened ahead of the first request', () => {
     // ... and no second connection was needed for it.
     expect(seen.accepted).toBe(before + 1);
     // A second tunnel to the same origin finds a connection open: nothing is opened ahead.
-    const { tls: t2 } = await tlsOverTunnel(proxy.port, HOST, originPort, [proxy.caPem]);
+    const t2 = await interceptedTls(proxy.port, HOST, originPort, [proxy.caPem]);
     await new Promise((r) => setTimeout(r, 200));
     expect(seen.accepted).toBe(before + 1);
     expect(await get(t2, HOST, originPort, '/second')).toMatch(/^HTTP\/1\.1 200/);
@@ -116,7 +109,7 @@ describe('connections opened ahead of the first request', () => {
     try {
       const accepted = seen.accepted;
       const closed = seen.closed;
-      const { tls: t } = await tlsOverTunnel(p.port, other, originPort, [p.caPem]);
+      const t = await interceptedTls(p.port, other, originPort, [p.caPem]);
       expect(await eventually(() => seen.accepted === accepted + 1, 3000)).toBe(true);
       expect(seen.closed).toBe(closed);
       expect(await eventually(() => seen.closed === closed + 1, 8000)).toBe(true);
@@ -127,7 +120,7 @@ describe('connections opened ahead of the first request', () => {
   }, 20_000);
 
   it('the egress policy applies: a rule host pinned to a metadata address is refused, logged once', async () => {
-    const { tls: t } = await tlsOverTunnel(proxy.port, DENIED, 443, [proxy.caPem]);
+    const t = await interceptedTls(proxy.port, DENIED, 443, [proxy.caPem]);
     const answer = await rawExchange(t, `GET /x HTTP/1.1\r\nHost: ${DENIED}\r\nConnection: close\r\n\r\n`);
     expect(answer.status).toBe(403);
     expect(answer.body).toMatch(/169\.254\.169\.254/);
@@ -137,7 +130,7 @@ describe('connections opened ahead of the first request', () => {
   });
 
   it('an origin refusing connections: the request gets the usual 502', async () => {
-    const { tls: t } = await tlsOverTunnel(proxy.port, REFUSED, deadPort, [proxy.caPem]);
+    const t = await interceptedTls(proxy.port, REFUSED, deadPort, [proxy.caPem]);
     const answer = await rawExchange(t, `GET /x HTTP/1.1\r\nHost: ${REFUSED}:${deadPort}\r\nConnection: close\r\n\r\n`);
     expect(answer.status).toBe(502);
     expect(JSON.stringify(answer)).not.toContain(TOKEN);

@@ -9,7 +9,7 @@ import { createHash } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectTunnel, tlsOverTunnel } from '../helpers/connect.js';
+import { interceptedTls } from '../helpers/connect.js';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { memoryOf, spawnProxy, type SpawnedProxy } from '../helpers/proxy.js';
 
@@ -54,9 +54,7 @@ afterAll(async () => {
 
 /** One GET, read slowly (pausing every 256 KiB), resolved with the body's digest and size. */
 async function slowDownload(pauseMs: number, via: SpawnedProxy = proxy): Promise<{ status: number; bytes: number; digest: string }> {
-  const c = await connectTunnel(via.port, `${HOST}:${originPort}`);
-  expect(c.status).toBe(200);
-  const t = await tlsOverTunnel(c.socket, HOST, via.caPem);
+  const t = await interceptedTls(via.port, HOST, originPort, via.caPem);
   return new Promise((resolve, reject) => {
     let head = Buffer.alloc(0);
     let status = 0;
@@ -105,8 +103,7 @@ describe('an origin closing after a response the client reads slowly', () => {
 
   it('clients leaving mid-response at many moments never take the proxy down', async () => {
     for (let i = 0; i < 20; i++) {
-      const c = await connectTunnel(proxy.port, `${HOST}:${originPort}`);
-      const t = await tlsOverTunnel(c.socket, HOST, proxy.caPem);
+      const t = await interceptedTls(proxy.port, HOST, originPort, proxy.caPem);
       t.on('error', () => undefined);
       t.write(`GET /big HTTP/1.1\r\nHost: ${HOST}:${originPort}\r\n\r\n`);
       await new Promise((r) => setTimeout(r, i % 5));
