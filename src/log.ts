@@ -89,13 +89,7 @@ class BatchedStdout implements DestinationStream {
     this.timer = setInterval(() => this.flush(), flushMs).unref();
     process.once('exit', () => {
       clearInterval(this.timer);
-      if (!this.batch) return;
-      try {
-        writeSync(this.fd, this.batch);
-      } catch {
-        /* stdout is gone: nothing left to tell */
-      }
-      this.batch = '';
+      this.writeHeldSync();
     });
   }
 
@@ -117,11 +111,22 @@ class BatchedStdout implements DestinationStream {
     cb?.();
   }
 
+  /** pino calls this after a fatal line: everything out before the process goes down. */
   flushSync(): void {
+    this.boom.flushSync();
+    this.writeHeldSync();
+  }
+
+  /** The batch not yet handed to sonic-boom, written synchronously (after what sonic-boom holds). */
+  private writeHeldSync(): void {
     const out = this.batch;
     this.batch = '';
-    this.boom.flushSync();
-    if (out) writeSync(this.fd, out);
+    if (!out) return;
+    try {
+      writeSync(this.fd, out);
+    } catch {
+      /* stdout is gone: nothing left to tell */
+    }
   }
 }
 
