@@ -304,8 +304,8 @@ export class Upstream {
   }
 
   /** A plain TCP connection (blind tunnels) to `address` (from dialAddress). */
-  connectTcp(host: string, port: number, address = this.address(host, port)): net.Socket {
-    return net.connect({ host: address, port });
+  connectTcp(host: string, port: number, address = this.address(host, port), onread?: net.OnReadOpts): net.Socket {
+    return net.connect({ host: address, port, onread });
   }
 
   /** A verified TLS connection (WebSocket upgrades) to `address`, SNI and certificate checked for `host`. */

@@ -1,5 +1,7 @@
-// The blind tunnel's relay: half-close in both directions, and backpressure towards a client that
-// stops reading (the proxy must stop reading the upstream instead of queueing everything).
+// The blind tunnel's relay: half-close in both directions, backpressure towards a client that
+// stops reading (the proxy must stop reading the upstream instead of queueing everything), and
+// every byte unaltered while the upstream side reads into reused memory (tunnel.ts DirectReader).
+import { createHash, randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -17,6 +19,8 @@ let proxy: ProxyHandle;
 let counter: net.Server; // reads until FIN, answers with the byte count, then FIN
 let firehose: net.Server; // writes as fast as backpressure allows
 let firehoseAccepted = 0;
+let pattern: net.Server; // on the client's first byte: 48 MiB of random bytes in uneven writes, then FIN
+let patternHash = '';
 const sockets = new Set<net.Socket>();
 const MIB = 1 << 20;
 
@@ -46,7 +50,31 @@ beforeAll(async () => {
     };
     pump();
   });
-  const [cport, fport] = await Promise.all([listen(counter), listen(firehose)]);
+  pattern = net.createServer((s) => {
+    sockets.add(s);
+    s.on('error', () => undefined);
+    const block = randomBytes(3 * MIB + 7);
+    const hash = createHash('sha256');
+    let left = 48 * MIB;
+    let at = 0;
+    const pump = () => {
+      while (left > 0) {
+        // Uneven slices of a random block, so no two reads on the proxy see the same bytes.
+        const n = Math.min(left, 1 + ((at * 7919) % (200 * 1024)));
+        const from = at % (block.length - n);
+        const chunk = block.subarray(from, from + n);
+        hash.update(chunk);
+        left -= n;
+        at += n;
+        if (!s.write(chunk)) return void s.once('drain', pump);
+      }
+      patternHash = hash.digest('hex');
+      s.end();
+    };
+    // The client speaks first, so that no byte arrives before its reader is attached.
+    s.once('data', pump);
+  });
+  const [cport, fport, pport] = await Promise.all([listen(counter), listen(firehose), listen(pattern)]);
   const ca = await ensureCa(path.join(dir, 'certs'));
   proxy = await startProxy({
     listen: { host: '127.0.0.1', port: 0 },
@@ -56,9 +84,10 @@ beforeAll(async () => {
     resolve: new Map([
       [`counter.test.local:${cport}`, '127.0.0.1'],
       [`firehose.test.local:${fport}`, '127.0.0.1'],
+      [`pattern.test.local:${pport}`, '127.0.0.1'],
     ]),
   });
-  (globalThis as Record<string, unknown>).__ports = { cport, fport };
+  (globalThis as Record<string, unknown>).__ports = { cport, fport, pport };
 });
 
 afterAll(async () => {
@@ -66,10 +95,11 @@ afterAll(async () => {
   await proxy?.close(500);
   await new Promise((r) => counter?.close(r));
   await new Promise((r) => firehose?.close(r));
+  await new Promise((r) => pattern?.close(r));
   rmSync(dir, { recursive: true, force: true });
 });
 
-const ports = () => (globalThis as Record<string, unknown>).__ports as { cport: number; fport: number };
+const ports = () => (globalThis as Record<string, unknown>).__ports as { cport: number; fport: number; pport: number };
 
 describe('blind tunnel relay', () => {
   it('carries a client half-close to the upstream and the answer and its close back', async () => {
@@ -103,6 +133,34 @@ describe('blind tunnel relay', () => {
     const deadline = Date.now() + 10_000;
     while (received < stalled + 8 * MIB && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
     expect(received).toBeGreaterThan(stalled);
+    t.socket.destroy();
+  });
+
+  it('delivers every byte unaltered to a client that reads in fits and starts', async () => {
+    const t = await connectTunnel(proxy.port, `pattern.test.local:${ports().pport}`);
+    expect(t.status).toBe(200);
+    // Stalls make the proxy's writes to the client pend, so that reads on the upstream side go
+    // on while earlier bytes are still queued: reused read memory would corrupt them.
+    const hash = createHash('sha256');
+    let received = 0;
+    let stalls = 0;
+    await new Promise<void>((resolve, reject) => {
+      t.socket.on('data', (d: Buffer) => {
+        hash.update(d);
+        received += d.length;
+        if (received > (stalls + 1) * 4 * MIB) {
+          stalls++;
+          t.socket.pause();
+          setTimeout(() => t.socket.resume(), 30);
+        }
+      });
+      t.socket.on('end', () => resolve());
+      t.socket.on('error', reject);
+      t.socket.write('go');
+    });
+    expect(stalls).toBeGreaterThan(5);
+    expect(received).toBe(48 * MIB);
+    expect(hash.digest('hex')).toBe(patternHash);
     t.socket.destroy();
   });
 });
