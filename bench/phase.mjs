@@ -6,7 +6,8 @@
 //
 // usage: node bench/phase.mjs [--mode small|bulk|probe|fresh] [--connections 32] [--seconds 5]
 //          [--host bench.test|plain.test] [--cpu-prof] [--strace FILE [--strace-raw]]
-//          [--keygate-arg ARG]...
+//          [--repeats N (bulk)] [--perf FILE (perf record of keygate; add
+//          KEYGATE_NODE_ARGS=--perf-basic-prof for JS names)] [--keygate-arg ARG]...
 // env: KEYGATE_NODE_ARGS  extra node flags for keygate (space separated), e.g. --trace-gc
 //      and any KEYGATE_* setting, passed through to keygate.
 import path from 'node:path';
@@ -26,6 +27,8 @@ const { values: o } = parseArgs({
     'cpu-prof': { type: 'boolean', default: false },
     strace: { type: 'string' },
     'strace-raw': { type: 'boolean', default: false },
+    repeats: { type: 'string', default: '3' },
+    perf: { type: 'string' },
     'keygate-arg': { type: 'string', multiple: true, default: [] },
   },
 });
@@ -55,15 +58,24 @@ try {
     st = spawn('strace', [o['strace-raw'] ? '-tt' : '-c', '-f', '-p', String(kg.pid), '-o', o.strace]);
     await new Promise((r) => setTimeout(r, 500));
   }
+  let pf;
+  if (o.perf) {
+    pf = spawn('perf', ['record', '-F', '1999', '-p', String(kg.pid), '-o', o.perf], { stdio: 'ignore' });
+    await new Promise((r) => setTimeout(r, 500));
+  }
   const c0 = cpuSeconds(kg.pid);
   const t0 = performance.now();
   let r;
   if (o.mode === 'small') r = await client({ ...base, mode: 'small', host: o.host, connections: Number(o.connections), durationMs: Number(o.seconds) * 1000, warmupMs: 500 });
-  else if (o.mode === 'bulk') r = await client({ ...base, mode: 'bulk', host: o.host, expectBytes: 100 * 1048576, warmupTransfers: 1, repeats: 3 });
+  else if (o.mode === 'bulk') r = await client({ ...base, mode: 'bulk', host: o.host, expectBytes: 100 * 1048576, warmupTransfers: 1, repeats: Number(o.repeats) });
   else if (o.mode === 'probe') r = await probe({ proxyPort: kg.port, originPort: origin.port, hosts: names.slice(2), ca: [kg.ca, pki.originCa] });
   else if (o.mode === 'fresh') r = await client({ ...base, mode: 'fresh', hosts: names.slice(2) });
   else throw new Error(`unknown --mode ${o.mode}`);
   const c1 = cpuSeconds(kg.pid);
+  if (pf) {
+    pf.kill('SIGINT');
+    await new Promise((res) => pf.on('close', res));
+  }
   if (st) {
     st.kill('SIGINT');
     await new Promise((res) => st.on('close', res));
