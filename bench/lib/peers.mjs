@@ -116,7 +116,7 @@ http {
 }
 
 /** The node flags of the Docker image's ENTRYPOINT: keygate is measured the way it ships. */
-export const IMAGE_NODE_FLAGS = ['--max-semi-space-size=1', '--heap-growing-percent=20'];
+export const IMAGE_NODE_FLAGS = ['--max-semi-space-size=2', '--heap-growing-percent=20'];
 
 /** keygate itself, from dist/ (built by run.mjs), with --resolve pins for every bench name. */
 export async function startKeygate({ work, pki, token, names, originPort, extraArgs = [], nodeArgs = [] }) {

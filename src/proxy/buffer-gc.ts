@@ -12,7 +12,7 @@ import vm from 'node:vm';
  * chunks and raised its RSS by about 35 MiB (bench/README.md). After every STEP bytes relayed,
  * a young-generation collection is asked for (asynchronously: V8 runs it at its next
  * opportunity). It costs well under a millisecond each time with the small young generation the
- * image configures (--max-semi-space-size=1), i.e. under 1 % of the CPU of a 250 MiB/s relay.
+ * image configures (--max-semi-space-size=2), i.e. under 1 % of the CPU of a 250 MiB/s relay.
  *
  * The collector is reached the way --expose-gc would expose it, without the flag on the
  * command line: the flag is set at run time and read when a new context is created. If that
