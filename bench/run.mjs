@@ -9,6 +9,9 @@ import { parseArgs } from 'node:util';
 import { ensureContent, ensurePackages, ensurePki, has, machineInfo } from './lib/setup.mjs';
 import { BENCH_DIR, REPO_ROOT, startKeygate, startMitmproxy, startOrigin, startSquid } from './lib/peers.mjs';
 import { cpuSeconds, peakRssMiB, rssMiB } from './lib/proc.mjs';
+
+/** When idle memory is read the second time, ms after the proxies started. */
+const SETTLE_MS = 20_000;
 import { renderResults, summarise } from './lib/report.mjs';
 
 const USAGE = `usage: npm run bench -- [options]
@@ -219,8 +222,14 @@ async function main() {
     }
     peers.push(peer);
   }
+  const started = Date.now();
   await new Promise((r) => setTimeout(r, 1500));
   for (const p of peers) if (p.pid && !p.skip) p.idleRssMiB = rssMiB(p.pid);
+  // Idle as a sidecar spends most of its life: V8's memory reducer gives back start-up garbage
+  // and the young generation some seconds after the last activity (node proxies: about 10 s).
+  await new Promise((r) => setTimeout(r, Math.max(0, started + SETTLE_MS - Date.now())));
+  for (const p of peers) if (p.pid && !p.skip) p.settledRssMiB = rssMiB(p.pid);
+  log(`idle RSS at 1.5 s / ${SETTLE_MS / 1000} s: ${peers.filter((p) => p.pid && !p.skip).map((p) => `${p.name} ${p.idleRssMiB.toFixed(1)} / ${p.settledRssMiB.toFixed(1)} MiB`).join(', ')}`);
 
   const base = (p) => ({ proxy: p.proxy, port: origin.port, ca: [p.ca, pki.originCa] });
   for (const p of peers) {

@@ -42,6 +42,7 @@ export function summarise(peers) {
       new_p90: pick(R, (r) => okv(r.newHost, 'p90_ms')),
       known_p50: pick(R, (r) => okv(r.knownHost, 'p50_ms')),
       idle_rss: p.idleRssMiB ?? null,
+      settled_rss: p.settledRssMiB ?? null,
       peak_rss: p.peakRssMiB ?? null,
       end_rss: p.endRssMiB ?? null,
       errors: R.reduce((a, r) => a + (r.c1?.errors ?? 0) + (r.cN?.errors ?? 0), 0),
@@ -80,7 +81,10 @@ export function targets(s, cfg) {
   add('tunnel bulk >= 90% of direct', rt, rt >= 0.9, rt == null ? 'n/a' : `${(rt * 100).toFixed(0)}%`);
   add('first request to a new host p50 <= 8 ms', k.new_p50, k.new_p50 <= 8, `${f2(k.new_p50)} ms`);
   add('peak RSS under load <= 100 MiB', k.peak_rss, k.peak_rss <= 100, `${f1(k.peak_rss)} MiB`);
-  add('idle RSS <= 60 MiB', k.idle_rss, k.idle_rss <= 60, `${f1(k.idle_rss)} MiB`);
+  // Idle as a sidecar idles: after V8's memory reducer has run (some seconds after the last
+  // activity). The figure 1.5 s after start, with start-up garbage still held, is shown too.
+  const idle = k.settled_rss ?? k.idle_rss;
+  add('idle RSS <= 60 MiB', idle, idle <= 60, `${f1(k.settled_rss)} MiB settled (${f1(k.idle_rss)} at 1.5 s)`);
   return t;
 }
 
@@ -104,7 +108,7 @@ export function renderResults({ machine, cfg, peers, summary, notes, command, or
   L.push(`- ${cfg.rounds} interleaved rounds, medians; ${cfg.durationMs / 1000} s per load phase after ${cfg.warmupMs / 1000} s warm-up; ${cfg.bulkBytes / 1048576} MiB bulk body; ${cfg.hosts} new host names per round`);
   L.push('');
   L.push('## Summary (medians over rounds)', '');
-  L.push(`| mode | small GET req/s, 1 conn | p50 / p99 ms at 1 | small GET req/s, ${N} conns | p50 / p99 ms at ${N} | ${cfg.bulkBytes / 1048576} MiB via interception MiB/s | via plain tunnel MiB/s | first request, new host p50 ms | first request, known host p50 ms | proxy CPU us/req at 1 / ${N} | proxy CPU s/GiB interception / tunnel | idle RSS MiB | peak RSS MiB |`);
+  L.push(`| mode | small GET req/s, 1 conn | p50 / p99 ms at 1 | small GET req/s, ${N} conns | p50 / p99 ms at ${N} | ${cfg.bulkBytes / 1048576} MiB via interception MiB/s | via plain tunnel MiB/s | first request, new host p50 ms | first request, known host p50 ms | proxy CPU us/req at 1 / ${N} | proxy CPU s/GiB interception / tunnel | idle RSS MiB at 1.5 s / settled | peak RSS MiB |`);
   L.push('|---|---|---|---|---|---|---|---|---|---|---|---|---|');
   for (const p of peers) {
     const s = summary[p.name];
@@ -113,7 +117,7 @@ export function renderResults({ machine, cfg, peers, summary, notes, command, or
       continue;
     }
     const direct = p.name === 'direct';
-    L.push(`| ${LABEL[p.name]} | ${f0(s.c1_rps)} | ${f2(s.c1_p50)} / ${f2(s.c1_p99)} | ${f0(s.cN_rps)} | ${f2(s.cN_p50)} / ${f2(s.cN_p99)} | ${f0(s.bulk)} | ${direct ? 'n/a' : f0(s.tunnel)} | ${f2(s.new_p50)} | ${f2(s.known_p50)} | ${direct ? 'n/a' : `${f0(s.cpu_c1)} / ${f0(s.cpu_cN)}`} | ${direct ? 'n/a' : `${f2(s.bulk_cpu)} / ${f2(s.tunnel_cpu)}`} | ${direct ? 'n/a' : f1(s.idle_rss)} | ${direct ? 'n/a' : f1(s.peak_rss)} |`);
+    L.push(`| ${LABEL[p.name]} | ${f0(s.c1_rps)} | ${f2(s.c1_p50)} / ${f2(s.c1_p99)} | ${f0(s.cN_rps)} | ${f2(s.cN_p50)} / ${f2(s.cN_p99)} | ${f0(s.bulk)} | ${direct ? 'n/a' : f0(s.tunnel)} | ${f2(s.new_p50)} | ${f2(s.known_p50)} | ${direct ? 'n/a' : `${f0(s.cpu_c1)} / ${f0(s.cpu_cN)}`} | ${direct ? 'n/a' : `${f2(s.bulk_cpu)} / ${f2(s.tunnel_cpu)}`} | ${direct ? 'n/a' : `${f1(s.idle_rss)} / ${f1(s.settled_rss)}`} | ${direct ? 'n/a' : f1(s.peak_rss)} |`);
   }
   L.push('');
   L.push('"new host": a new connection (CONNECT, TLS, one GET) to a name the proxy has not seen (certificate minting); "known host": the same to a name it has. CPU is user+system time of the proxy\'s process tree over the whole load phase divided by the requests served; RSS is summed over the tree (squid\'s certificate helpers included).', '');
@@ -136,7 +140,8 @@ export function renderResults({ machine, cfg, peers, summary, notes, command, or
     row('CPU per GiB, interception', 'lower', 'bulk_cpu', true);
     row('CPU per GiB, tunnel', 'lower', 'tunnel_cpu', true);
     row('peak RSS', 'lower', 'peak_rss', true);
-    row('idle RSS', 'lower', 'idle_rss', true);
+    row('idle RSS at 1.5 s', 'lower', 'idle_rss', true);
+    row('idle RSS settled', 'lower', 'settled_rss', true);
     L.push('');
     L.push('## Targets (issue #10)', '');
     L.push('| target | this run | met |', '|---|---|---|');
