@@ -10,10 +10,12 @@
 //          KEYGATE_NODE_ARGS=--perf-basic-prof for JS names)] [--keygate-arg ARG]...
 // env: KEYGATE_NODE_ARGS  extra node flags for keygate (space separated), e.g. --trace-gc
 //      and any KEYGATE_* setting, passed through to keygate.
+//      BENCH_PROXY=squid|bare  measure squid, or the bare Node TLS pipe (bench/lib/bare-proxy.mjs,
+//      the ceiling of any Node proxy), instead of keygate: in bench/ab.mjs, a variant.
 import path from 'node:path';
 import { spawn, spawnSync } from 'node:child_process';
 import { parseArgs } from 'node:util';
-import { startOrigin, startKeygate, BENCH_DIR } from './lib/peers.mjs';
+import { startOrigin, startKeygate, startSquid, startBare, BENCH_DIR } from './lib/peers.mjs';
 import { ensurePki, ensureContent } from './lib/setup.mjs';
 import { cpuSeconds, rssMiB, peakRssMiB } from './lib/proc.mjs';
 import { probe } from './lib/probe.mjs';
@@ -41,7 +43,10 @@ const names = ['bench.test', 'plain.test', ...Array.from({ length: 20 }, (_, i) 
 const nodeArgs = [...(process.env.KEYGATE_NODE_ARGS ? process.env.KEYGATE_NODE_ARGS.split(' ') : []), ...(o['cpu-prof'] ? ['--cpu-prof', `--cpu-prof-dir=${WORK}/prof`] : [])];
 let kg;
 try {
-  kg = await startKeygate({ work: WORK, pki, token: 'phase-token', names, originPort: origin.port, extraArgs: o['keygate-arg'], nodeArgs });
+  const which = process.env.BENCH_PROXY ?? 'keygate';
+  if (which === 'squid') kg = await startSquid({ work: WORK, pki, token: 'phase-token', names });
+  else if (which === 'bare') kg = await startBare({ work: WORK, pki, originPort: origin.port });
+  else kg = await startKeygate({ work: WORK, pki, token: 'phase-token', names, originPort: origin.port, extraArgs: o['keygate-arg'], nodeArgs });
   await new Promise((r) => setTimeout(r, 1500));
   const idle = rssMiB(kg.pid);
   const client = (spec) =>

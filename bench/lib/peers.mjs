@@ -235,4 +235,29 @@ export async function startMitmproxy({ work, pki, token }) {
   return { port, pid: child.pid, ca: pki.mitmCa.cert, logFile, stop: () => stopChild(child, 'SIGTERM', 10_000) };
 }
 
+/**
+ * bench/lib/bare-proxy.mjs: TLS terminated and re-originated with a byte pipe between, no HTTP.
+ * Not a peer: the ceiling any Node.js intercepting proxy works under on this machine.
+ */
+export async function startBare({ work, pki, originPort }) {
+  const dir = path.join(work, 'bare');
+  mkdirSync(dir, { recursive: true });
+  const logFile = path.join(dir, 'stdout.log');
+  const child = launch(process.execPath, [...IMAGE_NODE_FLAGS, path.join(BENCH_DIR, 'lib/bare-proxy.mjs'), String(originPort), pki.originCert, pki.originKey, pki.originCa], { logFile, core: 0 });
+  const port = await waitFor(
+    'bare proxy',
+    () => {
+      try {
+        const m = /listening on 127\.0\.0\.1:(\d+)/.exec(readFileSync(logFile, 'utf8'));
+        return m ? Number(m[1]) : undefined;
+      } catch {
+        return undefined;
+      }
+    },
+    child,
+    logFile,
+  );
+  return { port, pid: child.pid, ca: pki.originCa, logFile, stop: () => stopChild(child) };
+}
+
 export { alive };
