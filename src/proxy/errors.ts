@@ -55,21 +55,28 @@ export function sendError(res: ServerResponse, err: ProxyError, close = false): 
   res.end(body);
 }
 
+/** The whole response for a proxy error, as written on a raw connection. */
+export function errorResponse(err: ProxyError, close: boolean): string {
+  const body = errorBody(err);
+  return (
+    `HTTP/1.1 ${err.status} ${STATUS_CODES[err.status] ?? 'Error'}\r\n` +
+    'Content-Type: text/plain; charset=utf-8\r\n' +
+    `Content-Length: ${Buffer.byteLength(body)}\r\n` +
+    `Proxy-Status: ${proxyStatus(err)}\r\n` +
+    'Cache-Control: no-store\r\n' +
+    (close ? 'Connection: close\r\n' : '') +
+    '\r\n' +
+    body
+  );
+}
+
 /** Answers on a raw socket (CONNECT refusals, failed upgrades, parse errors) and closes it. */
 export function writeRawError(socket: Duplex, err: ProxyError): void {
   if (!socket.writable || socket.destroyed) {
     socket.destroy();
     return;
   }
-  const body = errorBody(err);
-  socket.end(
-    `HTTP/1.1 ${err.status} ${STATUS_CODES[err.status] ?? 'Error'}\r\n` +
-      'Content-Type: text/plain; charset=utf-8\r\n' +
-      `Content-Length: ${Buffer.byteLength(body)}\r\n` +
-      `Proxy-Status: ${proxyStatus(err)}\r\n` +
-      'Connection: close\r\n\r\n' +
-      body,
-  );
+  socket.end(errorResponse(err, true));
 }
 
 const TLS_CERT_CODES = new Set([

@@ -19,6 +19,7 @@ import { unwrapAddress } from '../rules/egress.js';
 import { Upstream } from './upstream.js';
 import { checkHead, framingProblem, headTimeout, limitsFromTimeouts, overloaded, resolveLimits, timeoutsOf, tooLarge, uriTooLong, type ProxyLimits } from './limits.js';
 import { refuseUpgrade, relayUpgrade } from './websocket.js';
+import { serveFast, type FastPathOptions } from './h1/connection.js';
 
 export type { ProxyTimeouts } from './upstream.js';
 export type { ProxyLimits } from './limits.js';
@@ -42,6 +43,12 @@ export interface ProxyOptions {
   denyTargets?: string[];
   /** SecureContexts kept for intercepted hosts (same as limits.certCacheSize). */
   certCacheSize?: number;
+  /**
+   * Plain HTTP/1.1 exchanges inside intercepted tunnels take the strict fast path
+   * (src/proxy/h1); everything else takes Node's HTTP server. Default: on, unless
+   * KEYGATE_FAST_PATH=0.
+   */
+  fastPath?: boolean;
 }
 
 export interface ProxyHandle {
@@ -327,6 +334,33 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   };
   inner.on('clientError', onClientError);
 
+  const fastPath = opts.fastPath ?? process.env.KEYGATE_FAST_PATH !== '0';
+  const fast: FastPathOptions = {
+    core,
+    limits,
+    // The checks of checkIntercepted and egressByName, without their answers or log lines:
+    // a request that fails one goes to the Node path, which refuses it as it always has.
+    check(head, t) {
+      if (current.egress.checkName(t.host, t.port)) return undefined;
+      let h;
+      try {
+        h = parseAuthority(head.host, 443);
+      } catch {
+        return undefined;
+      }
+      if (h.host !== t.host || h.port !== t.port) return undefined;
+      const n = normalisePath(head.target);
+      if (isPathRefusal(n)) return undefined;
+      return { pathAndQuery: n.path + n.query, path: n.path };
+    },
+    fallback(socket, bytes) {
+      inner.emit('connection', socket);
+      // The server now reads the socket; the bytes already read go to its parser first.
+      if (bytes.length) socket.emit('data', bytes);
+      socket.resume();
+    },
+  };
+
   async function intercept(client: Socket, head: Buffer, host: string, port: number, clientAddr: string): Promise<void> {
     // The upstream handshake (for an origin with no connection open) overlaps the client's.
     upstream.prewarm(host, port);
@@ -377,7 +411,8 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       clearTimeout(handshakeTimer);
       client.destroy();
     });
-    inner.emit('connection', tlsSocket);
+    if (fastPath) serveFast(tlsSocket, tunnels.get(tlsSocket)!, fast);
+    else inner.emit('connection', tlsSocket);
   }
 
   /**

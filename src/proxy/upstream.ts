@@ -6,6 +6,7 @@ import type * as Undici from 'undici';
 import { formatAuthority } from '../rules/host.js';
 import type { EgressPolicy } from '../rules/egress.js';
 import { EgressDenied, resolveAllowed } from './egress.js';
+import { H1Pool } from './h1/pool.js';
 
 const requireCjs = createRequire(import.meta.url);
 /**
@@ -124,6 +125,17 @@ type ConnectOptions = Parameters<Undici.buildConnector.connector>[0];
 type ConnectCallback = Parameters<Undici.buildConnector.connector>[1];
 type Connected = Parameters<ConnectCallback>[1];
 
+/** What undici's connector is given for an HTTPS origin (the key it is known by is `https://` + host). */
+function connectOptions(host: string, port: number): ConnectOptions {
+  return {
+    host: port === 443 ? formatAuthority(host, port).replace(/:443$/, '') : formatAuthority(host, port),
+    hostname: net.isIPv6(host) ? `[${host}]` : host,
+    protocol: 'https:',
+    port: String(port),
+    servername: net.isIP(host) ? undefined : host,
+  } as ConnectOptions;
+}
+
 /** A TLS connection opened ahead of the first request to an origin (see prewarm). */
 interface Warm {
   /** Undici's callback, once it asks for this origin before the connection is up. */
@@ -148,6 +160,8 @@ export class Upstream {
   /** Upstream connections open now, by origin key (`https://host:port`, as undici names it). */
   private readonly live = new Map<string, number>();
   private readonly warm = new Map<string, Warm>();
+  /** Keep-alive connections of the intercepted fast path (src/proxy/h1): the same connector as undici's pool. */
+  readonly h1: H1Pool;
 
   constructor(private readonly opts: UpstreamOptions) {
     this.resolveMap = opts.resolve ?? new Map();
@@ -184,6 +198,7 @@ export class Upstream {
       warm.waiter = cb;
     };
     this.#agent = this.newAgent();
+    this.h1 = new H1Pool((host, port, cb) => this.connector(connectOptions(host, port), cb as ConnectCallback), opts.timeouts.keepAliveMs);
   }
 
   /** Keeps `live` current: an origin with a connection open needs no connection opened ahead. */
@@ -220,9 +235,7 @@ export class Upstream {
     if (this.warm.has(key) || this.live.has(key)) return;
     const warm: Warm = {};
     this.warm.set(key, warm);
-    const authority = formatAuthority(host, port);
-    const hostname = net.isIPv6(host) ? `[${host}]` : host;
-    this.dial({ host: authority, hostname, protocol: 'https:', port: String(port), servername: net.isIP(host) ? undefined : host } as ConnectOptions, (err, socket) => {
+    this.dial(connectOptions(host, port), (err, socket) => {
       const waiter = warm.waiter;
       if (waiter) return err || !socket ? waiter(err ?? new Error('upstream connection failed'), null) : waiter(null, socket);
       if (this.warm.get(key) !== warm) {
@@ -281,6 +294,7 @@ export class Upstream {
    */
   renewPool(): void {
     this.dropWarm();
+    this.h1.clear();
     const old = this.#agent;
     this.#agent = this.newAgent();
     void old.close().catch(() => undefined);
@@ -324,11 +338,13 @@ export class Upstream {
 
   async close(): Promise<void> {
     this.dropWarm();
+    this.h1.clear();
     await this.#agent.close().catch(() => undefined);
   }
 
   destroy(): void {
     this.dropWarm();
+    this.h1.clear();
     void this.#agent.destroy().catch(() => undefined);
   }
 }

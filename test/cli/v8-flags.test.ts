@@ -2,6 +2,9 @@
  * The V8 setting the server commands apply (src/cli/v8-flags.ts), checked by its effect: a
  * burst of first requests through a fresh `keygate proxy` must not cost the memory spike of
  * V8 recompiling undici's WebAssembly HTTP parser, and the same burst with V8's default does.
+ * Intercepted requests normally take the fast path (src/proxy/h1), which does not use undici;
+ * undici still carries every request the fast path hands over, plain HTTP and WebSockets, so
+ * the burst is sent with the fast path off to exercise that parser.
  */
 import { ProxyAgent, request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -29,7 +32,7 @@ async function burstGrowthMib(env: NodeJS.ProcessEnv): Promise<number> {
     config: { rules: [{ name: 'api', match_hosts: [HOST], headers: [{ name: 'Authorization', type: 'plaintext', value: 'Bearer t' }] }] },
     resolve: [`${HOST}:${origin.port}:127.0.0.1`],
     upstreamCa: [pki.caPem],
-    env,
+    env: { KEYGATE_FAST_PATH: '0', ...env },
   });
   try {
     const before = memoryOf(proxy.pid).hwmKb;

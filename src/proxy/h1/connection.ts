@@ -1,0 +1,558 @@
+import { STATUS_CODES } from 'node:http';
+import type { TLSSocket } from 'node:tls';
+import type { CompiledRule } from '../../rules/compile.js';
+import type { ProxyCore, RequestRecord, TunnelTarget } from '../context.js';
+import { errorResponse, ProxyError, upstreamError } from '../errors.js';
+import { finishRecord } from '../forward.js';
+import { filterRawResponseHeaders, upstreamRequestHeaders } from '../headers.js';
+import { headTimeout, type ProxyLimits } from '../limits.js';
+import { chunkRelayed } from '../buffer-gc.js';
+import { ChunkedScanner } from './chunked.js';
+import { parseRequestHead, parseResponseHead, type RequestHead, type ResponseHead } from './head.js';
+
+/**
+ * The intercepted fast path: HTTP/1.1 exchanges inside an intercepted tunnel relayed with
+ * one strict parser per side and no per-request stream objects, instead of Node's HTTP server
+ * (IncomingMessage, ServerResponse) and undici's dispatcher. Profiles put those layers at
+ * about three quarters of the proxy's CPU per small request (bench/README.md).
+ *
+ * It only takes what it can read beyond doubt (src/proxy/h1/head.ts). Any other request head,
+ * and any request the proxy's checks would refuse (authority, path, egress by name), is handed
+ * with its bytes untouched to the Node path (`fallback`), which then owns the connection: every
+ * refusal and every unusual message keeps exactly the handling, tests and answers it has there.
+ * Hand-over happens only between exchanges, with nothing in flight.
+ *
+ * What it keeps of the Node path's guarantees: the request goes to the CONNECT target only
+ * (`check` compares Host with it), on the normalised path; the rule's headers replace every
+ * client header of the same names (upstreamRequestHeaders); hop-by-hop headers are dropped
+ * both ways; framing toward each side is the proxy's own (Content-Length as counted, or
+ * chunked relayed through a strict scanner), never a header the client or upstream could
+ * have listed in `Connection`; bodies stream with backpressure both ways; the same clocks
+ * apply; one access line and 'request' event per exchange.
+ */
+
+export interface FastPathOptions {
+  core: ProxyCore;
+  limits: ProxyLimits;
+  /**
+   * The proxy's checks on a parsed head (authority against the CONNECT target, path
+   * normalisation, egress by name), without side effects: the path to use, or undefined to
+   * let the Node path handle (and answer) this request.
+   */
+  check(head: RequestHead, t: TunnelTarget): { pathAndQuery: string; path: string } | undefined;
+  /** The Node path: takes over the socket, `bytes` being the first it reads. */
+  fallback(socket: TLSSocket, bytes: Buffer): void;
+}
+
+/** Response heads from upstreams may be larger than the client limits (many APIs send many headers). */
+const MAX_RESPONSE_HEAD = 64 * 1024;
+/** Body bytes held while the upstream connection is being opened; past this the client is paused. */
+const MAX_QUEUED = 64 * 1024;
+
+const EMPTY = Buffer.alloc(0);
+const ignore = () => undefined;
+
+/** Closes a connection this exchange no longer uses; a late error from it must not be unhandled. */
+function discard(up: TLSSocket | undefined): void {
+  if (!up) return;
+  up.on('error', ignore);
+  up.destroy();
+}
+
+type Phase = 'idle' | 'connecting' | 'waiting' | 'body' | 'done';
+
+export function serveFast(socket: TLSSocket, t: TunnelTarget, o: FastPathOptions): void {
+  new FastConnection(socket, t, o);
+}
+
+class FastConnection {
+  /** Bytes read from the client and not consumed yet (a head in progress, or pipelined requests). */
+  private pending: Buffer = EMPTY;
+  private headTimer: NodeJS.Timeout | undefined;
+  private handedOver = false;
+  private clientEnded = false;
+  private readonly core: ProxyCore;
+  private readonly limits: ProxyLimits;
+  private readonly authority: string;
+
+  // ---- the exchange in progress (one at a time) ----
+  private phase: Phase = 'idle';
+  private rec!: RequestRecord;
+  private started = 0;
+  private method = '';
+  private requestHead = '';
+  private bodyLeft = 0;
+  private clientClose = false;
+  private queued: Buffer[] = [];
+  private queuedBytes = 0;
+  private up: TLSSocket | undefined;
+  private reused = false;
+  private retried = false;
+  private rbuf: Buffer = EMPTY;
+  private resp: ResponseHead | undefined;
+  private left = 0;
+  private scanner: ChunkedScanner | undefined;
+  private upstreamReusable = true;
+  private headersSent = false;
+  private closeAfter = false;
+  private waitingDrain = false;
+
+  constructor(
+    private readonly socket: TLSSocket,
+    private readonly t: TunnelTarget,
+    private readonly o: FastPathOptions,
+  ) {
+    this.core = o.core;
+    this.limits = o.limits;
+    this.authority = t.port === 443 ? (t.host.includes(':') ? `[${t.host}]` : t.host) : t.authority;
+    socket.on('data', this.onClientData);
+    socket.on('end', this.onClientEnd);
+    socket.on('close', this.onClientClose);
+    socket.on('timeout', this.onClientTimeout);
+    socket.on('drain', this.onClientDrain);
+    socket.setTimeout(this.limits.keepAliveTimeoutMs);
+  }
+
+  // ---- client side --------------------------------------------------------------------------
+
+  private readonly onClientData = (chunk: Buffer): void => {
+    if (this.phase === 'done') return; // the connection is closing after its last exchange
+    if (this.phase === 'idle') {
+      this.pending = this.pending.length ? Buffer.concat([this.pending, chunk]) : chunk;
+      this.nextRequest();
+      return;
+    }
+    // Body bytes of the request in progress first; whatever follows is the next request.
+    if (this.bodyLeft > 0) {
+      const take = Math.min(this.bodyLeft, chunk.length);
+      this.sendBody(take === chunk.length ? chunk : chunk.subarray(0, take));
+      if (take === chunk.length) return;
+      chunk = chunk.subarray(take);
+    }
+    this.pending = this.pending.length ? Buffer.concat([this.pending, chunk]) : chunk;
+    // Pipelined requests wait for this exchange; the client waits once there is a head's worth.
+    if (this.pending.length > this.limits.maxHeaderBytes) this.socket.pause();
+  };
+
+  private readonly onClientEnd = (): void => {
+    this.clientEnded = true;
+    if (this.phase === 'idle') this.socket.end();
+    else if (this.bodyLeft > 0) this.socket.destroy(); // the body will never be complete
+  };
+
+  private readonly onClientClose = (): void => {
+    clearTimeout(this.headTimer);
+    if (this.handedOver || this.phase === 'idle' || this.phase === 'done') return;
+    discard(this.detachUp());
+    if (this.rec.status === 0) this.rec.status = 499;
+    this.finish('client closed the connection');
+  };
+
+  /**
+   * The client's idle clock: between exchanges it closes the connection; during one, it cuts
+   * a client stalled mid-upload or not reading what it asked for. A client waiting for a slow
+   * upstream is left to the upstream clocks.
+   */
+  private readonly onClientTimeout = (): void => {
+    if (this.phase === 'idle') {
+      if (this.pending.length === 0) this.socket.destroy();
+      return;
+    }
+    if (this.bodyLeft > 0 || (this.headersSent && this.socket.writableLength > 0)) this.socket.destroy();
+  };
+
+  private readonly onClientDrain = (): void => {
+    if (this.waitingDrain) {
+      this.waitingDrain = false;
+      this.up?.resume();
+    }
+  };
+
+  /** Parses the next request from `pending`, if a whole head is there. */
+  private nextRequest(): void {
+    if (this.pending.length === 0) {
+      this.socket.setTimeout(this.limits.keepAliveTimeoutMs);
+      return;
+    }
+    const head = parseRequestHead(this.pending, this.limits);
+    if (head === 'incomplete') {
+      // Slow-loris guard: the head must be complete in time (the Node path's 408).
+      this.headTimer ??= setTimeout(() => {
+        this.core.events.emit('client_error', { client: this.t.client, code: 'ERR_HTTP_REQUEST_TIMEOUT', status: 408 });
+        this.socket.end(errorResponse(headTimeout(), true));
+      }, this.limits.headerTimeoutMs);
+      return;
+    }
+    clearTimeout(this.headTimer);
+    this.headTimer = undefined;
+    const checked = head === 'fallback' || this.core.draining() ? undefined : this.o.check(head, this.t);
+    if (head === 'fallback' || !checked) {
+      this.handOver();
+      return;
+    }
+    this.begin(head, checked);
+  }
+
+  private handOver(): void {
+    this.handedOver = true;
+    const s = this.socket;
+    s.off('data', this.onClientData);
+    s.off('end', this.onClientEnd);
+    s.off('close', this.onClientClose);
+    s.off('timeout', this.onClientTimeout);
+    s.off('drain', this.onClientDrain);
+    s.setTimeout(0);
+    const bytes = this.pending;
+    this.pending = EMPTY;
+    this.o.fallback(s, bytes);
+  }
+
+  // ---- one exchange ---------------------------------------------------------------------------
+
+  private begin(head: RequestHead, checked: { pathAndQuery: string; path: string }): void {
+    const t = this.t;
+    const config = this.core.config(); // one snapshot for the whole request
+    const rule = config.pickRule(t.host, t.port, checked.path);
+    this.started = performance.now();
+    this.rec = {
+      type: 'request',
+      client: t.client,
+      method: head.method,
+      host: t.host,
+      port: t.port,
+      path: checked.path,
+      decision: 'intercept',
+      rule: rule?.name ?? null,
+      injected: rule?.headerNames ?? [],
+      status: 0,
+      bytes_in: 0,
+      bytes_out: 0,
+      duration_ms: 0,
+    };
+    t.inFlight++;
+    this.phase = 'connecting';
+    this.method = head.method;
+    this.clientClose = head.close;
+    this.requestHead = requestHead(head, checked.pathAndQuery, this.authority, rule);
+    this.retried = false;
+    this.upstreamReusable = true;
+    this.headersSent = false;
+    this.closeAfter = false;
+    this.resp = undefined;
+    this.scanner = undefined;
+    this.rbuf = EMPTY;
+    this.socket.setTimeout(this.limits.idleTimeoutMs);
+
+    const rest = this.pending.subarray(head.headBytes);
+    this.pending = EMPTY;
+    this.bodyLeft = head.contentLength;
+    this.queued = [];
+    this.queuedBytes = 0;
+    if (rest.length) this.onClientData(rest);
+    this.connect(false);
+  }
+
+  /** Takes a pooled connection (or dials); `fresh` skips the pool (the retry after a stale one). */
+  private connect(fresh: boolean): void {
+    const pool = this.core.upstream.h1;
+    const onUp = (err: Error | null, up: TLSSocket | null, reused: boolean) => {
+      if (this.phase !== 'connecting') {
+        // The client left meanwhile.
+        if (up) pool.release(this.t.host, this.t.port, up);
+        return;
+      }
+      if (err || !up) {
+        this.fail(upstreamError(err, this.t.host));
+        return;
+      }
+      this.attach(up, reused);
+    };
+    if (fresh) pool.dialNew(this.t.host, this.t.port, (err, up) => onUp(err, up, false));
+    else pool.acquire(this.t.host, this.t.port, onUp);
+  }
+
+  private attach(up: TLSSocket, reused: boolean): void {
+    this.up = up;
+    this.reused = reused;
+    this.phase = 'waiting';
+    up.on('data', this.onUpData);
+    up.on('end', this.onUpEnd);
+    up.on('error', this.onUpError);
+    up.on('close', this.onUpClose);
+    up.on('timeout', this.onUpTimeout);
+    up.on('drain', this.onUpDrain);
+    up.setTimeout(this.core.timeouts.headersMs);
+    const body = this.queuedBytes ? Buffer.concat(this.queued) : EMPTY;
+    this.queued = [];
+    this.queuedBytes = 0;
+    this.rec.bytes_in += body.length;
+    if (body.length === 0) {
+      up.write(this.requestHead, 'latin1');
+    } else if (body.length < 16384) {
+      up.write(Buffer.concat([Buffer.from(this.requestHead, 'latin1'), body]));
+    } else {
+      up.write(this.requestHead, 'latin1');
+      up.write(body);
+    }
+    if (this.bodyLeft > 0) this.socket.resume();
+  }
+
+  private detachUp(): TLSSocket | undefined {
+    const up = this.up;
+    if (!up) return undefined;
+    this.up = undefined;
+    up.off('data', this.onUpData);
+    up.off('end', this.onUpEnd);
+    up.off('error', this.onUpError);
+    up.off('close', this.onUpClose);
+    up.off('timeout', this.onUpTimeout);
+    up.off('drain', this.onUpDrain);
+    up.setTimeout(0);
+    return up;
+  }
+
+  /** Request body bytes from the client. */
+  private sendBody(chunk: Buffer): void {
+    this.bodyLeft -= chunk.length;
+    if (!this.up) {
+      this.queued.push(chunk);
+      this.queuedBytes += chunk.length;
+      if (this.queuedBytes > MAX_QUEUED) this.socket.pause();
+      return;
+    }
+    this.rec.bytes_in += chunk.length;
+    if (!this.up.write(chunk)) this.socket.pause();
+  }
+
+  private readonly onUpDrain = (): void => {
+    if (this.bodyLeft > 0) this.socket.resume();
+  };
+
+  // ---- upstream side ----------------------------------------------------------------------------
+
+  private readonly onUpData = (chunk: Buffer): void => {
+    if (this.resp) {
+      this.relay(chunk);
+      return;
+    }
+    let buf = this.rbuf.length ? Buffer.concat([this.rbuf, chunk]) : chunk;
+    for (;;) {
+      const r = parseResponseHead(buf, this.method, MAX_RESPONSE_HEAD);
+      if (r === 'incomplete') {
+        this.rbuf = buf;
+        return;
+      }
+      if ('error' in r) {
+        this.upstreamReusable = false;
+        this.fail(new ProxyError(502, 'http_protocol_error', `upstream ${this.t.host} sent an invalid response (${r.error})`));
+        return;
+      }
+      buf = buf.subarray(r.headBytes);
+      if (r.status >= 200) {
+        this.rbuf = EMPTY;
+        this.respond(r, buf);
+        return;
+      }
+      // 1xx: informational, not relayed (as on the Node path); the real head follows.
+      if (buf.length === 0) {
+        this.rbuf = EMPTY;
+        return;
+      }
+    }
+  };
+
+  /** Sends the response head (with the first body bytes, one TLS record for a small answer). */
+  private respond(r: ResponseHead, first: Buffer): void {
+    this.resp = r;
+    this.phase = 'body';
+    this.rec.status = r.status;
+    this.up?.setTimeout(this.core.timeouts.bodyMs);
+    const f = r.framing;
+    this.closeAfter = this.clientClose || this.clientEnded || f.kind === 'close' || this.core.draining() || this.bodyLeft > 0;
+    let head = `HTTP/1.1 ${r.status} ${STATUS_CODES[r.status] ?? 'unknown'}\r\n`;
+    const hs = filterRawResponseHeaders(r.rawHeaders, false);
+    for (let i = 0; i < hs.length; i += 2) {
+      // The length toward the client is the proxy's own (a `Connection: content-length` must not drop it).
+      if (f.kind === 'length' && hs[i].length === 14 && hs[i].toLowerCase() === 'content-length') continue;
+      head += `${hs[i]}: ${hs[i + 1]}\r\n`;
+    }
+    if (f.kind === 'length') {
+      head += `Content-Length: ${f.length}\r\n`;
+      this.left = f.length;
+    } else if (f.kind === 'chunked') {
+      head += 'Transfer-Encoding: chunked\r\n';
+      this.scanner = new ChunkedScanner();
+    }
+    if (this.closeAfter) head += 'Connection: close\r\n';
+    head += '\r\n';
+    this.headersSent = true;
+    const body = this.bodyPart(first);
+    if (body === undefined) return;
+    if (body.length > 0 && body.length < 16384) {
+      this.write(Buffer.concat([Buffer.from(head, 'latin1'), body]));
+    } else {
+      this.socket.write(head, 'latin1');
+      if (body.length) this.write(body);
+    }
+    this.maybeComplete();
+  }
+
+  private relay(chunk: Buffer): void {
+    const body = this.bodyPart(chunk);
+    if (body === undefined) return;
+    if (body.length) this.write(body);
+    this.maybeComplete();
+  }
+
+  /** The part of `chunk` that belongs to the response body; undefined when the framing broke. */
+  private bodyPart(chunk: Buffer): Buffer | undefined {
+    const f = this.resp!.framing;
+    switch (f.kind) {
+      case 'none':
+        if (chunk.length) this.upstreamReusable = false;
+        return EMPTY;
+      case 'length': {
+        const take = Math.min(this.left, chunk.length);
+        this.left -= take;
+        this.rec.bytes_out += take;
+        if (take < chunk.length) this.upstreamReusable = false; // bytes nobody asked for
+        return take === chunk.length ? chunk : chunk.subarray(0, take);
+      }
+      case 'chunked': {
+        const s = this.scanner!;
+        const before = s.dataBytes;
+        const end = s.scan(chunk);
+        this.rec.bytes_out += s.dataBytes - before;
+        if (end === -2) {
+          this.broken(`upstream sent a malformed chunked body (${s.error})`);
+          return undefined;
+        }
+        if (end === -1 || end === chunk.length) return chunk;
+        this.upstreamReusable = false;
+        return chunk.subarray(0, end);
+      }
+      case 'close':
+        this.rec.bytes_out += chunk.length;
+        return chunk;
+    }
+  }
+
+  private write(data: Buffer): void {
+    chunkRelayed(data.length);
+    if (!this.socket.write(data) && !this.waitingDrain) {
+      this.waitingDrain = true;
+      this.up?.pause();
+    }
+  }
+
+  private maybeComplete(): void {
+    const f = this.resp!.framing;
+    if (f.kind === 'none' || (f.kind === 'length' && this.left === 0) || (f.kind === 'chunked' && this.scanner!.done)) this.complete();
+  }
+
+  private readonly onUpEnd = (): void => {
+    if (this.resp?.framing.kind === 'close') {
+      this.upstreamReusable = false;
+      this.complete();
+      return;
+    }
+    this.upstreamGone(Object.assign(new Error('upstream closed the connection'), { code: 'ECONNRESET' }));
+  };
+
+  private readonly onUpError = (err: Error): void => this.upstreamGone(err);
+
+  private readonly onUpClose = (): void => this.upstreamGone(Object.assign(new Error('upstream closed the connection'), { code: 'ECONNRESET' }));
+
+  private readonly onUpTimeout = (): void => {
+    if (!this.resp) this.fail(upstreamError({ code: 'UND_ERR_HEADERS_TIMEOUT' }, this.t.host));
+    else this.broken('upstream stalled');
+  };
+
+  /** The upstream connection failed or closed before the exchange was complete. */
+  private upstreamGone(err: Error): void {
+    if (this.phase !== 'waiting' && this.phase !== 'body') return;
+    // A kept-alive connection the upstream had closed: the request never reached it. Sent
+    // again once, on a new connection, when it has no body (nothing was consumed from the client).
+    if (this.phase === 'waiting' && this.reused && !this.retried && this.rbuf.length === 0 && this.rec.bytes_in === 0 && this.bodyLeft === 0) {
+      discard(this.detachUp());
+      this.retried = true;
+      this.phase = 'connecting';
+      this.connect(true);
+      return;
+    }
+    if (this.resp) this.broken('response stream interrupted');
+    else this.fail(upstreamError(err, this.t.host));
+  }
+
+  // ---- endings --------------------------------------------------------------------------------
+
+  /** The response is complete: log, give the connection back, go on with the next request. */
+  private complete(): void {
+    const up = this.detachUp();
+    if (up) {
+      if (this.upstreamReusable && this.resp!.reusable && this.bodyLeft === 0) {
+        up.resume(); // paused for a slow client: the pool must see it close
+        this.core.upstream.h1.release(this.t.host, this.t.port, up);
+      } else {
+        discard(up);
+      }
+    }
+    this.waitingDrain = false;
+    this.finish();
+    this.afterExchange();
+  }
+
+  /** An error before any response byte reached the client: the proxy's own answer. */
+  private fail(err: ProxyError): void {
+    discard(this.detachUp());
+    this.core.events.emit('upstream_error', { host: this.t.host, reason: err.reason });
+    this.rec.status = err.status;
+    this.closeAfter = this.clientClose || this.clientEnded || this.core.draining() || this.bodyLeft > 0;
+    this.socket.write(errorResponse(err, this.closeAfter), 'latin1');
+    this.finish(err.reason);
+    this.afterExchange();
+  }
+
+  /** An error after the response started: the client must see a broken response, not a complete one. */
+  private broken(why: string): void {
+    discard(this.detachUp());
+    this.finish(why);
+    this.socket.destroy();
+  }
+
+  private finish(error?: string): void {
+    if (this.phase === 'done' || this.phase === 'idle') return;
+    this.phase = 'done';
+    if (error && !this.rec.error) this.rec.error = error;
+    this.t.inFlight--;
+    finishRecord(this.core, this.rec, this.started);
+  }
+
+  private afterExchange(): void {
+    if (this.closeAfter || this.socket.destroyed) {
+      this.socket.end();
+      return;
+    }
+    this.phase = 'idle';
+    this.queued = [];
+    this.socket.resume();
+    this.nextRequest();
+  }
+}
+
+/** The request head sent upstream: Host from the CONNECT target, the rule's headers, the proxy's own framing. */
+function requestHead(head: RequestHead, pathAndQuery: string, authority: string, rule: CompiledRule | undefined): string {
+  let out = `${head.method} ${pathAndQuery} HTTP/1.1\r\nhost: ${authority}\r\n`;
+  let hasLength = false;
+  for (let i = 0; i < head.rawHeaders.length; i += 2) {
+    if (head.rawHeaders[i].length === 14 && head.rawHeaders[i].toLowerCase() === 'content-length') hasLength = true;
+  }
+  const hs = upstreamRequestHeaders(head.rawHeaders, { rule });
+  for (let i = 0; i < hs.length; i += 2) {
+    // Dropped here and written below: listed in `Connection`, it would otherwise vanish while the body is still sent.
+    if (hs[i].length === 14 && hs[i].toLowerCase() === 'content-length') continue;
+    out += `${hs[i]}: ${hs[i + 1]}\r\n`;
+  }
+  if (hasLength) out += `content-length: ${head.contentLength}\r\n`;
+  return out + '\r\n';
+}
