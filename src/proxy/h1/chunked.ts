@@ -57,6 +57,7 @@ export class ChunkedScanner {
    * in this buffer, -1 when it needs more, -2 on an error (see `error`).
    */
   scan(buf: Buffer, start = 0): number {
+    if (this.error) return -2; // broken framing stays broken
     let i = start;
     const n = buf.length;
     while (i < n) {

@@ -11,7 +11,8 @@
  * Accepted: `METHOD SP origin-form SP HTTP/1.1 CRLF`, a method from a fixed list, a target of
  * RFC 3986 path and query characters only, header lines `token ":" OWS value OWS CRLF` with
  * visible ASCII, space and tab in values, exactly one Host, at most one digits-only
- * Content-Length, and none of Transfer-Encoding, Upgrade, Expect or `Connection: upgrade`;
+ * Content-Length, and none of Transfer-Encoding, Upgrade, Expect or `Connection: upgrade`
+ * (Proxy-Connection counts as Connection, as it does for llhttp);
  * the head, its request line and its field count within the proxy's limits.
  */
 
@@ -60,6 +61,9 @@ const LF = 0x0a;
 const SP = 0x20;
 const HTAB = 0x09;
 
+/** Fields whose values llhttp reads itself (it takes Proxy-Connection for Connection). */
+const INTERPRETED = new Set(['content-length', 'transfer-encoding', 'connection', 'proxy-connection']);
+
 /** Request values: visible ASCII, space, tab. Response values may also carry obs-text (0x80-0xff). */
 function valueByte(b: number, obsText: boolean): boolean {
   return (b >= 0x20 && b <= 0x7e) || b === HTAB || (obsText && b >= 0x80);
@@ -98,6 +102,9 @@ function parseFields(buf: Buffer, pos: number, crlf2: number, obsText: boolean, 
     while (i < lineEnd && (buf[i] === SP || buf[i] === HTAB)) i++;
     let j = lineEnd;
     while (j > i && (buf[j - 1] === SP || buf[j - 1] === HTAB)) j--;
+    // llhttp ends the values it interprets at a tab: `Content-Length: 5<HTAB>` is refused,
+    // `chunked<HTAB>` is not chunked, `close<HTAB>` is not close.
+    if (j < lineEnd && buf.subarray(j, lineEnd).includes(HTAB) && INTERPRETED.has(name.toLowerCase())) return undefined;
     for (let k = i; k < j; k++) if (!valueByte(buf[k], obsText)) return undefined;
     raw.push(name, buf.toString('latin1', i, j));
     if (raw.length / 2 > maxCount) return undefined;
@@ -116,9 +123,12 @@ function digits(v: string): number | undefined {
   return Number(v);
 }
 
-/** Comma-separated tokens of a list header, lower-cased. */
+/**
+ * Comma-separated tokens of a list header, lower-cased, delimited as llhttp reads Connection:
+ * spaces and tabs before a token, only spaces after it (`close<HTAB>,` is not `close`).
+ */
 function tokens(v: string): string[] {
-  return v.split(',').map((t) => t.trim().toLowerCase());
+  return v.split(',').map((t) => t.replace(/^[ \t]+| +$/g, '').toLowerCase());
 }
 
 /**
@@ -168,6 +178,7 @@ export function parseRequestHead(buf: Buffer, limits: HeadLimits): RequestParse 
       case 'expect':
         return 'fallback';
       case 'connection':
+      case 'proxy-connection':
         for (const t of tokens(raw[k + 1])) {
           if (t === 'upgrade') return 'fallback';
           if (t === 'close') close = true;
@@ -230,7 +241,8 @@ export function parseResponseHead(buf: Buffer, method: string, maxHeaderBytes: n
   let tes = 0;
   let length: number | undefined;
   let lengths = 0;
-  let close = http10;
+  let close = false;
+  let keepAlive = false;
   for (let k = 0; k < raw.length; k += 2) {
     const name = raw[k].toLowerCase();
     if (name === 'transfer-encoding') {
@@ -240,19 +252,24 @@ export function parseResponseHead(buf: Buffer, method: string, maxHeaderBytes: n
       lengths++;
       length = digits(raw[k + 1]);
       if (length === undefined) return { error: 'malformed upstream Content-Length' };
-    } else if (name === 'connection') {
+    } else if (name === 'connection' || name === 'proxy-connection') {
       for (const t of tokens(raw[k + 1])) {
         if (t === 'close') close = true;
-        else if (t === 'keep-alive' && http10) close = false;
+        else if (t === 'keep-alive') keepAlive = true;
       }
     }
   }
+  // HTTP/1.0 closes unless it says keep-alive; `close` wins whatever the order.
+  if (http10 && !keepAlive) close = true;
+  // Before the 1xx return: Node's parser refuses these in any response, 1xx included.
+  if (lengths > 1) return { error: 'conflicting upstream Content-Length' };
+  if (tes > 0 && (tes > 1 || lengths > 0 || te!.toLowerCase() !== 'chunked')) return { error: 'upstream framing not accepted (Transfer-Encoding)' };
+  // RFC 9112 6.1: Transfer-Encoding in an HTTP/1.0 message is faulty framing.
+  if (tes > 0 && http10) return { error: 'upstream framing not accepted (Transfer-Encoding in HTTP/1.0)' };
   if (status < 200) {
     if (status === 101) return { error: 'unexpected protocol switch from upstream' };
     return { status, rawHeaders: raw, framing: { kind: 'none' }, reusable: true, headBytes: fields.end };
   }
-  if (lengths > 1) return { error: 'conflicting upstream Content-Length' };
-  if (tes > 0 && (tes > 1 || lengths > 0 || te!.toLowerCase() !== 'chunked')) return { error: 'upstream framing not accepted (Transfer-Encoding)' };
   let framing: Framing;
   if (method === 'HEAD' || status === 204 || status === 304) framing = { kind: 'none' };
   else if (tes) framing = { kind: 'chunked' };
