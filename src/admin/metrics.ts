@@ -141,6 +141,7 @@ export class ProxyMetrics {
   readonly egressDenied = new Counter('keygate_proxy_egress_denied_total', 'Destinations refused by the egress policy, by kind of refusal.');
   readonly connectionsRefused = new Counter('keygate_proxy_connections_refused_total', 'Client connections refused by a connection limit, by limit.');
   readonly clientErrors = new Counter('keygate_proxy_client_errors_total', 'Malformed or over-limit client requests answered by the proxy itself, by status.');
+  readonly fastPathFallbacks = new Counter('keygate_proxy_fast_path_fallbacks_total', 'Intercepted connections handed from the fast path to the Node HTTP path, by reason (head: a request head the strict parser does not take; check: a request the proxy refuses; draining).');
   readonly caExpiryDays = new Counter('keygate_proxy_ca_expiry_days', 'Whole days until the proxy CA expires (negative once expired).', 'gauge');
 
   private readonly all: Metric[] = [
@@ -159,6 +160,7 @@ export class ProxyMetrics {
     this.egressDenied,
     this.connectionsRefused,
     this.clientErrors,
+    this.fastPathFallbacks,
     this.caExpiryDays,
   ];
   private caExpirySource?: () => { daysLeft: number };
@@ -194,10 +196,12 @@ export class ProxyMetrics {
     const onEgressDenied = (e: { kind: string }) => this.egressDenied.inc({ kind: e.kind });
     const onConnectionRefused = (e: { reason: string }) => this.connectionsRefused.inc({ limit: e.reason });
     const onClientError = (e: { status?: number }) => this.clientErrors.inc({ status: String(e.status ?? 0) });
+    const onFallback = (e: { reason: string }) => this.fastPathFallbacks.inc({ reason: e.reason });
     const extra: [string, (e: any) => void][] = [ // eslint-disable-line @typescript-eslint/no-explicit-any
       ['egress_denied', onEgressDenied],
       ['connection_refused', onConnectionRefused],
       ['client_error', onClientError],
+      ['fast_path_fallback', onFallback],
     ];
     for (const [name, fn] of extra) events.on(name, fn);
     events.on('request', onRequest);

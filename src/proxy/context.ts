@@ -37,6 +37,8 @@ export interface RequestRecord {
   port: number;
   path: string;
   decision: Decision;
+  /** Which path served it: the intercepted fast path (src/proxy/h1) or Node's HTTP server. */
+  via: 'fast' | 'node';
   rule: string | null;
   injected: readonly string[];
   status: number;

@@ -31,6 +31,7 @@ export function newRecord(req: IncomingMessage, t: Pick<ForwardTarget, 'client' 
     port: t.port,
     path,
     decision: t.decision,
+    via: 'node',
     rule: null,
     injected: [],
     status: 0,

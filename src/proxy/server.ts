@@ -61,7 +61,7 @@ export interface ProxyHandle {
   getConfig(): CompiledConfig;
   /**
    * 'request', 'tunnel', 'tls_handshake', 'cert', 'upstream_error', 'client_error',
-   * 'connection_refused', 'egress_denied', 'ca_expiry'. Never header values.
+   * 'connection_refused', 'egress_denied', 'ca_expiry', 'fast_path_fallback'. Never header values.
    */
   events: EventEmitter;
   /** The limits in force. */

@@ -185,16 +185,21 @@ class FastConnection {
     }
     clearTimeout(this.headTimer);
     this.headTimer = undefined;
-    const checked = head === 'fallback' || this.core.draining() ? undefined : this.o.check(head, this.t);
-    if (head === 'fallback' || !checked) {
-      this.handOver();
-      return;
-    }
+    if (head === 'fallback') return this.handOver('head');
+    if (this.core.draining()) return this.handOver('draining');
+    const checked = this.o.check(head, this.t);
+    if (!checked) return this.handOver('check');
     this.begin(head, checked);
   }
 
-  private handOver(): void {
+  /**
+   * Gives the connection to the Node path for good. `reason`: the head is not one the fast
+   * parser takes ('head'), a check would refuse the request ('check'), or the proxy is
+   * shutting down ('draining'). Counted, so an operator sees traffic that misses the fast path.
+   */
+  private handOver(reason: 'head' | 'check' | 'draining'): void {
     this.handedOver = true;
+    this.core.events.emit('fast_path_fallback', { reason });
     const s = this.socket;
     s.off('data', this.onClientData);
     s.off('end', this.onClientEnd);
@@ -222,6 +227,7 @@ class FastConnection {
       port: t.port,
       path: checked.path,
       decision: 'intercept',
+      via: 'fast',
       rule: rule?.name ?? null,
       injected: rule?.headerNames ?? [],
       status: 0,
