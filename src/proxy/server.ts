@@ -278,7 +278,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   inner.on('request', (req: IncomingMessage, res: ServerResponse) => {
     const started = performance.now();
     const t = tunnels.get(req.socket);
-    if (!t) {
+    if (!t || answered.has(req.socket)) {
       res.destroy();
       return;
     }
@@ -304,7 +304,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
 
   inner.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
     const t = tunnels.get(socket);
-    if (!t) {
+    if (!t || answered.has(socket)) {
       socket.destroy();
       return;
     }
@@ -324,8 +324,15 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     relayUpgrade(core, req, socket, head, { scheme: 'https', ...base, pathAndQuery: checked.pathAndQuery, logPath: checked.path, rule });
   });
 
+  /**
+   * Connections the proxy answered with a closing error (a parse error, a head timeout):
+   * writeRawError only half-closes them, and Node's parser, which is not in an error state after
+   * a timeout, would go on reading; nothing they send from then on is acted on.
+   */
+  const answered = new WeakSet<Duplex>();
   const onClientError = (err: NodeJS.ErrnoException & { rawPacket?: Buffer }, socket: Duplex) => {
     if (err.code === 'ECONNRESET' || !socket.writable) return socket.destroy();
+    answered.add(socket);
     const perr = clientErrorResponse(err, limits);
     const client = tunnels.get(socket)?.client ?? clientOf(socket as Socket);
     events.emit('client_error', { client, code: err.code ?? 'UNKNOWN', status: perr.status });
@@ -437,7 +444,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   front.timeout = limits.idleTimeoutMs;
 
   front.on('connect', (req: IncomingMessage, client: Socket, head: Buffer) => {
-    if (overLimit.has(client)) return;
+    if (overLimit.has(client) || answered.has(client)) return;
     const clientAddr = clientOf(client);
     client.on('error', () => client.destroy());
     idleGuard(client);
@@ -498,7 +505,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   }
 
   front.on('request', (req: IncomingMessage, res: ServerResponse) => {
-    if (overLimit.has(req.socket)) return;
+    if (overLimit.has(req.socket) || answered.has(req.socket)) return;
     const started = performance.now();
     const clientAddr = clientOf(req.socket);
     const t = checkHead(req, limits) ?? framingProblem(req) ?? plainTarget(req);
@@ -524,7 +531,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   });
 
   front.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
-    if (overLimit.has(socket)) return;
+    if (overLimit.has(socket) || answered.has(socket)) return;
     const clientAddr = clientOf(socket as Socket);
     idleGuard(socket);
     const t = checkHead(req, limits) ?? framingProblem(req) ?? plainTarget(req);

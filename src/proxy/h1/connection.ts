@@ -50,6 +50,8 @@ const MAX_RESPONSE_HEAD = 64 * 1024;
 const MAX_QUEUED = 64 * 1024;
 
 const EMPTY = Buffer.alloc(0);
+/** RFC 9110 9.2.2: a proxy must not retry other methods on its own. */
+const IDEMPOTENT = new Set(['GET', 'HEAD', 'OPTIONS', 'PUT', 'DELETE']);
 const ignore = () => undefined;
 
 /** Closes a connection this exchange no longer uses; a late error from it must not be unhandled. */
@@ -164,6 +166,7 @@ class FastConnection {
   private readonly onClientDrain = (): void => {
     if (this.waitingDrain) {
       this.waitingDrain = false;
+      this.up?.setTimeout(this.core.timeouts.bodyMs);
       this.up?.resume();
     }
   };
@@ -179,6 +182,9 @@ class FastConnection {
       // Slow-loris guard: the head must be complete in time (the Node path's 408).
       this.headTimer ??= setTimeout(() => {
         this.core.events.emit('client_error', { client: this.t.client, code: 'ERR_HTTP_REQUEST_TIMEOUT', status: 408 });
+        // Answered and closing: nothing the client sends from here is acted on.
+        this.phase = 'done';
+        this.pending = EMPTY;
         this.socket.end(errorResponse(headTimeout(), true));
       }, this.limits.headerTimeoutMs);
       return;
@@ -447,6 +453,9 @@ class FastConnection {
     chunkRelayed(data.length);
     if (!this.socket.write(data) && !this.waitingDrain) {
       this.waitingDrain = true;
+      // Paused for a slow client, the upstream is not stalling: its idle clock stops, and the
+      // client's own (onClientTimeout: not reading what it asked for) applies meanwhile.
+      this.up?.setTimeout(0);
       this.up?.pause();
     }
   }
@@ -477,9 +486,10 @@ class FastConnection {
   /** The upstream connection failed or closed before the exchange was complete. */
   private upstreamGone(err: Error): void {
     if (this.phase !== 'waiting' && this.phase !== 'body') return;
-    // A kept-alive connection the upstream had closed: the request never reached it. Sent
-    // again once, on a new connection, when it has no body (nothing was consumed from the client).
-    if (this.phase === 'waiting' && this.reused && !this.retried && this.rbuf.length === 0 && this.rec.bytes_in === 0 && this.bodyLeft === 0) {
+    // A kept-alive connection the upstream had closed as the request went out. Sent again once,
+    // on a new connection, only when the method is idempotent (the first copy may have arrived)
+    // and it has no body (nothing was consumed from the client).
+    if (this.phase === 'waiting' && this.reused && !this.retried && IDEMPOTENT.has(this.method) && this.rbuf.length === 0 && this.rec.bytes_in === 0 && this.bodyLeft === 0) {
       discard(this.detachUp());
       this.retried = true;
       this.phase = 'connecting';
