@@ -87,7 +87,15 @@ class FastConnection {
   private clientClose = false;
   private queued: Buffer[] = [];
   private queuedBytes = 0;
+  /** The upstream connection of the exchange in progress (our listeners on it). */
   private up: TLSSocket | undefined;
+  /**
+   * The upstream connection of the last exchange, kept with our listeners for the next one: a
+   * tunnel has one destination, so it stays bound to this client connection instead of a round
+   * trip through the shared pool per request. Any event from it while kept (bytes, end, error,
+   * its idle clock) retires it; it goes back to the pool when this connection ends or is handed over.
+   */
+  private kept: TLSSocket | undefined;
   private reused = false;
   private retried = false;
   private rbuf: Buffer = EMPTY;
@@ -144,6 +152,7 @@ class FastConnection {
 
   private readonly onClientClose = (): void => {
     clearTimeout(this.headTimer);
+    this.returnKept();
     if (this.handedOver || this.phase === 'idle' || this.phase === 'done') return;
     discard(this.detachUp());
     if (this.rec.status === 0) this.rec.status = 499;
@@ -213,6 +222,7 @@ class FastConnection {
     s.off('timeout', this.onClientTimeout);
     s.off('drain', this.onClientDrain);
     s.setTimeout(0);
+    this.returnKept();
     const bytes = this.pending;
     this.pending = EMPTY;
     this.o.fallback(s, bytes);
@@ -267,6 +277,16 @@ class FastConnection {
   /** Takes a pooled connection (or dials); `fresh` skips the pool (the retry after a stale one). */
   private connect(fresh: boolean): void {
     const pool = this.core.upstream.h1;
+    const kept = this.kept;
+    if (kept) {
+      this.kept = undefined;
+      if (!fresh && !kept.destroyed && kept.writable && kept.readable && pool.isCurrent(kept)) {
+        this.up = kept;
+        this.send(true);
+        return;
+      }
+      discard(this.unlisten(kept));
+    }
     const onUp = (err: Error | null, up: TLSSocket | null, reused: boolean) => {
       if (this.phase !== 'connecting') {
         // The client left meanwhile.
@@ -285,14 +305,20 @@ class FastConnection {
 
   private attach(up: TLSSocket, reused: boolean): void {
     this.up = up;
-    this.reused = reused;
-    this.phase = 'waiting';
     up.on('data', this.onUpData);
     up.on('end', this.onUpEnd);
     up.on('error', this.onUpError);
     up.on('close', this.onUpClose);
     up.on('timeout', this.onUpTimeout);
     up.on('drain', this.onUpDrain);
+    this.send(reused);
+  }
+
+  /** Writes the request (and the body bytes already here) on `this.up`. */
+  private send(reused: boolean): void {
+    const up = this.up!;
+    this.reused = reused;
+    this.phase = 'waiting';
     up.setTimeout(this.core.timeouts.headersMs);
     const body = this.queuedBytes ? Buffer.concat(this.queued) : EMPTY;
     this.queued = [];
@@ -311,8 +337,11 @@ class FastConnection {
 
   private detachUp(): TLSSocket | undefined {
     const up = this.up;
-    if (!up) return undefined;
     this.up = undefined;
+    return up && this.unlisten(up);
+  }
+
+  private unlisten(up: TLSSocket): TLSSocket {
     up.off('data', this.onUpData);
     up.off('end', this.onUpEnd);
     up.off('error', this.onUpError);
@@ -321,6 +350,29 @@ class FastConnection {
     up.off('drain', this.onUpDrain);
     up.setTimeout(0);
     return up;
+  }
+
+  /** Keeps the connection of a complete exchange for the next one (see `kept`). */
+  private keep(): void {
+    const up = this.up!;
+    this.up = undefined;
+    up.setTimeout(this.core.timeouts.keepAliveMs);
+    up.resume(); // paused for a slow client: a close must be seen
+    this.kept = up;
+  }
+
+  /** An event from the kept connection between exchanges: it cannot be trusted for the next one. */
+  private dropKept(): void {
+    const k = this.kept;
+    this.kept = undefined;
+    if (k) discard(this.unlisten(k));
+  }
+
+  /** This client connection is done with its kept upstream connection: back to the shared pool. */
+  private returnKept(): void {
+    const k = this.kept;
+    this.kept = undefined;
+    if (k) this.core.upstream.h1.release(this.t.host, this.t.port, this.unlisten(k));
   }
 
   /** Request body bytes from the client. */
@@ -337,12 +389,13 @@ class FastConnection {
   }
 
   private readonly onUpDrain = (): void => {
-    if (this.bodyLeft > 0) this.socket.resume();
+    if (this.up && this.bodyLeft > 0) this.socket.resume();
   };
 
   // ---- upstream side ----------------------------------------------------------------------------
 
   private readonly onUpData = (chunk: Buffer): void => {
+    if (!this.up) return this.dropKept(); // an upstream never speaks first
     if (this.resp) {
       this.relay(chunk);
       return;
@@ -466,6 +519,7 @@ class FastConnection {
   }
 
   private readonly onUpEnd = (): void => {
+    if (!this.up) return this.dropKept();
     if (this.resp?.framing.kind === 'close') {
       this.upstreamReusable = false;
       this.complete();
@@ -474,11 +528,12 @@ class FastConnection {
     this.upstreamGone(Object.assign(new Error('upstream closed the connection'), { code: 'ECONNRESET' }));
   };
 
-  private readonly onUpError = (err: Error): void => this.upstreamGone(err);
+  private readonly onUpError = (err: Error): void => (this.up ? this.upstreamGone(err) : this.dropKept());
 
-  private readonly onUpClose = (): void => this.upstreamGone(Object.assign(new Error('upstream closed the connection'), { code: 'ECONNRESET' }));
+  private readonly onUpClose = (): void => (this.up ? this.upstreamGone(Object.assign(new Error('upstream closed the connection'), { code: 'ECONNRESET' })) : this.dropKept());
 
   private readonly onUpTimeout = (): void => {
+    if (!this.up) return this.dropKept();
     if (!this.resp) this.fail(upstreamError({ code: 'UND_ERR_HEADERS_TIMEOUT' }, this.t.host));
     else this.broken('upstream stalled');
   };
@@ -504,14 +559,9 @@ class FastConnection {
 
   /** The response is complete: log, give the connection back, go on with the next request. */
   private complete(): void {
-    const up = this.detachUp();
-    if (up) {
-      if (this.upstreamReusable && this.resp!.reusable && this.bodyLeft === 0) {
-        up.resume(); // paused for a slow client: the pool must see it close
-        this.core.upstream.h1.release(this.t.host, this.t.port, up);
-      } else {
-        discard(up);
-      }
+    if (this.up) {
+      if (this.upstreamReusable && this.resp!.reusable && this.bodyLeft === 0 && this.core.upstream.h1.isCurrent(this.up)) this.keep();
+      else discard(this.detachUp());
     }
     this.waitingDrain = false;
     this.finish();

@@ -54,6 +54,11 @@ export class H1Pool {
     });
   }
 
+  /** False for a connection opened before the last clear(): it must not carry new requests. */
+  isCurrent(socket: TLSSocket): boolean {
+    return this.born.get(socket) === this.generation;
+  }
+
   /** Gives a connection back after a complete exchange. */
   release(host: string, port: number, socket: TLSSocket): void {
     if (socket.destroyed || !socket.writable || !socket.readable || this.born.get(socket) !== this.generation) {

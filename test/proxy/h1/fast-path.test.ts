@@ -10,6 +10,7 @@ import type tls from 'node:tls';
 import { ProxyAgent, request as undiciRequest } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { RequestRecord } from '../../../src/proxy/server.js';
+import { compileConfig } from '../../../src/rules/index.js';
 import { createTestPki, type TestPki } from '../../helpers/pki.js';
 import { eventually, sleep } from '../hardening-helpers.js';
 import {
@@ -150,6 +151,35 @@ describe('keep-alive and pipelining', () => {
     expect(o.conns).toHaveLength(1);
     for (let i = 0; i < 5; i++) expect((await recordFor(`/ka/${i}`)).via).toBe('fast');
     c.socket.destroy();
+  });
+
+  it('a policy change retires the upstream connection kept by a client connection; the next request dials anew', async () => {
+    const p = await extraProxy({});
+    const o = await origin((req, s) => echo(req, s));
+    const c = await client(o, p);
+    expect((await c.exchange(request('GET', '/policy/1', authority(o)))).status).toBe(200);
+    // The same rule, another egress policy (still allowing the origin): connections opened under
+    // the old policy must not carry new requests.
+    const HEADERS = [{ name: 'X-Key', value: INJECTED }];
+    p.handle.setConfig(compileConfig({ no_proxy: [], rules: [{ name: 'fast', match_hosts: [HOST], headers: HEADERS }], access_control: { deny_addresses: ['192.0.2.0/24'] } }));
+    const r = await c.exchange(request('GET', '/policy/2', authority(o)));
+    expect(r.status).toBe(200);
+    expect(o.requests.map((x) => x.conn.id)).toEqual([0, 1]);
+    expect(await eventually(() => o.conns[0].closed)).toBe(true);
+    c.socket.destroy();
+  });
+
+  it('when a client connection ends, its upstream connection serves the next client connection', async () => {
+    const o = await origin((req, s) => echo(req, s));
+    const a = await client(o);
+    expect((await a.exchange(request('GET', '/handed/1', authority(o)))).status).toBe(200);
+    a.socket.destroy();
+    await sleep(100);
+    const b = await client(o);
+    expect((await b.exchange(request('GET', '/handed/2', authority(o)))).status).toBe(200);
+    expect(o.requests.map((x) => x.conn.id)).toEqual([0, 0]);
+    expect(o.conns).toHaveLength(1);
+    b.socket.destroy();
   });
 
   it('pipelined requests in one write are answered in order', async () => {
