@@ -7,7 +7,7 @@ import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { ensureContent, ensurePackages, ensurePki, has, machineInfo } from './lib/setup.mjs';
-import { BENCH_DIR, REPO_ROOT, startKeygate, startMitmproxy, startOrigin, startSquid } from './lib/peers.mjs';
+import { BENCH_DIR, REPO_ROOT, startBare, startKeygate, startMitmproxy, startOrigin, startSquid } from './lib/peers.mjs';
 import { cpuSeconds, peakRssMiB, rssMiB } from './lib/proc.mjs';
 
 /** When idle memory is read the second time, ms after the proxies started. */
@@ -22,7 +22,9 @@ const USAGE = `usage: npm run bench -- [options]
   --hosts N            new host names per round for the first-request test (default 20)
   --bulk-mib N         size of the bulk body in MiB (default 100)
   --connections N      connections for the concurrent phase (default 32)
-  --peers LIST         comma list of keygate,squid,mitmproxy,direct (default all)
+  --peers LIST         comma list of keygate,squid,mitmproxy,ceiling,direct (default all; ceiling:
+                       bench/lib/bare-proxy.mjs, TLS both ways and a byte pipe, the bound of any
+                       Node.js proxy here)
   --keygate-arg ARG    extra argument for keygate proxy (repeatable)
   --cpu-prof           run keygate under node --cpu-prof (profiles in bench/.work/prof)
   --no-install         never apt-get install a missing peer
@@ -41,7 +43,7 @@ try {
       hosts: { type: 'string' },
       'bulk-mib': { type: 'string' },
       connections: { type: 'string' },
-      peers: { type: 'string', default: 'keygate,squid,mitmproxy,direct' },
+      peers: { type: 'string', default: 'keygate,squid,mitmproxy,ceiling,direct' },
       'keygate-arg': { type: 'string', multiple: true, default: [] },
       'cpu-prof': { type: 'boolean', default: false },
       'no-install': { type: 'boolean', default: false },
@@ -77,7 +79,7 @@ for (const [k, v] of Object.entries(cfg)) {
     process.exit(2);
   }
 }
-const unknownPeer = cfg.peers.find((p) => !['keygate', 'squid', 'mitmproxy', 'direct'].includes(p));
+const unknownPeer = cfg.peers.find((p) => !['keygate', 'squid', 'mitmproxy', 'ceiling', 'direct'].includes(p));
 if (unknownPeer) {
   console.error(`unknown peer '${unknownPeer}'`);
   process.exit(2);
@@ -203,6 +205,7 @@ async function main() {
       if (!has('mitmdump')) throw new Error('mitmdump is not installed');
       return startMitmproxy({ work: WORK, pki, token });
     },
+    ceiling: () => startBare({ work: WORK, pki, originPort: origin.port }),
   };
   for (const name of cfg.peers) {
     if (name === 'direct') {
@@ -234,6 +237,17 @@ async function main() {
   const base = (p) => ({ proxy: p.proxy, port: origin.port, ca: [p.ca, pki.originCa] });
   for (const p of peers) {
     if (p.skip) continue;
+    if (p.name === 'ceiling') {
+      // Not a product: it injects nothing. Checked to relay a request with the client's own
+      // header untouched (no HTTP work at all), through its own TLS termination.
+      const v = await client({ ...base(p), mode: 'verify', host: 'bench.test' });
+      if (!v.ok || v.status !== 200 || v.seen_authorization !== 'Bearer client-sent-value') {
+        p.skip = `relay check failed: ${v.ok ? `status ${v.status}` : v.error}`;
+        notes.push(`ceiling: measurements aborted: ${p.skip}`);
+      }
+      log(`ceiling: ${p.skip ?? 'relays requests unchanged'}`);
+      continue;
+    }
     // Injection (and replacement of a client-sent value) on the rule host and a wildcard name.
     for (const host of ['bench.test', 'verify.bench.test']) {
       let v;
