@@ -61,6 +61,23 @@ async function stopChild(child, signal = 'SIGTERM', waitMs = 5000) {
   }
 }
 
+/** The port a Node proxy prints in its `listening on 127.0.0.1:PORT` line. */
+function listeningPort(what, child, logFile) {
+  return waitFor(
+    what,
+    () => {
+      try {
+        const m = /listening on 127\.0\.0\.1:(\d+)/.exec(readFileSync(logFile, 'utf8'));
+        return m ? Number(m[1]) : undefined;
+      } catch {
+        return undefined;
+      }
+    },
+    child,
+    logFile,
+  );
+}
+
 /** The HTTPS origin: nginx on core 1 when available, else a Node server (noted in the results). */
 export async function startOrigin({ work, pki, content, forceNode }) {
   const port = await freePort();
@@ -139,19 +156,7 @@ export async function startKeygate({ work, pki, token, names, originPort, extraA
   const resolve = names.flatMap((n) => ['--resolve', `${n}:${originPort}:127.0.0.1`]);
   const args = [...IMAGE_NODE_FLAGS, ...nodeArgs, path.join(REPO_ROOT, 'dist/cli/main.js'), 'proxy', '--config', config, '--listen', '127.0.0.1:0', '--certs', certs, '--secrets', secrets, '--upstream-ca', pki.originCa, ...resolve, '--grace', '1', ...extraArgs];
   const child = launch(process.execPath, args, { cwd: dir, logFile, core: 0 });
-  const port = await waitFor(
-    'keygate',
-    () => {
-      try {
-        const m = /listening on 127\.0\.0\.1:(\d+)/.exec(readFileSync(logFile, 'utf8'));
-        return m ? Number(m[1]) : undefined;
-      } catch {
-        return undefined;
-      }
-    },
-    child,
-    logFile,
-  );
+  const port = await listeningPort('keygate', child, logFile);
   return { port, pid: child.pid, ca: path.join(certs, 'ca.pem'), logFile, stop: () => stopChild(child, 'SIGTERM', 15_000) };
 }
 
@@ -244,19 +249,7 @@ export async function startBare({ work, pki, originPort }) {
   mkdirSync(dir, { recursive: true });
   const logFile = path.join(dir, 'stdout.log');
   const child = launch(process.execPath, [...IMAGE_NODE_FLAGS, path.join(BENCH_DIR, 'lib/bare-proxy.mjs'), String(originPort), pki.originCert, pki.originKey, pki.originCa], { logFile, core: 0 });
-  const port = await waitFor(
-    'bare proxy',
-    () => {
-      try {
-        const m = /listening on 127\.0\.0\.1:(\d+)/.exec(readFileSync(logFile, 'utf8'));
-        return m ? Number(m[1]) : undefined;
-      } catch {
-        return undefined;
-      }
-    },
-    child,
-    logFile,
-  );
+  const port = await listeningPort('bare proxy', child, logFile);
   return { port, pid: child.pid, ca: pki.originCa, logFile, stop: () => stopChild(child) };
 }
 

@@ -5,11 +5,10 @@
  * it at the same byte with the same payload, and that the scanner never waits for more where
  * Node has already seen the end.
  */
-import { createRequire } from 'node:module';
 import { describe, expect, it } from 'vitest';
 import { ChunkedScanner } from '../../../src/proxy/h1/chunked.js';
+import { bytes, HTTPParser, prng } from './differential.js';
 
-const bytes = (s: string) => Buffer.from(s, 'latin1');
 
 interface Scan {
   /** What `scan` returned last (end index in the last buffer, -1, -2). */
@@ -257,21 +256,6 @@ describe('ChunkedScanner: errors', () => {
 
 // ---- differential against Node's parser --------------------------------------------------
 
-interface NodeHttpParser {
-  initialize(type: number, resource: object, maxHeaderSize: number, lenient: number): void;
-  execute(buf: Buffer): number | Error;
-  close(): void;
-  [k: number]: unknown;
-}
-interface NodeHttpParserClass {
-  new (): NodeHttpParser;
-  RESPONSE: number;
-  kOnHeadersComplete: number;
-  kOnBody: number;
-  kOnMessageComplete: number;
-  kLenientNone: number;
-}
-const { HTTPParser } = createRequire(import.meta.url)('_http_common') as { HTTPParser: NodeHttpParserClass };
 
 const HEAD = 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n';
 const NEXT = 'HTTP/1.1 204 No Content\r\n\r\n';
@@ -307,17 +291,6 @@ function nodeChunked(body: Buffer): NodeChunked {
   }
 }
 
-/** Deterministic PRNG (mulberry32). */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 // Extensions and trailers llhttp accepts, and some only the scanner does (it checks bytes, not their grammar).
 const EXTENSIONS = ['', ';a', ';a=b', ';a="q r"', ';a=b;c'];

@@ -8,33 +8,13 @@
  * target, fields and body length. Responses: every framing kind, the 1xx / HEAD / 204 / 304 rules,
  * `reusable`, every ambiguity an error, and the same kind of differential in response mode.
  */
-import { createRequire } from 'node:module';
 import { describe, expect, it } from 'vitest';
 import { parseRequestHead, parseResponseHead, type HeadLimits, type RequestHead, type RequestParse, type ResponseHead, type ResponseParse } from '../../../src/proxy/h1/head.js';
 import { DEFAULT_LIMITS } from '../../../src/proxy/limits.js';
+import { bytes, HTTPParser, METHODS, prng } from './differential.js';
 
 // ---- Node's own parser -----------------------------------------------------------------------
 
-interface NodeHttpParser {
-  initialize(type: number, resource: object, maxHeaderSize: number, lenient: number): void;
-  execute(buf: Buffer): number | Error;
-  finish(): undefined | Error;
-  close(): void;
-  [k: number]: unknown;
-}
-interface NodeHttpParserClass {
-  new (): NodeHttpParser;
-  REQUEST: number;
-  RESPONSE: number;
-  kOnHeaders: number;
-  kOnHeadersComplete: number;
-  kOnBody: number;
-  kOnMessageComplete: number;
-  kLenientNone: number;
-}
-
-const common = createRequire(import.meta.url)('_http_common') as { HTTPParser: NodeHttpParserClass; methods: string[] };
-const { HTTPParser } = common;
 
 interface NodeMessage {
   versionMajor: number;
@@ -86,7 +66,7 @@ function nodeParse(type: number, buf: Buffer, maxHeaderSize: number, opts: { ski
     const m: NodeMessage = {
       versionMajor,
       versionMinor,
-      method: method === undefined ? undefined : common.methods[method],
+      method: method === undefined ? undefined : METHODS[method],
       url: url || pendingUrl,
       status,
       rawHeaders: headers ?? pending,
@@ -127,7 +107,6 @@ const LIMITS: HeadLimits = {
   maxRequestLineBytes: DEFAULT_LIMITS.maxRequestLineBytes,
 };
 
-const bytes = (s: string) => Buffer.from(s, 'latin1');
 /** Lines joined with CRLF, then the empty line. */
 const crlf = (...lines: string[]) => lines.join('\r\n') + '\r\n\r\n';
 const req = (s: string | Buffer, limits: HeadLimits = LIMITS): RequestParse => parseRequestHead(typeof s === 'string' ? bytes(s) : s, limits);
@@ -504,17 +483,6 @@ describe('parseRequestHead: everything unusual falls back', () => {
 
 // ---- requests: differential against Node's parser --------------------------------------------
 
-/** Deterministic PRNG (mulberry32). */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const ALPHABET = [0x0d, 0x0a, 0x20, 0x09, 0x3a, 0x2c, 0x00, 0x7f, 0x80, 0xff, 0x0b, 0x0c, 0x22, 0x3b, 0x3d, 0x2f, 0x3f, 0x23, 0x25, 0x2b, 0x2d, ...Buffer.from('0159afzAFZ')];
 const NAMES = [
