@@ -39,19 +39,25 @@ beforeAll(async () => {
   });
   await new Promise<void>((r) => origin.listen(0, '127.0.0.1', () => r()));
   originPort = (origin.address() as AddressInfo).port;
-  // A port nothing listens on: connections to it are refused.
-  const closed = net.createServer();
-  await new Promise<void>((r) => closed.listen(0, '127.0.0.1', () => r()));
-  deadPort = (closed.address() as AddressInfo).port;
-  await new Promise<void>((r) => closed.close(() => r()));
-  proxy = await spawnProxy({
-    config: {
-      rules: [{ name: 'api', match_hosts: ['*.test.local', HOST], headers: [{ name: 'Authorization', type: 'workspace_secret', value: 'Bearer {TOKEN}' }] }],
-    },
-    secrets: { TOKEN },
-    resolve: [`${HOST}:${originPort}:127.0.0.1`, `${DENIED}:443:169.254.169.254`, `${REFUSED}:${deadPort}:127.0.0.1`],
-    upstreamCa: [pki.caPem],
-  });
+  for (;;) {
+    // A port nothing listens on: connections to it are refused.
+    const closed = net.createServer();
+    await new Promise<void>((r) => closed.listen(0, '127.0.0.1', () => r()));
+    deadPort = (closed.address() as AddressInfo).port;
+    await new Promise<void>((r) => closed.close(() => r()));
+    proxy = await spawnProxy({
+      config: {
+        rules: [{ name: 'api', match_hosts: ['*.test.local', HOST], headers: [{ name: 'Authorization', type: 'workspace_secret', value: 'Bearer {TOKEN}' }] }],
+      },
+      secrets: { TOKEN },
+      resolve: [`${HOST}:${originPort}:127.0.0.1`, `${DENIED}:443:169.254.169.254`, `${REFUSED}:${deadPort}:127.0.0.1`],
+      upstreamCa: [pki.caPem],
+    });
+    // The freed port can be handed straight back to the proxy's own listener, which (rightly)
+    // refuses to connect to itself: then pick again.
+    if (proxy.port !== deadPort) break;
+    await proxy.stop();
+  }
 });
 
 afterAll(async () => {

@@ -8,6 +8,7 @@ import { filterRawResponseHeaders, upstreamRequestHeaders } from '../headers.js'
 import { headTimeout, type ProxyLimits } from '../limits.js';
 import { chunkRelayed } from '../buffer-gc.js';
 import { ChunkedScanner } from './chunked.js';
+import { keepAliveHintMs } from './pool.js';
 import { parseRequestHead, parseResponseHead, type RequestHead, type ResponseHead } from './head.js';
 
 /**
@@ -96,6 +97,8 @@ class FastConnection {
    * its idle clock) retires it; it goes back to the pool when this connection ends or is handed over.
    */
   private kept: TLSSocket | undefined;
+  /** When the kept connection stops being reusable (performance.now() ms). */
+  private keptUntil = 0;
   private reused = false;
   private retried = false;
   private rbuf: Buffer = EMPTY;
@@ -356,7 +359,13 @@ class FastConnection {
   private keep(): void {
     const up = this.up!;
     this.up = undefined;
-    up.setTimeout(this.core.timeouts.keepAliveMs);
+    const idleMs = keepAliveHintMs(this.resp!.rawHeaders, this.core.timeouts.keepAliveMs);
+    if (idleMs <= 0) {
+      discard(this.unlisten(up));
+      return;
+    }
+    this.keptUntil = performance.now() + idleMs;
+    up.setTimeout(idleMs);
     up.resume(); // paused for a slow client: a close must be seen
     this.kept = up;
   }
@@ -372,7 +381,7 @@ class FastConnection {
   private returnKept(): void {
     const k = this.kept;
     this.kept = undefined;
-    if (k) this.core.upstream.h1.release(this.t.host, this.t.port, this.unlisten(k));
+    if (k) this.core.upstream.h1.release(this.t.host, this.t.port, this.unlisten(k), Math.floor(this.keptUntil - performance.now()));
   }
 
   /** Request body bytes from the client. */

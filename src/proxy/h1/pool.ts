@@ -1,5 +1,24 @@
 import type { TLSSocket } from 'node:tls';
 
+/** How much earlier than an upstream's announced idle timeout a connection stops being reused. */
+const KEEP_ALIVE_MARGIN_MS = 1000;
+
+/**
+ * How long a connection may stay idle after a response with these headers: the upstream's
+ * `Keep-Alive: timeout=N` (seconds) less a margin, so the proxy never sends a request on a
+ * connection the upstream is closing at that moment (a request that is not idempotent cannot be
+ * retried, and would fail). `max`, the pool's own limit, when there is no hint; 0 means the
+ * connection is not to be reused.
+ */
+export function keepAliveHintMs(rawHeaders: readonly string[], max: number): number {
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    if (rawHeaders[i].length !== 10 || rawHeaders[i].toLowerCase() !== 'keep-alive') continue;
+    const m = /(?:^|[\s,;])timeout\s*=\s*(\d{1,9})/i.exec(rawHeaders[i + 1]);
+    if (m) return Math.max(0, Math.min(max, Number(m[1]) * 1000 - KEEP_ALIVE_MARGIN_MS));
+  }
+  return max;
+}
+
 /** Opens a verified TLS connection to host:port (Upstream's connector: egress policy, pins, warm connections). */
 export type Dial = (host: string, port: number, cb: (err: Error | null, socket: TLSSocket | null) => void) => void;
 
@@ -59,9 +78,12 @@ export class H1Pool {
     return this.born.get(socket) === this.generation;
   }
 
-  /** Gives a connection back after a complete exchange. */
-  release(host: string, port: number, socket: TLSSocket): void {
-    if (socket.destroyed || !socket.writable || !socket.readable || this.born.get(socket) !== this.generation) {
+  /**
+   * Gives a connection back after a complete exchange, to be kept at most `idleMs` (less than
+   * the pool's own when the upstream said it closes sooner: see keepAliveHintMs).
+   */
+  release(host: string, port: number, socket: TLSSocket, idleMs = this.idleMs): void {
+    if (socket.destroyed || !socket.writable || !socket.readable || this.born.get(socket) !== this.generation || idleMs <= 0) {
       socket.destroy();
       return;
     }
@@ -70,7 +92,7 @@ export class H1Pool {
     if (!list) this.idle.set(key, (list = []));
     const entry: Idle = {
       socket,
-      timer: setTimeout(() => gone(), this.idleMs),
+      timer: setTimeout(() => gone(), Math.min(idleMs, this.idleMs)),
       onGone: () => gone(),
     };
     const gone = () => {

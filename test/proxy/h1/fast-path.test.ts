@@ -169,6 +169,24 @@ describe('keep-alive and pipelining', () => {
     c.socket.destroy();
   });
 
+  it("an origin's Keep-Alive timeout is honoured: its connection is retired a second before it, and timeout=1 is not reused", async () => {
+    let hint = 'timeout=2';
+    const o = await origin((_req, s) => s.write(`HTTP/1.1 200 OK\r\nKeep-Alive: ${hint}\r\nContent-Length: 2\r\n\r\nok`));
+    const c = await client(o);
+    expect((await c.exchange(request('GET', '/ka-hint/1', authority(o)))).status).toBe(200);
+    // Reused within the hint less the margin (2 s - 1 s)...
+    expect((await c.exchange(request('GET', '/ka-hint/2', authority(o)))).status).toBe(200);
+    expect(o.requests.map((x) => x.conn.id)).toEqual([0, 0]);
+    // ...closed by the proxy once that has passed, before the origin would close it.
+    expect(await eventually(() => o.conns[0].closed, 1900)).toBe(true);
+    hint = 'timeout=1, max=100';
+    expect((await c.exchange(request('GET', '/ka-hint/3', authority(o)))).status).toBe(200);
+    expect((await c.exchange(request('GET', '/ka-hint/4', authority(o)))).status).toBe(200);
+    // timeout=1 leaves no time to reuse: every request on a new connection.
+    expect(o.requests.map((x) => x.conn.id)).toEqual([0, 0, 1, 2]);
+    c.socket.destroy();
+  });
+
   it('when a client connection ends, its upstream connection serves the next client connection', async () => {
     const o = await origin((req, s) => echo(req, s));
     const a = await client(o);
