@@ -10,7 +10,9 @@ import { ensureCa } from '../../src/certs/ca.js';
 import { createLogger } from '../../src/log.js';
 import { startProxy } from '../../src/proxy/server.js';
 import { compileConfig } from '../../src/rules/compile.js';
-import { connectTunnel } from '../helpers/connect.js';
+import { connectTunnel, interceptedTls, rawExchange } from '../helpers/connect.js';
+import { startOrigin } from '../helpers/origin.js';
+import { createTestPki } from '../helpers/pki.js';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'kg-metrics-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -71,6 +73,44 @@ describe('ProxyMetrics counts the hardening events of a real proxy', () => {
       detach();
       await proxy.close(0);
       await limited.close(0);
+    }
+  });
+});
+
+describe('ProxyMetrics counts hand-overs from the fast path to the Node path', () => {
+  it('by reason: a head the strict parser does not take, a request a check refuses; a plain GET counts nothing', async () => {
+    const HOST = 'api.test.local';
+    const pki = await createTestPki([HOST]);
+    const origin = await startOrigin(pki);
+    const ca = await ensureCa(path.join(dir, 'certs-fast'));
+    const proxy = await startProxy({
+      listen: { host: '127.0.0.1', port: 0 },
+      ca,
+      config: compileConfig({ no_proxy: [], rules: [{ name: 'api', match_hosts: [HOST], headers: [{ name: 'X-Key', value: 'k' }] }] }),
+      logger: createLogger({ level: 'silent' }),
+      resolve: new Map([[`${HOST}:${origin.port}`, '127.0.0.1']]),
+      upstreamCa: [pki.caPem],
+    });
+    const metrics = new ProxyMetrics();
+    const detach = metrics.attach(proxy.events);
+    const exchange = async (raw: string) => rawExchange(await interceptedTls(proxy.port, HOST, origin.port, [ca.certPem]), raw);
+    const authority = `${HOST}:${origin.port}`;
+    try {
+      expect((await exchange(`GET /plain HTTP/1.1\r\nHost: ${authority}\r\nConnection: close\r\n\r\n`)).status).toBe(200);
+      expect(metrics.render()).not.toContain('keygate_proxy_fast_path_fallbacks_total{');
+      // Chunked request bodies are the Node path's: the head goes there with its bytes.
+      const chunked = await exchange(`POST /upload HTTP/1.1\r\nHost: ${authority}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n`);
+      expect(chunked.status).toBe(200);
+      // A Host naming another authority: the Node path refuses it (421), as it always has.
+      const misdirected = await exchange(`GET /x HTTP/1.1\r\nHost: other.test.local\r\nConnection: close\r\n\r\n`);
+      expect(misdirected.status).toBe(421);
+      const text = metrics.render();
+      expect(sample(text, 'keygate_proxy_fast_path_fallbacks_total{reason="head"}')).toBe(1);
+      expect(sample(text, 'keygate_proxy_fast_path_fallbacks_total{reason="check"}')).toBe(1);
+    } finally {
+      detach();
+      await proxy.close(0);
+      await origin.close();
     }
   });
 });
