@@ -604,7 +604,8 @@ class FastConnection {
   }
 
   private afterExchange(): void {
-    if (this.closeAfter || this.socket.destroyed) {
+    // Draining may have begun after this response's head went out: close now, not at the grace deadline.
+    if (this.closeAfter || this.socket.destroyed || this.core.draining()) {
       this.socket.end();
       return;
     }

@@ -805,6 +805,27 @@ describe('draining', () => {
     await closing;
     expect(await recordFor('/drain', pd)).toMatchObject({ via: 'fast', status: 200, bytes_out: 10 });
   });
+
+  it('close() after the response head went out: the connection closes when the exchange ends, not at the grace deadline', async () => {
+    const pd = await extraProxy({});
+    const held: tls.TLSSocket[] = [];
+    const o = await origin((_req, s) => held.push(s));
+    const c = await client(o, pd);
+    c.socket.write(request('GET', '/drain-late', authority(o)));
+    expect(await eventually(() => held.length === 1)).toBe(true);
+    held[0].write('HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello');
+    await sleep(100); // the head is out, without Connection: close
+    const started = Date.now();
+    const closing = pd.close(10_000);
+    await sleep(50);
+    held[0].write('world');
+    const r = await c.next();
+    expect(r.body.toString()).toBe('helloworld');
+    expect(await c.waitClosed(5000)).toBe(true);
+    await closing;
+    // Well inside the 10 s grace: the idle connection was not left open until the deadline.
+    expect(Date.now() - started).toBeLessThan(5000);
+  });
 });
 
 describe('the fastPath switch', () => {
