@@ -106,6 +106,42 @@ function parseTarget(raw: string | undefined, defaultPort: number | undefined): 
   }
 }
 
+/**
+ * Inside a tunnel the CONNECT target is the only destination: an absolute-form request target
+ * and the Host header must both name it (`requireHost`: a missing Host is refused, as HTTP/1.1
+ * asks), and the path must normalise. The path and query to forward, or the refusal. Used by
+ * the Node path and, for its single Host and origin-form target, by the fast path.
+ */
+function checkTunnelTarget(target: string, hostValue: string | undefined, requireHost: boolean, t: TunnelTarget): { pathAndQuery: string; path: string } | ProxyError {
+  if (!target.startsWith('/')) {
+    const m = /^([a-zA-Z][a-zA-Z0-9+.-]*):\/\/([^/?#]*)(.*)$/.exec(target);
+    if (!m) return malformed('unsupported request target');
+    if (m[1].toLowerCase() !== 'https') return malformed('only https requests are accepted inside a tunnel');
+    let abs;
+    try {
+      abs = parseAuthority(m[2], 443);
+    } catch {
+      return malformed('invalid authority in request target');
+    }
+    if (abs.host !== t.host || abs.port !== t.port) return misdirected(`request names ${formatAuthority(abs.host, abs.port)} inside a tunnel to ${t.authority}`);
+    target = m[3] || '/';
+  }
+  if (hostValue !== undefined) {
+    let h;
+    try {
+      h = parseAuthority(hostValue, 443);
+    } catch {
+      return malformed('invalid Host header');
+    }
+    if (h.host !== t.host || h.port !== t.port) return misdirected(`Host ${formatAuthority(h.host, h.port)} does not match the tunnel to ${t.authority}`);
+  } else if (requireHost) {
+    return malformed('missing Host header');
+  }
+  const n = normalisePath(target);
+  if (isPathRefusal(n)) return malformed(n.error);
+  return { pathAndQuery: n.path + n.query, path: n.path };
+}
+
 /** After these the connection's framing (or its client) cannot be trusted: answer and close. */
 function closesConnection(err: ProxyError): boolean {
   return err.status === 400 || err.status === 408 || err.status === 413 || err.status === 414 || err.status === 431;
@@ -245,34 +281,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       }
     }
     if (hostHeaders > 1) return malformed('more than one Host header');
-    let target = req.url ?? '';
-    if (!target.startsWith('/')) {
-      const m = /^([a-zA-Z][a-zA-Z0-9+.-]*):\/\/([^/?#]*)(.*)$/.exec(target);
-      if (!m) return malformed('unsupported request target');
-      if (m[1].toLowerCase() !== 'https') return malformed('only https requests are accepted inside a tunnel');
-      let abs;
-      try {
-        abs = parseAuthority(m[2], 443);
-      } catch {
-        return malformed('invalid authority in request target');
-      }
-      if (abs.host !== t.host || abs.port !== t.port) return misdirected(`request names ${formatAuthority(abs.host, abs.port)} inside a tunnel to ${t.authority}`);
-      target = m[3] || '/';
-    }
-    if (hostValue !== undefined) {
-      let h;
-      try {
-        h = parseAuthority(hostValue, 443);
-      } catch {
-        return malformed('invalid Host header');
-      }
-      if (h.host !== t.host || h.port !== t.port) return misdirected(`Host ${formatAuthority(h.host, h.port)} does not match the tunnel to ${t.authority}`);
-    } else if (req.httpVersionMajor === 1 && req.httpVersionMinor >= 1) {
-      return malformed('missing Host header');
-    }
-    const n = normalisePath(target);
-    if (isPathRefusal(n)) return malformed(n.error);
-    return { pathAndQuery: n.path + n.query, path: n.path };
+    return checkTunnelTarget(req.url ?? '', hostValue, req.httpVersionMajor === 1 && req.httpVersionMinor >= 1, t);
   }
 
   inner.on('request', (req: IncomingMessage, res: ServerResponse) => {
@@ -345,20 +354,12 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   const fast: FastPathOptions = {
     core,
     limits,
-    // The checks of checkIntercepted and egressByName, without their answers or log lines:
+    // The checks of egressByName and checkIntercepted, without their answers or log lines:
     // a request that fails one goes to the Node path, which refuses it as it always has.
     check(head, t) {
       if (current.egress.checkName(t.host, t.port)) return undefined;
-      let h;
-      try {
-        h = parseAuthority(head.host, 443);
-      } catch {
-        return undefined;
-      }
-      if (h.host !== t.host || h.port !== t.port) return undefined;
-      const n = normalisePath(head.target);
-      if (isPathRefusal(n)) return undefined;
-      return { pathAndQuery: n.path + n.query, path: n.path };
+      const checked = checkTunnelTarget(head.target, head.host, true, t);
+      return checked instanceof ProxyError ? undefined : checked;
     },
     fallback(socket, bytes) {
       inner.emit('connection', socket);

@@ -3,7 +3,7 @@ import net from 'node:net';
 import tls from 'node:tls';
 import { createRequire } from 'node:module';
 import type * as Undici from 'undici';
-import { formatAuthority } from '../rules/host.js';
+import { formatAuthority, urlAuthority } from '../rules/host.js';
 import type { EgressPolicy } from '../rules/egress.js';
 import { EgressDenied, resolveAllowed } from './egress.js';
 import { H1Pool } from './h1/pool.js';
@@ -128,7 +128,7 @@ type Connected = Parameters<ConnectCallback>[1];
 /** What undici's connector is given for an HTTPS origin (the key it is known by is `https://` + host). */
 function connectOptions(host: string, port: number): ConnectOptions {
   return {
-    host: port === 443 ? formatAuthority(host, port).replace(/:443$/, '') : formatAuthority(host, port),
+    host: urlAuthority(host, port, 443),
     hostname: net.isIPv6(host) ? `[${host}]` : host,
     protocol: 'https:',
     port: String(port),
@@ -230,12 +230,13 @@ export class Upstream {
    * time; unused, it is closed after warmIdleMs.
    */
   prewarm(host: string, port: number): void {
-    // The key undici's connector sees: the URL host, where the default port is left out.
-    const key = `https://${port === 443 ? formatAuthority(host, port).replace(/:443$/, '') : formatAuthority(host, port)}`;
+    const o = connectOptions(host, port);
+    // The key undici's connector sees this origin by.
+    const key = `https://${o.host}`;
     if (this.warm.has(key) || this.live.has(key)) return;
     const warm: Warm = {};
     this.warm.set(key, warm);
-    this.dial(connectOptions(host, port), (err, socket) => {
+    this.dial(o, (err, socket) => {
       const waiter = warm.waiter;
       if (waiter) return err || !socket ? waiter(err ?? new Error('upstream connection failed'), null) : waiter(null, socket);
       if (this.warm.get(key) !== warm) {

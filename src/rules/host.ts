@@ -107,3 +107,8 @@ export function parseAuthority(raw: string, defaultPort: number | undefined): { 
 export function formatAuthority(host: string, port: number): string {
   return `${host.includes(':') ? `[${host}]` : host}:${port}`;
 }
+
+/** `host[:port]` as a URL writes it (and an HTTP/1.1 Host header): the default port left out. */
+export function urlAuthority(host: string, port: number, defaultPort: number): string {
+  return port === defaultPort ? (host.includes(':') ? `[${host}]` : host) : formatAuthority(host, port);
+}

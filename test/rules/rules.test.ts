@@ -10,6 +10,7 @@ import {
   PatternError,
   RuleInputError,
 } from '../../src/rules/index.js';
+import { formatAuthority, urlAuthority } from '../../src/rules/host.js';
 
 const require = createRequire(import.meta.url);
 
@@ -44,6 +45,17 @@ describe('normaliseHost', () => {
     expect(() => parseAuthority('a.com:65536', 443)).toThrow(RuleInputError);
     expect(() => parseAuthority('a.com:+1', 443)).toThrow(RuleInputError);
     expect(() => parseAuthority('a.com', undefined)).toThrow(RuleInputError);
+  });
+});
+
+describe('authorities as written', () => {
+  it('formatAuthority always has the port; urlAuthority leaves the default one out; IPv6 in brackets', () => {
+    expect(formatAuthority('api.example.com', 443)).toBe('api.example.com:443');
+    expect(urlAuthority('api.example.com', 443, 443)).toBe('api.example.com');
+    expect(urlAuthority('api.example.com', 8443, 443)).toBe('api.example.com:8443');
+    expect(urlAuthority('::1', 443, 443)).toBe('[::1]');
+    expect(urlAuthority('::1', 8443, 443)).toBe('[::1]:8443');
+    expect(urlAuthority('127.0.0.1', 80, 80)).toBe('127.0.0.1');
   });
 });
 

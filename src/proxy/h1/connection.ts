@@ -1,6 +1,7 @@
 import { STATUS_CODES } from 'node:http';
 import type { TLSSocket } from 'node:tls';
 import type { CompiledRule } from '../../rules/compile.js';
+import { urlAuthority } from '../../rules/host.js';
 import type { ProxyCore, RequestRecord, TunnelTarget } from '../context.js';
 import { errorResponse, ProxyError, upstreamError } from '../errors.js';
 import { finishRecord } from '../forward.js';
@@ -8,7 +9,7 @@ import { filterRawResponseHeaders, upstreamRequestHeaders } from '../headers.js'
 import { headTimeout, type ProxyLimits } from '../limits.js';
 import { chunkRelayed } from '../buffer-gc.js';
 import { ChunkedScanner } from './chunked.js';
-import { keepAliveHintMs } from './pool.js';
+import { keepAliveHintMs, usable } from './pool.js';
 import { parseRequestHead, parseResponseHead, type RequestHead, type ResponseHead } from './head.js';
 
 /**
@@ -117,7 +118,7 @@ class FastConnection {
   ) {
     this.core = o.core;
     this.limits = o.limits;
-    this.authority = t.port === 443 ? (t.host.includes(':') ? `[${t.host}]` : t.host) : t.authority;
+    this.authority = urlAuthority(t.host, t.port, 443);
     socket.on('data', this.onClientData);
     socket.on('end', this.onClientEnd);
     socket.on('close', this.onClientClose);
@@ -283,7 +284,7 @@ class FastConnection {
     const kept = this.kept;
     if (kept) {
       this.kept = undefined;
-      if (!fresh && !kept.destroyed && kept.writable && kept.readable && pool.isCurrent(kept)) {
+      if (!fresh && usable(kept) && pool.isCurrent(kept)) {
         this.up = kept;
         this.send(true);
         return;
@@ -610,7 +611,6 @@ class FastConnection {
       return;
     }
     this.phase = 'idle';
-    this.queued = [];
     this.socket.resume();
     this.nextRequest();
   }

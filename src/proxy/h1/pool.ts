@@ -19,6 +19,11 @@ export function keepAliveHintMs(rawHeaders: readonly string[], max: number): num
   return max;
 }
 
+/** Open both ways: a connection that can carry another exchange. */
+export function usable(socket: TLSSocket): boolean {
+  return !socket.destroyed && socket.writable && socket.readable;
+}
+
 /** Opens a verified TLS connection to host:port (Upstream's connector: egress policy, pins, warm connections). */
 export type Dial = (host: string, port: number, cb: (err: Error | null, socket: TLSSocket | null) => void) => void;
 
@@ -55,7 +60,7 @@ export class H1Pool {
     while (list?.length) {
       const i = list.pop()!;
       this.unwatch(i);
-      if (!i.socket.destroyed && i.socket.writable && i.socket.readable) {
+      if (usable(i.socket)) {
         process.nextTick(cb, null, i.socket, true);
         return;
       }
@@ -83,7 +88,7 @@ export class H1Pool {
    * the pool's own when the upstream said it closes sooner: see keepAliveHintMs).
    */
   release(host: string, port: number, socket: TLSSocket, idleMs = this.idleMs): void {
-    if (socket.destroyed || !socket.writable || !socket.readable || this.born.get(socket) !== this.generation || idleMs <= 0) {
+    if (!usable(socket) || !this.isCurrent(socket) || idleMs <= 0) {
       socket.destroy();
       return;
     }
