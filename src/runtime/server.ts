@@ -2,13 +2,13 @@ import { createHash, randomUUID, timingSafeEqual } from 'node:crypto';
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { createLogger, type Logger } from '../log.js';
-import type { ValidationIssue } from '../validation/errors.js';
+import { answerClientError, bodyMissing, checkUrlLength, invalid, problem, readJsonBody, sendError, sendJson } from '../server/http-json.js';
 import { findAssistant, type LoadedApp, type LoadedAssistant } from './app.js';
 import { createProxyFetch } from './fetch.js';
-import { parseRunRequest } from './request.js';
+import { assistantView, graphView, searchAssistants } from './langgraph.js';
+import { parseRunRequest, type RunRequest } from './request.js';
 import { executeRun, RunCancelledError, type RunOutcome } from './run.js';
 import { formatEvent, SseStream } from './sse.js';
-import { jsonErrorLocation } from '../validation/json.js';
 
 export interface AppServerOptions {
   app: LoadedApp;
@@ -48,61 +48,15 @@ interface ActiveRun {
   done: Promise<RunOutcome>;
 }
 
-class HttpError extends Error {
-  constructor(
-    readonly status: number,
-    readonly body: unknown,
-    readonly headers: Record<string, string> = {},
-  ) {
-    super(typeof body === 'object' && body && 'detail' in body ? String((body as { detail: unknown }).detail) : 'error');
-  }
-}
-
-const detail = (status: number, sentence: string, headers?: Record<string, string>) => new HttpError(status, { detail: sentence }, headers);
-const invalid = (issues: ValidationIssue[]) => new HttpError(422, { detail: issues });
-
 function digest(s: string): Buffer {
   return createHash('sha256').update(s, 'utf8').digest();
 }
 
-function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
-  const text = JSON.stringify(body);
-  res.writeHead(status, {
-    'Content-Type': 'application/json',
-    'Content-Length': String(Buffer.byteLength(text)),
-    'Cache-Control': 'no-store',
-    ...headers,
-  });
-  res.end(text);
-}
-
-function assistantView(a: LoadedAssistant, app: LoadedApp) {
-  return { assistant_id: a.id, id: a.id, name: a.name, graph_id: a.name, description: a.description, app: app.name };
-}
-
-/** Reads a body up to `max` bytes; refuses larger ones without reading them. */
-async function readBody(req: IncomingMessage, max: number): Promise<Buffer> {
-  const declared = Number(req.headers['content-length']);
-  if (Number.isFinite(declared) && declared > max) {
-    throw detail(413, `Request body too large (limit ${max} bytes).`, { Connection: 'close' });
-  }
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req as AsyncIterable<Buffer>) {
-    size += chunk.length;
-    if (size > max) throw detail(413, `Request body too large (limit ${max} bytes).`, { Connection: 'close' });
-    chunks.push(chunk);
-  }
-  return Buffer.concat(chunks);
-}
-
-function isJsonContentType(value: string | undefined): boolean {
-  if (value === undefined) return true;
-  const type = value.split(';')[0].trim().toLowerCase();
-  return type === 'application/json' || /^application\/[a-z0-9.+-]+\+json$/.test(type);
-}
-
-/** Serves one loaded application: `GET /ok`, `GET /assistants[/{id}]`, `POST /runs/stream`. */
+/**
+ * Serves one loaded application: `GET /ok` (public), `POST /runs/stream`, `POST /runs/wait`,
+ * `GET /assistants`, `POST /assistants/search`, `GET /assistants/{id}` and `.../graph`: the
+ * stateless part of the LangGraph Platform API (src/runtime/README.md).
+ */
 export async function startAppServer(opts: AppServerOptions): Promise<AppServerHandle> {
   const { app } = opts;
   const logger = opts.logger ?? createLogger({ name: 'keygate-app' });
@@ -122,29 +76,38 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
     return timingSafeEqual(digest(given), keyDigest);
   };
 
-  async function handleRun(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    if (!isJsonContentType(req.headers['content-type'])) {
-      throw detail(415, 'Content-Type must be application/json.');
-    }
-    const raw = await readBody(req, maxBody);
-    let body: unknown;
-    if (raw.length === 0) throw invalid([{ loc: ['body'], msg: 'Field required', type: 'missing' }]);
-    try {
-      body = JSON.parse(raw.toString('utf8'));
-    } catch (err) {
-      throw invalid([{ loc: ['body'], msg: `JSON decode error at ${jsonErrorLocation(raw.toString('utf8'), err)}`, type: 'json_invalid' }]);
-    }
+  const registeredAt = new Date().toISOString();
+  const views = app.assistants.map((a) => assistantView(a, app, registeredAt));
+  const viewOf = (a: LoadedAssistant) => views[app.assistants.indexOf(a)];
+
+  /** Reads and validates a run request body (`/runs/stream` and `/runs/wait` take the same one). */
+  async function readRunRequest(req: IncomingMessage): Promise<{ request: RunRequest; assistant: LoadedAssistant }> {
+    const body = await readJsonBody(req, { maxBytes: maxBody });
+    if (body === undefined) throw bodyMissing();
     const parsed = parseRunRequest(body);
     if (!parsed.ok) throw invalid(parsed.issues);
     const request = parsed.request;
     const assistant = findAssistant(app, request.assistant_id);
-    if (!assistant) throw detail(404, `Assistant '${request.assistant_id}' not found.`);
-    if (closing) throw detail(503, 'The application is shutting down.');
+    if (!assistant) throw problem(404, `Assistant '${request.assistant_id}' not found.`);
+    if (closing) throw problem(503, 'The application is shutting down.');
+    return { request, assistant };
+  }
 
+  /**
+   * Runs one request to its end, cancelling it when the client goes away (unless
+   * `on_disconnect: continue`). `open` sends the status line before the first event; `emit`
+   * receives every event in order.
+   */
+  async function run(
+    res: ServerResponse,
+    request: RunRequest,
+    assistant: LoadedAssistant,
+    open: (runId: string) => void,
+    emit: (event: string, data: unknown) => void,
+  ): Promise<{ outcome: RunOutcome; runId: string }> {
     const runId = randomUUID();
     const started = Date.now();
     const controller = new AbortController();
-    const sse = new SseStream(res, { heartbeatMs });
     res.on('close', () => {
       if (res.writableFinished) return;
       if (request.on_disconnect === 'cancel') {
@@ -153,24 +116,22 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
         logger.info({ run_id: runId }, 'client disconnected; run continues (on_disconnect: continue)');
       }
     });
-    sse.open({ 'Content-Location': `/runs/${runId}` });
-
+    open(runId);
     const done = executeRun({
       runId,
       assistant,
       request,
       signal: controller.signal,
-      emit: (event, data) => sse.write(formatEvent(event, data)),
+      emit,
       fetch: assistantFetch,
       env: process.env,
       logger,
       abandonAfterMs: opts.abandonAfterMs,
     });
-    const run: ActiveRun = { controller, done };
-    active.add(run);
+    const entry: ActiveRun = { controller, done };
+    active.add(entry);
     try {
       const outcome = await done;
-      sse.end();
       logger.info(
         {
           run_id: runId,
@@ -178,74 +139,126 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
           stream_mode: request.stream_mode,
           on_disconnect: request.on_disconnect,
           outcome,
-          client_disconnected: sse.disconnected,
+          client_disconnected: !res.writableFinished && res.destroyed,
           duration_ms: Date.now() - started,
         },
         'run finished',
       );
+      return { outcome, runId };
     } finally {
-      active.delete(run);
+      active.delete(entry);
     }
   }
 
+  /** `POST /runs/stream`: the events as server-sent events (wire.md "Deployed application"). */
+  async function handleStream(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const { request, assistant } = await readRunRequest(req);
+    const sse = new SseStream(res, { heartbeatMs });
+    await run(
+      res,
+      request,
+      assistant,
+      (runId) => sse.open({ 'Content-Location': `/runs/${runId}` }),
+      (event, data) => sse.write(formatEvent(event, data)),
+    );
+    sse.end();
+  }
+
+  /**
+   * `POST /runs/wait`: the run's final state as one JSON document, as the production API answers
+   * a stateless wait. The status line goes out at once and a newline (JSON whitespace) after every
+   * silent `heartbeatMs`, so proxies do not time a long run out; a failed run therefore still
+   * answers 200, with `{"__error__": {"error", "message"}}` (the SDK raises it as an Error).
+   */
+  async function handleWait(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const { request, assistant } = await readRunRequest(req);
+    let last = 'null';
+    let failure: string | undefined;
+    let beat: NodeJS.Timeout | undefined;
+    const waitRequest: RunRequest = { ...request, stream_mode: ['values'] };
+    await run(
+      res,
+      waitRequest,
+      assistant,
+      (runId) => {
+        res.socket?.setNoDelay(true);
+        res.writeHead(200, { 'Content-Type': 'application/json', 'Cache-Control': 'no-store', 'Content-Location': `/runs/${runId}` });
+        res.flushHeaders();
+        beat = setInterval(() => {
+          if (!res.destroyed) res.write('\n');
+        }, heartbeatMs);
+        beat.unref();
+      },
+      (event, data) => {
+        // Serialised now, as the stream does, so state that cannot be serialised fails the run.
+        if (event === 'values') last = JSON.stringify(data ?? null);
+        else if (event === 'error') failure = JSON.stringify({ __error__: data });
+      },
+    );
+    clearInterval(beat);
+    if (!res.destroyed) res.end(failure ?? last);
+  }
+
   async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    checkUrlLength(req);
     const path = new URL(req.url ?? '/', 'http://localhost').pathname;
     const method = req.method ?? 'GET';
+    const allow = (...methods: string[]) => {
+      if (!methods.includes(method)) throw problem(405, 'Method Not Allowed', { Allow: methods.join(', ') });
+    };
     if (path === '/ok') {
-      if (method !== 'GET' && method !== 'HEAD') throw detail(405, 'Method Not Allowed', { Allow: 'GET, HEAD' });
+      allow('GET', 'HEAD');
       return sendJson(res, 200, { ok: true });
     }
-    if (!authorised(req)) throw detail(401, 'Missing or invalid API key (X-Api-Key header).');
+    if (!authorised(req)) throw problem(401, 'Missing or invalid API key (X-Api-Key header).');
     if (path === '/runs/stream') {
-      if (method !== 'POST') throw detail(405, 'Method Not Allowed', { Allow: 'POST' });
-      return handleRun(req, res);
+      allow('POST');
+      return handleStream(req, res);
+    }
+    if (path === '/runs/wait') {
+      allow('POST');
+      return handleWait(req, res);
     }
     if (path === '/assistants') {
-      if (method !== 'GET') throw detail(405, 'Method Not Allowed', { Allow: 'GET' });
-      return sendJson(res, 200, app.assistants.map((a) => assistantView(a, app)));
+      allow('GET');
+      return sendJson(res, 200, views);
     }
-    const m = /^\/assistants\/([^/]+)$/.exec(path);
+    if (path === '/assistants/search') {
+      allow('POST');
+      // No body is an empty query: the production SDKs always send one, curl users may not.
+      const found = searchAssistants(views, (await readJsonBody(req, { maxBytes: maxBody })) ?? {});
+      if (!found.ok) throw invalid(found.issues);
+      return sendJson(res, 200, found.items, found.next !== null ? { 'X-Pagination-Next': String(found.next) } : {});
+    }
+    const m = /^\/assistants\/([^/]+)(\/graph)?$/.exec(path);
     if (m) {
-      if (method !== 'GET') throw detail(405, 'Method Not Allowed', { Allow: 'GET' });
+      allow('GET');
       let idOrName: string;
       try {
         idOrName = decodeURIComponent(m[1]);
       } catch {
-        throw detail(404, 'Assistant not found.');
+        throw problem(404, 'Assistant not found.');
       }
       const a = findAssistant(app, idOrName);
-      if (!a) throw detail(404, `Assistant '${idOrName}' not found.`);
-      return sendJson(res, 200, assistantView(a, app));
+      if (!a) throw problem(404, `Assistant '${idOrName}' not found.`);
+      return sendJson(res, 200, m[2] ? graphView(a) : viewOf(a));
     }
-    throw detail(404, 'Not Found');
+    throw problem(404, 'Not Found');
   }
 
   const server = http.createServer({ noDelay: true, keepAliveTimeout: 5000 }, (req, res) => {
     const started = Date.now();
     route(req, res)
       .catch((err: unknown) => {
-        if (res.headersSent) {
-          res.destroy();
-          return;
-        }
-        if (err instanceof HttpError) {
-          sendJson(res, err.status, err.body, err.headers);
-          // A refused body that was not read must not be read as the next request.
-          if (err.headers.Connection === 'close') req.destroy();
-          return;
-        }
-        logger.error({ err: { name: (err as Error)?.name, message: (err as Error)?.message } }, 'request failed');
-        sendJson(res, 500, { detail: 'Internal server error.' });
+        if (sendError(req, res, err)) logger.error({ err: { name: (err as Error)?.name, message: (err as Error)?.message } }, 'request failed');
       })
       .finally(() => {
         const path = new URL(req.url ?? '/', 'http://localhost').pathname;
-        if (path === '/runs/stream' && res.statusCode === 200) return; // logged as "run finished"
+        if ((path === '/runs/stream' || path === '/runs/wait') && res.statusCode === 200) return; // logged as "run finished"
         logger[path === '/ok' ? 'debug' : 'info']({ method: req.method, path, status: res.statusCode, duration_ms: Date.now() - started }, 'request');
       });
   });
-  server.on('clientError', (_err, socket) => {
-    if (socket.writable) socket.end('HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
-  });
+  server.on('clientError', answerClientError);
 
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);

@@ -311,7 +311,21 @@ describe('GET /assistants', () => {
     expect(r.status).toBe(200);
     expect(r.body.map((a: { name: string }) => a.name)).toEqual(['echo', 'counter', 'thrower', 'silent', 'stubborn', 'returner', 'envcheck']);
     const echo = app.assistants.find((a) => a.name === 'echo')!;
-    expect(r.body[0]).toEqual({ assistant_id: echo.id, id: echo.id, name: 'echo', graph_id: 'echo', description: 'echo for tests', app: 'fixture' });
+    // The production API's Assistant object, plus keygate's `id` and `app`.
+    expect(r.body[0]).toEqual({
+      assistant_id: echo.id,
+      graph_id: 'echo',
+      config: {},
+      context: {},
+      metadata: { created_by: 'system' },
+      name: 'echo',
+      description: 'echo for tests',
+      created_at: expect.stringMatching(/^\d{4}-\d\d-\d\dT/),
+      updated_at: r.body[0].created_at,
+      version: 1,
+      id: echo.id,
+      app: 'fixture',
+    });
     expect(await getJson(server.url, `/assistants/${echo.id}`)).toMatchObject({ status: 200, body: { name: 'echo' } });
     expect(await getJson(server.url, '/assistants/echo')).toMatchObject({ status: 200, body: { id: echo.id } });
     expect((await getJson(server.url, '/assistants/nope')).status).toBe(404);
