@@ -5,6 +5,7 @@ import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import type { Logger } from '../log.js';
 import { createFileExclusive } from '../secrets/envelope.js';
+import { answerClientError, bodyMissing, checkUrlLength, readJsonBody, sendError, sendJson } from '../server/http-json.js';
 import { ValidationFailure } from '../validation/errors.js';
 import { ConfigApplyError, parseConfigPush, type ConfigHolder } from './config-holder.js';
 import { METRICS_CONTENT_TYPE, type ProxyMetrics } from './metrics.js';
@@ -68,27 +69,6 @@ function tokenMatches(header: string | undefined, expected: Buffer): boolean {
   return timingSafeEqual(digest(m ? m[1] : ''), expected) && m !== null;
 }
 
-function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
-  const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), 'cache-control': 'no-store', ...headers });
-  res.end(text);
-}
-
-class BodyTooLarge extends Error {}
-
-async function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
-  const declared = Number(req.headers['content-length']);
-  if (Number.isFinite(declared) && declared > limit) throw new BodyTooLarge();
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req) {
-    size += (chunk as Buffer).length;
-    if (size > limit) throw new BodyTooLarge();
-    chunks.push(chunk as Buffer);
-  }
-  return Buffer.concat(chunks);
-}
-
 export async function startAdmin(opts: AdminOptions): Promise<AdminHandle> {
   const expected = digest(opts.token);
   const maxBody = opts.maxBodyBytes ?? 1024 * 1024;
@@ -96,6 +76,7 @@ export async function startAdmin(opts: AdminOptions): Promise<AdminHandle> {
   let listening = false;
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    checkUrlLength(req);
     const url = new URL(req.url ?? '/', 'http://admin.invalid');
     // Answer 401 before looking at the path, so an unauthenticated caller learns nothing.
     if (!tokenMatches(req.headers.authorization, expected)) {
@@ -123,25 +104,8 @@ export async function startAdmin(opts: AdminOptions): Promise<AdminHandle> {
         return sendJson(res, 200, current);
       }
       case 'PUT /config': {
-        const type = String(req.headers['content-type'] ?? '').split(';')[0].trim().toLowerCase();
-        if (type !== 'application/json') return sendJson(res, 415, { detail: 'Send the configuration as application/json.' });
-        let raw: Buffer;
-        try {
-          raw = await readBody(req, maxBody);
-        } catch (err) {
-          if (err instanceof BodyTooLarge) {
-            res.setHeader('connection', 'close');
-            return sendJson(res, 413, { detail: `The configuration is larger than ${maxBody} bytes.` });
-          }
-          throw err;
-        }
-        let body: unknown;
-        try {
-          body = JSON.parse(raw.toString('utf8'));
-        } catch {
-          // Never echo the parser's message: it quotes the input, which may hold a value.
-          return sendJson(res, 422, { detail: [{ loc: ['body'], msg: 'JSON decode error', type: 'json_invalid' }] });
-        }
+        const body = await readJsonBody(req, { maxBytes: maxBody, tooLarge: `The configuration is larger than ${maxBody} bytes.` });
+        if (body === undefined) throw bodyMissing();
         try {
           const push = parseConfigPush(body);
           const applied = await holder.apply(push.config, { source: 'push', secrets: push.secrets, locPrefix: push.locPrefix });
@@ -162,11 +126,11 @@ export async function startAdmin(opts: AdminOptions): Promise<AdminHandle> {
 
   const server = http.createServer({ requestTimeout: 30_000, headersTimeout: 10_000 }, (req, res) => {
     handle(req, res).catch((err: unknown) => {
-      logger?.error({ err: { name: (err as Error).name, message: (err as Error).message } }, 'admin request failed');
-      if (!res.headersSent) sendJson(res, 500, { detail: 'Internal error.' });
-      else res.destroy();
+      if (sendError(req, res, err)) logger?.error({ err: { name: (err as Error).name, message: (err as Error).message } }, 'admin request failed');
     });
   });
+  // Node's own parser refusals (431, 414, 400, 408) in the same JSON shape as everything else.
+  server.on('clientError', answerClientError);
   server.keepAliveTimeout = 5_000;
 
   const l = opts.listen;

@@ -102,7 +102,7 @@ describe('GET /assistants/{id}/graph', () => {
   it('start -> the assistant -> end, by name or id; 404 for an unknown one', async () => {
     const r = await fetch(new URL(`/assistants/${idOf('echo')}/graph`, server.url), { headers: { 'x-api-key': KEY } });
     expect(r.status).toBe(200);
-    const g = await r.json();
+    const g = (await r.json()) as { nodes: { id: string }[]; edges: unknown[] };
     expect(g.nodes.map((n: { id: string }) => n.id)).toEqual(['__start__', 'echo', '__end__']);
     expect(g.edges).toEqual([
       { source: '__start__', target: 'echo' },

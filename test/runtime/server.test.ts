@@ -2,6 +2,7 @@
 // cancellation, errors, validation, auth, heartbeats, shutdown.
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import http from 'node:http';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -9,6 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger } from '../../src/log.js';
 import { loadApp, type LoadedApp } from '../../src/runtime/app.js';
 import { startAppServer, type AppServerHandle } from '../../src/runtime/server.js';
+import { rawExchange } from '../helpers/connect.js';
 import { getJson, names, streamRun, type ReceivedEvent } from './sse-client.js';
 
 const FIXTURE = path.join(path.dirname(fileURLToPath(import.meta.url)), 'fixtures/app');
@@ -249,6 +251,28 @@ describe('requests that are refused', () => {
     const form = await streamRun(server.url, null, { rawBody: 'a=b', headers: { 'content-type': 'application/x-www-form-urlencoded' } });
     expect(form.status).toBe(415);
     expect(JSON.parse(form.body)).toEqual({ detail: expect.any(String) });
+  });
+
+  it('a body-less POST is never parsed whatever its Content-Type: 422 missing, not 415', async () => {
+    for (const type of ['application/json', 'text/plain']) {
+      const res = await fetch(new URL('/runs/stream', server.url), { method: 'POST', headers: { 'x-api-key': 'test-key', 'content-type': type } });
+      expect(res.status, type).toBe(422);
+      expect(((await res.json()) as { detail: unknown[] }).detail[0], type).toMatchObject({ loc: ['body'], type: 'missing' });
+    }
+  });
+
+  it("Node's parser refusals come out as JSON: 431 for huge headers, 414 for a huge URL", async () => {
+    const send = (bytes: string) =>
+      new Promise<net.Socket>((resolve, reject) => {
+        const s = net.connect(Number(new URL(server.url).port), '127.0.0.1', () => resolve(s));
+        s.once('error', reject);
+      }).then((s) => rawExchange(s, bytes));
+    const headers = await send(`POST /runs/stream HTTP/1.1\r\nHost: t\r\nX-Api-Key: test-key\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`);
+    expect(headers.status).toBe(431);
+    expect(JSON.parse(headers.body)).toEqual({ detail: expect.any(String) });
+    const url = await send(`GET /assistants/${'a'.repeat(20_000)} HTTP/1.1\r\nHost: t\r\n\r\n`);
+    expect(url.status).toBe(414);
+    expect(JSON.parse(url.body)).toEqual({ detail: expect.any(String) });
   });
 
   it('413 on a body over the limit', async () => {
