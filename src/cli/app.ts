@@ -8,7 +8,8 @@ import { untilShutdown } from './shutdown.js';
 const USAGE = `usage: keygate app serve --app DIR [--listen HOST:PORT] [--api-key KEY] [--heartbeat-ms N] [--grace-ms N]
        keygate app validate --app DIR
 
-serve     load the application in DIR (its keygate.json) and serve POST /runs/stream, GET /assistants, GET /ok.
+serve     load the application in DIR (its keygate.json) and serve the stateless LangGraph API: POST /runs/stream,
+          POST /runs/wait, GET /assistants, POST /assistants/search, GET /assistants/{id}[/graph], and GET /ok.
           Prints "listening on HOST:PORT" (the real port when 0 is asked) once ready.
           --listen        address to listen on (default 127.0.0.1:8123; port 0 picks a free port)
           --api-key       require this X-Api-Key on every route but GET /ok (prefer KEYGATE_API_KEY:
