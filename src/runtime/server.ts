@@ -99,6 +99,7 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
    * receives every event in order.
    */
   async function run(
+    route: '/runs/stream' | '/runs/wait',
     res: ServerResponse,
     request: RunRequest,
     assistant: LoadedAssistant,
@@ -135,6 +136,7 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
       logger.info(
         {
           run_id: runId,
+          route,
           assistant: assistant.name,
           stream_mode: request.stream_mode,
           on_disconnect: request.on_disconnect,
@@ -155,6 +157,7 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
     const { request, assistant } = await readRunRequest(req);
     const sse = new SseStream(res, { heartbeatMs });
     await run(
+      '/runs/stream',
       res,
       request,
       assistant,
@@ -177,6 +180,7 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
     let beat: NodeJS.Timeout | undefined;
     const waitRequest: RunRequest = { ...request, stream_mode: ['values'] };
     await run(
+      '/runs/wait',
       res,
       waitRequest,
       assistant,

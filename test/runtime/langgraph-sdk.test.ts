@@ -30,6 +30,8 @@ function appWithFailer(): string {
 
 const HELLO = { messages: [{ role: 'user', content: 'hello from the sdk' }] };
 const FAST = { configurable: { delay_ms: 0 } };
+/** 200 tokens: 20 s at 100 ms each, so a run that is not cancelled is plain to see. */
+const LONG = { messages: [{ role: 'user', content: Array.from({ length: 200 }, (_, i) => `w${i}`).join(' ') }] };
 
 let server: RunningCli;
 let a: Api;
@@ -49,6 +51,25 @@ afterAll(async () => {
   await server?.stop();
   cleanupTmp();
 });
+
+/** The app's `run finished` log line that `match` picks, from the deployment's logs (waits up to 10 s). */
+async function runLogLine(match: (m: any) => boolean): Promise<any> {
+  const deadline = Date.now() + 10_000;
+  while (Date.now() < deadline) {
+    const logs = await a.call('GET', `/v2/deployments/${dep.id}/logs?type=deploy&limit=1000`);
+    for (const l of logs.body.logs as { message: string }[]) {
+      let m: any;
+      try {
+        m = JSON.parse(l.message);
+      } catch {
+        continue;
+      }
+      if (m?.msg === 'run finished' && match(m)) return m;
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  return undefined;
+}
 
 /** Every event of one SDK stream. */
 async function collect(stream: AsyncIterable<{ event: string; data: unknown }>) {
@@ -146,12 +167,11 @@ describe('runs without a thread', () => {
     const controller = new AbortController();
     let runId: string | undefined;
     const seen: string[] = [];
-    const long = { messages: [{ role: 'user', content: Array.from({ length: 200 }, (_, i) => `w${i}`).join(' ') }] };
     // On abort the SDK cancels its reader and ends the iteration (or throws AbortError, depending
     // on where the abort lands); either way the connection is closed under the stream.
     try {
       for await (const e of client.runs.stream(null, 'agent', {
-        input: long,
+        input: LONG,
         config: { configurable: { delay_ms: 100 } },
         streamMode: 'messages-tuple',
         signal: controller.signal,
@@ -166,22 +186,20 @@ describe('runs without a thread', () => {
     expect(seen).not.toContain('end');
     expect(runId).toBeTruthy();
     // The app logs how each run ended; the run must end cancelled long before its 20 s of tokens.
-    const deadline = Date.now() + 10_000;
-    let line: any;
-    while (!line && Date.now() < deadline) {
-      const logs = await a.call('GET', `/v2/deployments/${dep.id}/logs?type=deploy&limit=1000`);
-      line = logs.body.logs
-        .map((l: { message: string }) => {
-          try {
-            return JSON.parse(l.message);
-          } catch {
-            return null;
-          }
-        })
-        .find((m: any) => m?.msg === 'run finished' && m.run_id === runId);
-      if (!line) await new Promise((r) => setTimeout(r, 200));
-    }
+    const line = await runLogLine((m) => m.run_id === runId);
     expect(line).toMatchObject({ outcome: 'cancelled', client_disconnected: true });
+    expect(line.duration_ms).toBeLessThan(10_000);
+  });
+
+  it('a runs.wait the client abandons is cancelled in the app too', async () => {
+    const controller = new AbortController();
+    const started = Date.now();
+    const waiting = client.runs.wait(null, 'agent', { input: LONG, config: { configurable: { delay_ms: 100 } }, signal: controller.signal });
+    setTimeout(() => controller.abort(), 500);
+    await expect(waiting).rejects.toThrow(/abort/i);
+    // The SDK reports the run id only with the answer, so the run is found by route and start time.
+    const line = await runLogLine((m) => m.route === '/runs/wait' && Date.parse(m.time) >= started);
+    expect(line).toMatchObject({ outcome: 'cancelled', client_disconnected: true, assistant: 'agent' });
     expect(line.duration_ms).toBeLessThan(10_000);
   });
 });
