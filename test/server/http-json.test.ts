@@ -116,6 +116,25 @@ describe('refusals before the handler', () => {
     expect(await long.body.json()).toEqual({ detail: `Request URL too long (limit ${MAX_URL_LENGTH} bytes).` });
   });
 
+  it('408 for a request whose headers never finish, as JSON', async () => {
+    const slow = http.createServer({ headersTimeout: 300, requestTimeout: 400, connectionsCheckingInterval: 50 }, (_req, res) => sendJson(res, 200, {}));
+    slow.on('clientError', answerClientError);
+    await new Promise<void>((r) => slow.listen(0, '127.0.0.1', r));
+    try {
+      const s = await new Promise<net.Socket>((resolve, reject) => {
+        const c = net.connect((slow.address() as AddressInfo).port, '127.0.0.1', () => resolve(c));
+        c.once('error', reject);
+      });
+      // Half a request, then nothing: the server gives up and says so.
+      const r = await rawExchange(s, 'GET /x HTTP/1.1\r\nHost: t\r\n');
+      expect(r.status).toBe(408);
+      expect(JSON.parse(r.body)).toEqual({ detail: 'The request took too long to arrive.' });
+    } finally {
+      slow.closeAllConnections();
+      await new Promise((r) => slow.close(r));
+    }
+  });
+
   it('400 for a malformed request, as JSON', async () => {
     const r = await raw('GET /x HTTP/1.1\r\nHost: t\r\nBad Header Line\r\n\r\n');
     expect(r.status).toBe(400);
