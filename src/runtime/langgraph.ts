@@ -25,8 +25,8 @@ export interface AssistantView {
 }
 
 /**
- * `registeredAt` is when this server loaded the app: assistants exist from then on and are never
- * changed by the API (there is no PATCH), so it is both `created_at` and `updated_at`.
+ * `registeredAt` is when the app's keygate.json last changed: the API never changes an assistant
+ * (there is no PATCH), so it is both `created_at` and `updated_at`.
  */
 export function assistantView(a: LoadedAssistant, app: LoadedApp, registeredAt: string): AssistantView {
   return {

@@ -1,4 +1,5 @@
 import { createHash, randomUUID, timingSafeEqual } from 'node:crypto';
+import { statSync } from 'node:fs';
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { createLogger, type Logger } from '../log.js';
@@ -76,7 +77,9 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
     return timingSafeEqual(digest(given), keyDigest);
   };
 
-  const registeredAt = new Date().toISOString();
+  // keygate.json's modification time, not this process's start: every replica of a revision
+  // reports the same timestamps, so a client load-balanced between them sees one assistant.
+  const registeredAt = statSync(app.configFile).mtime.toISOString();
   const views = app.assistants.map((a) => assistantView(a, app, registeredAt));
   const viewOf = (a: LoadedAssistant) => views[app.assistants.indexOf(a)];
 

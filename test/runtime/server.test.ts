@@ -1,6 +1,6 @@
 // The application server in-process, over real sockets: event order per stream mode, streaming,
 // cancellation, errors, validation, auth, heartbeats, shutdown.
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
 import os from 'node:os';
@@ -344,7 +344,7 @@ describe('GET /assistants', () => {
       metadata: { created_by: 'system' },
       name: 'echo',
       description: 'echo for tests',
-      created_at: expect.stringMatching(/^\d{4}-\d\d-\d\dT/),
+      created_at: statSync(path.join(FIXTURE, 'keygate.json')).mtime.toISOString(),
       updated_at: r.body[0].created_at,
       version: 1,
       id: echo.id,
