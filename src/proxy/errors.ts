@@ -23,6 +23,11 @@ export class ProxyError extends Error {
 export const malformed = (reason: string) => new ProxyError(400, 'http_request_error', reason);
 export const refused = (reason: string) => new ProxyError(403, 'http_request_denied', reason);
 export const misdirected = (reason: string) => new ProxyError(421, 'http_request_denied', reason);
+/**
+ * TRACE to an intercepted host: its answer reflects the request it received, injected headers
+ * included, and keygate is the sender RFC 9110 9.3.8 forbids to put sensitive fields in one.
+ */
+export const reflecting = () => refused('TRACE is not forwarded to an intercepted host: its answer would reflect the injected credentials');
 
 function clean(reason: string): string {
   // Printable ASCII only: the reason goes into a header and must stay one line.
@@ -70,13 +75,30 @@ export function errorResponse(err: ProxyError, close: boolean): string {
   );
 }
 
-/** Answers on a raw socket (CONNECT refusals, failed upgrades, parse errors) and closes it. */
+/** How long a connection answered with a closing error may stay half-open while its client reads the answer. */
+const LINGER_MS = 2000;
+
+/**
+ * Answers on a raw socket (CONNECT refusals, failed upgrades, parse errors) and closes it: the
+ * answer, then our end of the connection; the client's end is waited for a moment, so that a
+ * client still sending (a huge head) reads the answer instead of a reset.
+ */
 export function writeRawError(socket: Duplex, err: ProxyError): void {
+  // A response to an earlier, complete request on this connection still being written (a
+  // pipelined request refused behind it): answers go out in request order, so this one waits for
+  // it. An error in the body of the request being answered is that request's: it goes out now.
+  const inFlight = (socket as { _httpMessage?: ServerResponse | null })._httpMessage;
+  if (inFlight && inFlight.req?.complete && !inFlight.writableFinished && !inFlight.destroyed) {
+    inFlight.once('close', () => (inFlight.writableFinished ? writeRawError(socket, err) : socket.destroy()));
+    return;
+  }
   if (!socket.writable || socket.destroyed) {
     socket.destroy();
     return;
   }
   socket.end(errorResponse(err, true));
+  const linger = setTimeout(() => socket.destroy(), LINGER_MS);
+  socket.once('close', () => clearTimeout(linger));
 }
 
 const TLS_CERT_CODES = new Set([

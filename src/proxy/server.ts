@@ -11,13 +11,13 @@ import type { CompiledConfig } from '../rules/compile.js';
 import { formatAuthority, isIpLiteral, parseAuthority, RuleInputError } from '../rules/host.js';
 import { isPathRefusal, normalisePath } from '../rules/path.js';
 import type { ProxyCore, TunnelTarget } from './context.js';
-import { malformed, misdirected, ProxyError, refused, writeRawError } from './errors.js';
+import { malformed, misdirected, ProxyError, reflecting, refused, writeRawError } from './errors.js';
 import { finishRecord, forward, newRecord, refuse } from './forward.js';
 import { CONNECT_OK, openTunnel } from './tunnel.js';
 import { EgressDenied } from './egress.js';
 import { unwrapAddress } from '../rules/egress.js';
 import { Upstream } from './upstream.js';
-import { checkHead, framingProblem, headTimeout, limitsFromTimeouts, overloaded, resolveLimits, timeoutsOf, tooLarge, uriTooLong, type ProxyLimits } from './limits.js';
+import { checkHead, framingProblem, headTimeout, HeadLines, limitsFromTimeouts, overloaded, resolveLimits, timeoutsOf, type ProxyLimits } from './limits.js';
 import { refuseUpgrade, relayUpgrade } from './websocket.js';
 import { serveFast, type FastPathOptions } from './h1/connection.js';
 
@@ -142,15 +142,21 @@ function checkTunnelTarget(target: string, hostValue: string | undefined, requir
   return { pathAndQuery: n.path + n.query, path: n.path };
 }
 
-/** After these the connection's framing (or its client) cannot be trusted: answer and close. */
-function closesConnection(err: ProxyError): boolean {
-  return err.status === 400 || err.status === 408 || err.status === 413 || err.status === 414 || err.status === 431;
-}
+/**
+ * A request the proxy refuses closes its connection: after a framing or size error the
+ * connection's framing cannot be trusted, and after a refusal of the request's target, method
+ * or destination nothing pipelined behind it is acted on either (RFC 9110 15.5.20: a 421 is
+ * retried on another connection anyway).
+ */
+const REFUSAL_CLOSES = true;
 
 /** Options for both HTTP servers: the parser strict whatever NODE_OPTIONS says, sizes and clocks from the limits. */
 function serverOptions(l: ProxyLimits): http.ServerOptions {
   return {
     insecureHTTPParser: false,
+    // Node would answer a missing Host itself, outside the proxy's checks (no Proxy-Status, and a
+    // request pipelined behind it would still be acted on): the checks answer it instead.
+    requireHostHeader: false,
     maxHeaderSize: l.maxHeaderBytes,
     requestTimeout: 0, // uploads and streams may be long: only idle clocks apply to them
     headersTimeout: l.headerTimeoutMs,
@@ -161,14 +167,10 @@ function serverOptions(l: ProxyLimits): http.ServerOptions {
 }
 
 /** The answer to a request Node's parser refused (or timed out). */
-function clientErrorResponse(err: NodeJS.ErrnoException & { rawPacket?: Buffer }, l: ProxyLimits): ProxyError {
+function clientErrorResponse(err: NodeJS.ErrnoException & { rawPacket?: Buffer; bytesParsed?: number }, l: ProxyLimits, lines: HeadLines | undefined): ProxyError {
   switch (err.code) {
-    case 'HPE_HEADER_OVERFLOW': {
-      const packet = err.rawPacket;
-      const eol = packet ? packet.indexOf('\n') : -1;
-      if (packet && (eol < 0 ? packet.length : eol) > l.maxRequestLineBytes) return uriTooLong(`request line longer than ${l.maxRequestLineBytes} bytes`);
-      return tooLarge(`request head larger than ${l.maxHeaderBytes} bytes`);
-    }
+    case 'HPE_HEADER_OVERFLOW':
+      return (lines ?? new HeadLines()).answer(l, err.rawPacket, err.bytesParsed);
     case 'ERR_HTTP_REQUEST_TIMEOUT':
       return headTimeout();
     case 'HPE_CHUNK_EXTENSIONS_OVERFLOW':
@@ -272,6 +274,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
 
   /** Authority check and path normalisation inside a tunnel: the CONNECT target, always. */
   function checkIntercepted(req: IncomingMessage, t: TunnelTarget): { pathAndQuery: string; path: string } | ProxyError {
+    if (req.method === 'TRACE') return reflecting();
     let hostHeaders = 0;
     let hostValue: string | undefined;
     for (let i = 0; i < req.rawHeaders.length; i += 2) {
@@ -303,7 +306,9 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     if (checked instanceof ProxyError) {
       rec.path = (req.url ?? '').split('?')[0].slice(0, 200);
       req.resume();
-      refuse(core, res, rec, started, checked, closesConnection(checked));
+      // Answered and closing: a request pipelined behind this one is never acted on.
+      answered.add(req.socket);
+      refuse(core, res, rec, started, checked, REFUSAL_CLOSES);
       return;
     }
     rec.path = checked.path;
@@ -313,12 +318,17 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
 
   inner.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
     const t = tunnels.get(socket);
+    stopFollowing(socket);
     if (!t || answered.has(socket)) {
-      socket.destroy();
+      closeAfterAnswer(socket);
       return;
     }
     const base = { client: t.client, host: t.host, port: t.port, decision: 'intercept' as const };
     const path = (req.url ?? '').split('?')[0].slice(0, 200);
+    if (req.method === 'TRACE') {
+      refuseUpgrade(core, req, socket, base, path, reflecting());
+      return;
+    }
     if (String(req.headers.upgrade).toLowerCase() !== 'websocket') {
       refuseUpgrade(core, req, socket, base, path, malformed('only WebSocket upgrades are supported'));
       return;
@@ -339,16 +349,50 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
    * a timeout, would go on reading; nothing they send from then on is acted on.
    */
   const answered = new WeakSet<Duplex>();
-  const onClientError = (err: NodeJS.ErrnoException & { rawPacket?: Buffer }, socket: Duplex) => {
+  /** A socket handed over (CONNECT, upgrade) after the proxy's closing answer: closed once that answer is out. */
+  const closeAfterAnswer = (socket: Duplex) => {
+    const s = socket as Socket;
+    if (typeof s.destroySoon === 'function') s.destroySoon();
+    else socket.destroy();
+  };
+  /** The lines of each connection's heads, for a segmentation-independent 414 or 431 (HeadLines). */
+  const lines = new WeakMap<Duplex, { lines: HeadLines; listener: (chunk: Buffer) => void }>();
+  const follow = (socket: Duplex) => {
+    const l = new HeadLines();
+    const listener = (chunk: Buffer) => l.feed(chunk);
+    lines.set(socket, { lines: l, listener });
+    socket.on('data', listener);
+  };
+  const stopFollowing = (socket: Duplex) => {
+    const l = lines.get(socket);
+    if (!l) return;
+    socket.off('data', l.listener);
+    lines.delete(socket);
+  };
+  inner.on('connection', follow);
+  const onClientError = (err: NodeJS.ErrnoException & { rawPacket?: Buffer; bytesParsed?: number }, socket: Duplex) => {
+    // Node's parser reports its error again for every chunk that follows: the first answer stands
+    // (destroying the socket here would drop that answer before it is flushed).
+    if (answered.has(socket)) return;
     if (err.code === 'ECONNRESET' || !socket.writable) return socket.destroy();
     answered.add(socket);
-    const perr = clientErrorResponse(err, limits);
+    const perr = clientErrorResponse(err, limits, lines.get(socket)?.lines);
     const client = tunnels.get(socket)?.client ?? clientOf(socket as Socket);
     events.emit('client_error', { client, code: err.code ?? 'UNKNOWN', status: perr.status });
     logger.info({ type: 'client_error', client, code: err.code, status: perr.status }, 'refused a request the parser rejected');
     writeRawError(socket, perr);
   };
   inner.on('clientError', onClientError);
+  // CONNECT inside an intercepted tunnel: a tunnel in a tunnel is never opened (Node would only drop the connection).
+  inner.on('connect', (req: IncomingMessage, socket: Duplex) => {
+    const t = tunnels.get(socket);
+    stopFollowing(socket);
+    if (!t || answered.has(socket)) {
+      closeAfterAnswer(socket);
+      return;
+    }
+    refuseUpgrade(core, req, socket, { client: t.client, host: t.host, port: t.port, decision: 'intercept' }, '', malformed('CONNECT is not accepted inside a tunnel'));
+  });
 
   const fastPath = opts.fastPath ?? process.env.KEYGATE_FAST_PATH !== '0';
   const fast: FastPathOptions = {
@@ -445,7 +489,12 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   front.timeout = limits.idleTimeoutMs;
 
   front.on('connect', (req: IncomingMessage, client: Socket, head: Buffer) => {
-    if (overLimit.has(client) || answered.has(client)) return;
+    stopFollowing(client);
+    if (overLimit.has(client)) return;
+    if (answered.has(client)) {
+      closeAfterAnswer(client);
+      return;
+    }
     const clientAddr = clientOf(client);
     client.on('error', () => client.destroy());
     idleGuard(client);
@@ -497,6 +546,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     }
     const pathAndQuery = m[3] || '/';
     if (!pathAndQuery.startsWith('/')) return malformed('invalid request target');
+    if (req.httpVersionMajor === 1 && req.httpVersionMinor >= 1 && req.headers.host === undefined) return malformed('missing Host header');
     if (core.isDenied(t.host, t.port)) return refused(`${formatAuthority(t.host, t.port)} is not reachable through this proxy`);
     const denied = egressByName(t.host, t.port);
     if (denied) return denied;
@@ -523,7 +573,9 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
         /* the record keeps an empty host */
       }
       req.resume();
-      refuse(core, res, rec, started, t, closesConnection(t));
+      // Answered and closing: a request (or CONNECT) pipelined behind this one is never acted on.
+      answered.add(req.socket);
+      refuse(core, res, rec, started, t, REFUSAL_CLOSES);
       return;
     }
     const logPath = t.pathAndQuery.split('?')[0];
@@ -532,7 +584,12 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   });
 
   front.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
-    if (overLimit.has(socket) || answered.has(socket)) return;
+    stopFollowing(socket);
+    if (overLimit.has(socket)) return;
+    if (answered.has(socket)) {
+      closeAfterAnswer(socket);
+      return;
+    }
     const clientAddr = clientOf(socket as Socket);
     idleGuard(socket);
     const t = checkHead(req, limits) ?? framingProblem(req) ?? plainTarget(req);
@@ -572,6 +629,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     }
     connections++;
     perClient.set(addr, mine);
+    follow(s);
     s.once('close', () => {
       connections--;
       const n = (perClient.get(addr) ?? 1) - 1;

@@ -14,13 +14,54 @@ const UNRESERVED = /^[A-Za-z0-9\-._~]$/;
 // Bytes that never appear raw in an origin-form target: controls, space, DEL, backslash, '#',
 // and non-ASCII (clients percent-encode them).
 const BAD_RAW = /[\u0000-\u0020\u007f-\uffff\\#]/;
+// A `%25` (an encoded `%`) followed by two hex digits: an escape that one more decoding turns
+// into another escape. Accepted only when that escape is of a letter, a digit, `-`, `_` or `~`
+// (whose meaning is the same encoded or not); anything else could become a dot, a slash, a
+// parameter, a query, a control or a byte sequence the first decoding never checked.
+const DOUBLE_ESCAPE = /%25([0-9A-Fa-f]{2})/g;
+const HARMLESS_SECOND_LEVEL = /^[A-Za-z0-9\-_~]$/;
+// Characters that a compatibility mapping (NFKC, "best fit") of an encoded non-ASCII character
+// must not produce: it would be a delimiter or a dot to an origin that applies one.
+const DELIMITERS_AFTER_MAPPING = /[\u0000-\u0020\u007f./\\;%?#]/;
+const utf8 = new TextDecoder('utf-8', { fatal: true });
+
+/** The escapes `%HH...` (all >= 0x80) starting at `i`: their bytes and where they end. */
+function highRun(raw: string, i: number): { bytes: number[]; end: number } | undefined {
+  const bytes: number[] = [];
+  let j = i;
+  while (raw[j] === '%') {
+    const hex = raw.slice(j + 1, j + 3);
+    if (!HEX.test(hex)) return undefined;
+    const code = parseInt(hex, 16);
+    if (code < 0x80) break;
+    bytes.push(code);
+    j += 3;
+  }
+  return { bytes, end: j };
+}
+
+/**
+ * A segment that an origin stripping `;` parameters (Tomcat, Spring, Jetty) or trailing
+ * whitespace (Windows) would read as `.` or `..`: `..;x`, `.%3B`, `..%3b`, `..%20`.
+ */
+function dotLike(seg: string): boolean {
+  if (seg.charCodeAt(0) !== 0x2e /* '.' */) return false;
+  const core = seg.replace(/%3B/gi, ';').replace(/%20/gi, ' ').split(';')[0].replace(/ +$/, '');
+  return core === '.' || core === '..';
+}
 
 /**
  * Normalises an origin-form request target so that what the rules see is exactly what the
  * origin will see: percent-encoded unreserved characters decoded, other escapes upper-cased,
  * `.` and `..` segments resolved. Anything that could be read two ways is refused: encoded `/`
  * or `\`, a raw `\`, `..` above the root, NUL or other control characters (raw or encoded),
- * double-encoded dots and slashes (`%252e`), and `..;`-style segments some servers strip.
+ * escapes of escapes (`%252e`, or `%25%32%65`, which decodes to it) unless they stand for a
+ * letter, a digit, `-`, `_` or `~`, dot segments with parameters or trailing spaces (`..;`,
+ * `..%3B`, `..%20`), encoded bytes that are not UTF-8 (overlong `%C0%AE` included), and encoded
+ * characters that compatibility mappings turn into a delimiter (full-width `．` and `／`).
+ *
+ * The result is a fixed point: `normalisePath(path + query)` gives it back unchanged, so the
+ * path that goes upstream passes every check as it is (test/rules/path-fixed-point.test.ts).
  */
 export function normalisePath(target: string): NormalisedPath | PathRefusal {
   if (typeof target !== 'string' || !target.startsWith('/')) return { error: 'request target must start with /' };
@@ -43,12 +84,28 @@ export function normalisePath(target: string): NormalisedPath | PathRefusal {
     const code = parseInt(hex, 16);
     if (code === 0x2f || code === 0x5c) return { error: 'encoded / or \\ in path' };
     if (code < 0x20 || code === 0x7f) return { error: 'encoded control character in path' };
-    if (code === 0x25 && /^(2e|2f|5c)$/i.test(rawPath.slice(i + 3, i + 5))) {
-      return { error: 'double-encoded dot, slash or backslash in path' };
+    if (code >= 0x80) {
+      const run = highRun(rawPath, i)!;
+      let text: string;
+      try {
+        text = utf8.decode(Uint8Array.from(run.bytes));
+      } catch {
+        return { error: 'encoded bytes in path are not UTF-8' };
+      }
+      if (DELIMITERS_AFTER_MAPPING.test(text.normalize('NFKC'))) return { error: 'encoded character in path that maps to a delimiter' };
+      decoded += rawPath.slice(i, run.end).toUpperCase();
+      i = run.end - 1;
+      continue;
     }
     const ch = String.fromCharCode(code);
     decoded += UNRESERVED.test(ch) ? ch : `%${hex.toUpperCase()}`;
     i += 2;
+  }
+  // Checked on the decoded form: `%25%32%65` is `%252e` once its unreserved escapes are decoded.
+  if (decoded.includes('%25')) {
+    for (const m of decoded.matchAll(DOUBLE_ESCAPE)) {
+      if (!HARMLESS_SECOND_LEVEL.test(String.fromCharCode(parseInt(m[1], 16)))) return { error: 'double-encoded character in path' };
+    }
   }
 
   const out: string[] = [];
@@ -65,7 +122,7 @@ export function normalisePath(target: string): NormalisedPath | PathRefusal {
       if (last) out.push('');
       continue;
     }
-    if (/^\.\.?;/.test(seg)) return { error: 'ambiguous dot segment with parameters in path' };
+    if (dotLike(seg)) return { error: 'ambiguous dot segment with parameters in path' };
     out.push(seg);
   }
   return { path: '/' + out.join('/'), query };

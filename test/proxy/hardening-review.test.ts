@@ -1,0 +1,497 @@
+/**
+ * The classes of issue #18's hostile review, over real sockets, on both intercepted paths (the
+ * fast path of src/proxy/h1 and Node's parser, `fastPath: false`) and on the plain listener,
+ * against origins that keep every byte they receive:
+ *
+ * 1. No request method is a way to read an injected value: TRACE (whose answer reflects the
+ *    request) is never forwarded to an intercepted host, and neither are its siblings.
+ * 2. The path sent upstream passes every check unchanged (the property itself is in
+ *    test/rules/path-fixed-point.test.ts); here, the encodings that broke it are refused end to end.
+ * 3. After a refusal that closes the connection, nothing pipelined behind it is acted on: not
+ *    forwarded with the credential, no tunnel opened.
+ * 4. A refusal's status does not depend on how the bytes arrive (431 against 414).
+ */
+import { mkdtempSync } from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { Writable } from 'node:stream';
+import tls from 'node:tls';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ensureCa, type Ca } from '../../src/certs/index.js';
+import { createLogger } from '../../src/log.js';
+import { startProxy, type ProxyHandle, type ProxyLimits } from '../../src/proxy/server.js';
+import { compileConfig } from '../../src/rules/index.js';
+import { connectTunnel, tlsOverTunnel } from '../helpers/connect.js';
+import { createTestPki, type TestPki } from '../helpers/pki.js';
+import { sleep } from './hardening-helpers.js';
+
+const HOST = 'review.test.local';
+/** The injected value: it must never come back to a client, nor appear in a log. */
+const SECRET = 'kgSECRET-review-5d1e9c';
+
+// ---- origins that keep every byte ------------------------------------------------------------
+
+interface Keeper {
+  port: number;
+  /** Every byte received, per connection (latin1). */
+  received: string[];
+  /** All bytes received on all connections, in arrival order. */
+  all(): string;
+  close(): Promise<void>;
+}
+
+/**
+ * Keeps every byte; answers every request head (keep-alive, in order) with a small 200, and a
+ * TRACE or TRACK by reflecting the request it received, as RFC 9110 9.3.8 has an origin do.
+ * Bodies are skipped by Content-Length; nothing chunked is sent to it by these tests.
+ */
+async function startKeeper(pki?: Pick<TestPki, 'certPem' | 'keyPem'>): Promise<Keeper> {
+  const received: string[] = [];
+  let log = '';
+  const sockets = new Set<net.Socket>();
+  const onSocket = (s: net.Socket) => {
+    const i = received.length;
+    received.push('');
+    sockets.add(s);
+    s.on('close', () => sockets.delete(s));
+    s.on('error', () => s.destroy());
+    let buf = '';
+    s.on('data', (d: Buffer) => {
+      received[i] += d.toString('latin1');
+      log += d.toString('latin1');
+      buf += d.toString('latin1');
+      for (;;) {
+        const end = buf.indexOf('\r\n\r\n');
+        if (end < 0) return;
+        const head = buf.slice(0, end + 4);
+        const cl = Number(/\r\ncontent-length: *(\d+)/i.exec(head)?.[1] ?? 0);
+        if (buf.length < end + 4 + cl) return;
+        buf = buf.slice(end + 4 + cl);
+        const method = head.slice(0, head.indexOf(' '));
+        const body = method === 'TRACE' || method === 'TRACK' ? head : 'origin';
+        const type = method === 'TRACE' || method === 'TRACK' ? 'message/http' : 'text/plain';
+        if (!s.writableEnded) s.write(`HTTP/1.1 200 OK\r\nContent-Type: ${type}\r\nContent-Length: ${Buffer.byteLength(body, 'latin1')}\r\n\r\n${body}`, 'latin1');
+      }
+    });
+  };
+  const server = pki ? tls.createServer({ key: pki.keyPem, cert: pki.certPem }, onSocket) : net.createServer(onSocket);
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    port: (server.address() as net.AddressInfo).port,
+    received,
+    all: () => log,
+    async close() {
+      for (const s of sockets) s.destroy();
+      await new Promise<void>((r) => server.close(() => r()));
+    },
+  };
+}
+
+// ---- proxies: the fast path on and off ---------------------------------------------------------
+
+const LIMITS: Partial<ProxyLimits> = { maxHeaderBytes: 4096, maxRequestLineBytes: 1024, maxHeaderCount: 20, headerTimeoutMs: 500 };
+
+interface Px {
+  handle: ProxyHandle;
+  log(): string;
+}
+
+let pki: TestPki;
+let ca: Ca;
+let tlsOrigin: Keeper;
+let plainOrigin: Keeper;
+const proxies: Px[] = [];
+const byPath = new Map<boolean, Px>();
+
+async function proxy(fastPath: boolean, limits: Partial<ProxyLimits> = LIMITS): Promise<Px> {
+  let text = '';
+  const logger = createLogger({ destination: new Writable({ write: (c, _e, cb) => ((text += c), cb()) }) });
+  const handle = await startProxy({
+    listen: { host: '127.0.0.1', port: 0 },
+    ca,
+    config: compileConfig({ no_proxy: [], rules: [{ name: 'review', match_hosts: [HOST], headers: [{ name: 'X-Key', value: SECRET }] }] }),
+    logger,
+    resolve: new Map([[`${HOST}:${tlsOrigin.port}`, '127.0.0.1']]),
+    upstreamCa: [pki.caPem],
+    limits,
+    fastPath,
+  });
+  const p = { handle, log: () => text };
+  proxies.push(p);
+  return p;
+}
+
+beforeAll(async () => {
+  pki = await createTestPki([HOST]);
+  ca = await ensureCa(path.join(mkdtempSync(path.join(os.tmpdir(), 'kg-review-')), 'certs'));
+  tlsOrigin = await startKeeper(pki);
+  plainOrigin = await startKeeper();
+  byPath.set(true, await proxy(true));
+  byPath.set(false, await proxy(false));
+});
+
+afterAll(async () => {
+  for (const p of proxies) await p.handle.close(200);
+  await tlsOrigin?.close();
+  await plainOrigin?.close();
+  for (const p of proxies) expect(p.log()).not.toContain(SECRET);
+});
+
+// ---- raw clients ---------------------------------------------------------------------------------
+
+interface Answer {
+  text: string;
+  /** Status of every HTTP response line in what came back. */
+  statuses: number[];
+  closed: boolean;
+}
+
+function statusesOf(text: string): number[] {
+  return [...text.matchAll(/HTTP\/1\.[01] (\d{3}) /g)].map((m) => Number(m[1]));
+}
+
+/** Writes each part (pausing `gapMs` between them), then reads until the peer closes or `ms` passes. */
+async function converse(s: net.Socket | tls.TLSSocket, parts: (string | Buffer)[], gapMs = 0, ms = 4000): Promise<Answer> {
+  let text = '';
+  let closed = false;
+  s.on('data', (d: Buffer) => (text += d.toString('latin1')));
+  const done = new Promise<void>((resolve) => {
+    s.once('close', () => {
+      closed = true;
+      resolve();
+    });
+    setTimeout(resolve, ms);
+  });
+  s.on('error', () => undefined);
+  for (const p of parts) {
+    if (s.destroyed) break;
+    s.write(p);
+    if (gapMs) await sleep(gapMs);
+    else await new Promise((r) => setImmediate(r));
+  }
+  await done;
+  s.destroy();
+  return { text, statuses: statusesOf(text), closed };
+}
+
+async function tunnel(px: Px): Promise<tls.TLSSocket> {
+  const c = await connectTunnel(px.handle.port, `${HOST}:${tlsOrigin.port}`);
+  expect(c.status).toBe(200);
+  const t = await tlsOverTunnel(c.socket, HOST, ca.certPem);
+  t.setNoDelay(true);
+  return t;
+}
+
+async function plain(px: Px): Promise<net.Socket> {
+  return new Promise((resolve, reject) => {
+    const s = net.connect(px.handle.port, '127.0.0.1', () => resolve(s));
+    s.setNoDelay(true);
+    s.once('error', reject);
+  });
+}
+
+const hostHeader = () => `${HOST}:${tlsOrigin.port}`;
+/** A request that passes every check, to send after a refusal. */
+const follower = () => `GET /after-refusal HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n`;
+
+/** Bytes the origin received after `mark` (a length of `all()`). */
+const since = (o: Keeper, mark: number) => o.all().slice(mark);
+
+// ---- 1. methods whose answer reflects the request ------------------------------------------------
+
+describe.each([true, false])('1. reflection (fast path %s)', (fastPath) => {
+  const px = () => byPath.get(fastPath)!;
+
+  it.each([
+    ['TRACE', `TRACE / HTTP/1.1\r\nHost: {HOST}\r\n\r\n`],
+    ['TRACE with Max-Forwards: 0', `TRACE / HTTP/1.1\r\nHost: {HOST}\r\nMax-Forwards: 0\r\n\r\n`],
+    ['TRACE with Max-Forwards: 5 and Via', `TRACE /x?y=1 HTTP/1.1\r\nHost: {HOST}\r\nMax-Forwards: 5\r\nVia: 1.1 other\r\n\r\n`],
+    ['TRACE in absolute form', `TRACE https://{HOST}/ HTTP/1.1\r\nHost: {HOST}\r\n\r\n`],
+    ['TRACE with a body', `TRACE / HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 3\r\n\r\nabc`],
+    ['TRACE on HTTP/1.0', `TRACE / HTTP/1.0\r\nHost: {HOST}\r\n\r\n`],
+    ['TRACE asking for a WebSocket upgrade', `TRACE / HTTP/1.1\r\nHost: {HOST}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n`],
+    ['TRACE asking for h2c', `TRACE / HTTP/1.1\r\nHost: {HOST}\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n`],
+    ['TRACE behind a good GET, pipelined', `GET /first HTTP/1.1\r\nHost: {HOST}\r\n\r\nTRACE / HTTP/1.1\r\nHost: {HOST}\r\n\r\n`],
+    ['TRACK', `TRACK / HTTP/1.1\r\nHost: {HOST}\r\n\r\n`],
+    ['trace in lower case', `trace / HTTP/1.1\r\nHost: {HOST}\r\n\r\n`],
+    ['Trace in mixed case', `Trace / HTTP/1.1\r\nHost: {HOST}\r\n\r\n`],
+    ['DEBUG', `DEBUG / HTTP/1.1\r\nHost: {HOST}\r\nCommand: stop-debug\r\n\r\n`],
+    ['CONNECT inside the tunnel', `CONNECT {HOST} HTTP/1.1\r\nHost: {HOST}\r\n\r\n`],
+    ['OPTIONS *', `OPTIONS * HTTP/1.1\r\nHost: {HOST}\r\nMax-Forwards: 0\r\n\r\n`],
+  ])('%s: the injected value never comes back', async (_name, raw) => {
+    const mark = tlsOrigin.all().length;
+    const a = await converse(await tunnel(px()), [raw.replaceAll('{HOST}', hostHeader())], 0, 1500);
+    expect(a.text).not.toContain(SECRET);
+    // Nothing that reflects reached the origin (a GET in front of it may).
+    expect(since(tlsOrigin, mark)).not.toMatch(/(^|\n)(TRACE|TRACK|trace|Trace|DEBUG|CONNECT|OPTIONS \*) /);
+    expect(since(tlsOrigin, mark)).not.toMatch(/TRACE|TRACK/);
+    expect(a.statuses.length).toBeGreaterThan(0);
+  });
+
+  it('TRACE is refused with the proxy’s own answer, and the connection closes', async () => {
+    const a = await converse(await tunnel(px()), [`TRACE / HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n${follower()}`]);
+    expect(a.statuses).toEqual([403]);
+    expect(a.text).toMatch(/\r\nProxy-Status: keygate; error=http_request_denied/i);
+    expect(a.closed).toBe(true);
+  });
+});
+
+describe('1. reflection on the plain listener', () => {
+  it('TRACE to a rule host in clear is refused (no credential in clear), nothing sent', async () => {
+    const px = byPath.get(true)!;
+    const mark = tlsOrigin.all().length;
+    const a = await converse(await plain(px), [`TRACE http://${HOST}:${tlsOrigin.port}/ HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n`]);
+    expect(a.statuses).toEqual([403]);
+    expect(a.text).not.toContain(SECRET);
+    expect(since(tlsOrigin, mark)).toBe('');
+  });
+});
+
+// ---- 2. path encodings -------------------------------------------------------------------------------
+
+describe.each([true, false])('2. path encodings (fast path %s)', (fastPath) => {
+  const px = () => byPath.get(fastPath)!;
+
+  it.each([
+    ['an escape spelled with encoded percent-encoding', '/a/%25%32%65%25%32%65/x'],
+    ['the same in lower and mixed case', '/a/%25%32%45%25%32%65/x'],
+    ['an encoded slash spelled the same way', '/a/%25%32%66x'],
+    ['an encoded backslash spelled the same way', '/a/%25%35%63x'],
+    ['double-encoded dots', '/a/%252e%252e/x'],
+    ['triple-encoded dots', '/a/%25252e%25252e/x'],
+    ['an encoded percent followed by the hex of a dot', '/a/%252E'],
+    ['`..` then an encoded `;`', '/a/b/..%3b/..%3b/x'],
+    ['`..` then an encoded `;` in upper case', '/a/b/..%3B/x'],
+    ['encoded dots then an encoded `;`', '/a/b/%2e%2e%3b/x'],
+    ['`.` then an encoded `;`', '/a/.%3bjsessionid=1/x'],
+    ['`..;` raw', '/a/b/..;/x'],
+    ['an overlong UTF-8 dot', '/a/%c0%ae%c0%ae/x'],
+    ['an overlong UTF-8 slash', '/a/..%c0%afx'],
+    ['an invalid UTF-8 sequence', '/a/%ff'],
+    ['a full-width dot pair (NFKC ..)', '/a/%ef%bc%8e%ef%bc%8e/x'],
+    ['a two-dot leader (NFKC ..)', '/a/%e2%80%a5/x'],
+    ['a full-width solidus (NFKC /)', '/a/..%ef%bc%8fx'],
+  ])('%s (%s): 400, nothing reaches the origin', async (_name, target) => {
+    const mark = tlsOrigin.all().length;
+    const a = await converse(await tunnel(px()), [`GET ${target} HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n`]);
+    expect(a.statuses, a.text.slice(0, 300)).toEqual([400]);
+    expect(a.closed).toBe(true);
+    expect(since(tlsOrigin, mark)).toBe('');
+  });
+
+  it.each([
+    ['/a/%7euser/%41', '/a/~user/A'],
+    ['/a/./b/../c', '/a/c'],
+    ['/a/%2e%2E/c', '/c'],
+    ['/caf%c3%a9/%e2%82%ac', '/caf%C3%A9/%E2%82%AC'],
+    ['/a;p=1/b', '/a;p=1/b'],
+    ['/a/%3bp/b', '/a/%3Bp/b'],
+    ['/100%25', '/100%25'],
+    ['/a/..%2fish', null],
+  ])('%s goes upstream as exactly %s', async (target, expected) => {
+    const mark = tlsOrigin.all().length;
+    const a = await converse(await tunnel(px()), [`GET ${target} HTTP/1.1\r\nHost: ${hostHeader()}\r\nConnection: close\r\n\r\n`]);
+    if (expected === null) {
+      expect(a.statuses).toEqual([400]);
+      return;
+    }
+    expect(a.statuses).toEqual([200]);
+    expect(since(tlsOrigin, mark).startsWith(`GET ${expected} HTTP/1.1\r\n`)).toBe(true);
+  });
+});
+
+// ---- 3. nothing after a closing refusal ------------------------------------------------------------
+
+/** Refusals inside an intercepted tunnel, each followed in the same write by a good request. */
+const TUNNEL_REFUSALS: [string, number, () => string][] = [
+  ['framing: Content-Length with Transfer-Encoding', 400, () => `POST /r HTTP/1.1\r\nHost: ${hostHeader()}\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n`],
+  ['framing: Transfer-Encoding gzip', 400, () => `POST /r HTTP/1.1\r\nHost: ${hostHeader()}\r\nTransfer-Encoding: gzip\r\n\r\n`],
+  ['framing: Transfer-Encoding on HTTP/1.0', 400, () => `POST /r HTTP/1.0\r\nHost: ${hostHeader()}\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n`],
+  ['head: too many fields (431)', 431, () => `GET /r HTTP/1.1\r\nHost: ${hostHeader()}\r\n${Array.from({ length: 25 }, (_, i) => `X-H${i}: v\r\n`).join('')}\r\n`],
+  ['head: request line too long (414)', 414, () => `GET /${'q'.repeat(1500)} HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n`],
+  ['head: two Host fields', 400, () => `GET /r HTTP/1.1\r\nHost: ${hostHeader()}\r\nHost: ${hostHeader()}\r\n\r\n`],
+  ['head: no Host', 400, () => `GET /r HTTP/1.1\r\nX-A: b\r\n\r\n`],
+  ['target: Host names another authority (421)', 421, () => `GET /r HTTP/1.1\r\nHost: other.test.local\r\n\r\n`],
+  ['target: absolute form to another authority (421)', 421, () => `GET https://other.test.local/r HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n`],
+  ['target: a path above the root', 400, () => `GET /../r HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n`],
+  ['target: an encoded slash', 400, () => `GET /a%2fb HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n`],
+  ['target: http:// inside the tunnel', 400, () => `GET http://${hostHeader()}/r HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n`],
+  ['target: asterisk form', 400, () => `OPTIONS * HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n`],
+  ['method: TRACE', 403, () => `TRACE /r HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n`],
+  ['upgrade: not a WebSocket', 400, () => `GET /r HTTP/1.1\r\nHost: ${hostHeader()}\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n`],
+];
+
+describe.each([true, false])('3. nothing pipelined after a closing refusal, intercepted (fast path %s)', (fastPath) => {
+  const px = () => byPath.get(fastPath)!;
+
+  it.each(TUNNEL_REFUSALS)('%s: %i, then nothing', async (_name, status, refused) => {
+    const mark = tlsOrigin.all().length;
+    const a = await converse(await tunnel(px()), [refused() + follower()]);
+    expect(a.statuses, a.text.slice(0, 300)).toEqual([status]);
+    expect(a.text).toMatch(/\r\nConnection: close\r\n/i);
+    expect(a.closed).toBe(true);
+    expect(since(tlsOrigin, mark)).toBe('');
+  });
+
+  it.each(TUNNEL_REFUSALS)('%s, behind a good request: only the good one is forwarded', async (_name, status, refused) => {
+    const mark = tlsOrigin.all().length;
+    const a = await converse(await tunnel(px()), [`GET /before HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n` + refused() + follower()]);
+    expect(a.statuses, a.text.slice(0, 300)).toEqual([200, status]);
+    expect(a.closed).toBe(true);
+    const got = since(tlsOrigin, mark);
+    expect(got).toContain('GET /before ');
+    expect(got).not.toContain('/after-refusal');
+  });
+
+  it('the same when the refused request and the next one arrive in separate writes', async () => {
+    for (const [name, status, refused] of TUNNEL_REFUSALS) {
+      const mark = tlsOrigin.all().length;
+      const a = await converse(await tunnel(px()), [refused(), follower()], 20);
+      expect(a.statuses, name).toEqual([status]);
+      expect(since(tlsOrigin, mark), name).toBe('');
+    }
+  });
+
+  it('408: a head completed after its answer, and a request behind it, are never forwarded', async () => {
+    const mark = tlsOrigin.all().length;
+    const t = await tunnel(px());
+    const a = await converse(t, [`GET /slow HTTP/1.1\r\nHost: ${hostHeader()}\r\n`, `X-Late: 1\r\n\r\n${follower()}`], 900);
+    expect(a.statuses).toEqual([408]);
+    expect(since(tlsOrigin, mark)).toBe('');
+  });
+});
+
+/** Refusals on the plain listener; each followed by a CONNECT to the rule host, or a plain request. */
+const PLAIN_REFUSALS: [string, number, () => string][] = [
+  ['framing: Content-Length with Transfer-Encoding', 400, () => `POST http://127.0.0.1:${plainOrigin.port}/r HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n`],
+  ['framing: Transfer-Encoding gzip', 400, () => `POST http://127.0.0.1:${plainOrigin.port}/r HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n`],
+  ['head: too many fields (431)', 431, () => `GET http://127.0.0.1:${plainOrigin.port}/r HTTP/1.1\r\nHost: x\r\n${Array.from({ length: 25 }, (_, i) => `X-H${i}: v\r\n`).join('')}\r\n`],
+  ['head: request line too long (414)', 414, () => `GET http://127.0.0.1:${plainOrigin.port}/${'q'.repeat(1500)} HTTP/1.1\r\nHost: x\r\n\r\n`],
+  ['target: origin form to the proxy', 400, () => `GET /r HTTP/1.1\r\nHost: x\r\n\r\n`],
+  ['target: https:// in clear', 400, () => `GET https://127.0.0.1:${plainOrigin.port}/r HTTP/1.1\r\nHost: x\r\n\r\n`],
+  ['target: credentials in the target', 400, () => `GET http://u:p@127.0.0.1:${plainOrigin.port}/r HTTP/1.1\r\nHost: x\r\n\r\n`],
+  ['target: a rule host in clear (403)', 403, () => `GET http://${HOST}:${tlsOrigin.port}/r HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n`],
+  ['target: the proxy itself (403)', 403, () => `GET http://127.0.0.1:{SELF}/r HTTP/1.1\r\nHost: x\r\n\r\n`],
+];
+
+describe.each([true, false])('3. nothing pipelined after a closing refusal, plain listener (fast path %s)', (fastPath) => {
+  const px = () => byPath.get(fastPath)!;
+  const self = (s: string) => s.replace('{SELF}', String(px().handle.port));
+
+  it.each(PLAIN_REFUSALS)('%s: %i, then no tunnel to the rule host', async (_name, status, refused) => {
+    const mark = tlsOrigin.all().length;
+    const a = await converse(await plain(px()), [self(refused()) + `CONNECT ${hostHeader()} HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n`]);
+    expect(a.statuses, a.text.slice(0, 300)).toEqual([status]);
+    expect(a.text).not.toMatch(/Connection Established/);
+    expect(a.closed).toBe(true);
+    await sleep(50);
+    expect(since(tlsOrigin, mark)).toBe('');
+  });
+
+  it.each(PLAIN_REFUSALS)('%s: %i, then no plain request forwarded', async (_name, status, refused) => {
+    const mark = plainOrigin.all().length;
+    const a = await converse(await plain(px()), [self(refused()) + `GET http://127.0.0.1:${plainOrigin.port}/after-refusal HTTP/1.1\r\nHost: x\r\n\r\n`]);
+    expect(a.statuses, a.text.slice(0, 300)).toEqual([status]);
+    expect(a.closed).toBe(true);
+    expect(since(plainOrigin, mark)).not.toContain('/after-refusal');
+  });
+
+  it('408: a head completed after its answer, and a CONNECT behind it, are never acted on', async () => {
+    const mark = tlsOrigin.all().length;
+    const markPlain = plainOrigin.all().length;
+    const a = await converse(
+      await plain(px()),
+      [`GET http://127.0.0.1:${plainOrigin.port}/slow HTTP/1.1\r\n`, `Host: x\r\n\r\nCONNECT ${hostHeader()} HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n`],
+      900,
+    );
+    expect(a.statuses).toEqual([408]);
+    expect(a.text).not.toMatch(/Connection Established/);
+    expect(since(plainOrigin, markPlain)).toBe('');
+    expect(since(tlsOrigin, mark)).toBe('');
+  });
+});
+
+// ---- 4. the same bytes, any segmentation ------------------------------------------------------------
+
+/** `data` cut as the chunking says: the request line alone first, then pieces of `size` bytes. */
+function chunkings(data: string): [string, Buffer[]][] {
+  const b = Buffer.from(data, 'latin1');
+  const eol = b.indexOf('\r\n') + 2;
+  const pieces = (from: number, size: number) => {
+    const out: Buffer[] = [];
+    for (let i = from; i < b.length; i += size) out.push(b.subarray(i, i + size));
+    return out;
+  };
+  return [
+    ['one write', [b]],
+    ['request line, then the rest', [b.subarray(0, eol), b.subarray(eol)]],
+    ['request line, then 64 KiB pieces', [b.subarray(0, eol), ...pieces(eol, 65536)]],
+    ['request line, then 1000-byte pieces', [b.subarray(0, eol), ...pieces(eol, 1000)]],
+    // The field's value alone in each later piece: the piece the parser overflows in holds no line end.
+    ...(b.indexOf('X-Big: ') > 0 ? [['the head up to a big value, then 16 KiB pieces of it', [b.subarray(0, b.indexOf('X-Big: ') + 7), ...pieces(b.indexOf('X-Big: ') + 7, 16384)]] as [string, Buffer[]]] : []),
+    // Small pieces only for heads of a few KiB (each piece is a write, and a TLS record in a tunnel).
+    ...(b.length <= 16384 ? [['7-byte pieces', pieces(0, 7)] as [string, Buffer[]]] : []),
+  ];
+}
+
+const bigField = (target: string, bytes: number) => `GET ${target} HTTP/1.1\r\nHost: {HOST}\r\nX-Big: ${'a'.repeat(bytes)}\r\n\r\n`;
+
+describe('4. 431 or 414 whatever the segmentation', () => {
+  const cases: [string, number, string][] = [
+    ['a 128 KiB field after a short request line', 431, bigField('{PATH}', 128 * 1024)],
+    ['an 8 KiB field after a short request line', 431, bigField('{PATH}', 8 * 1024)],
+    ['a request line that alone overflows the head', 414, `GET {PATH}${'p'.repeat(6000)} HTTP/1.1\r\nHost: {HOST}\r\n\r\n`],
+    ['a request line over its limit, the head within its own', 414, `GET {PATH}${'p'.repeat(2000)} HTTP/1.1\r\nHost: {HOST}\r\n\r\n`],
+  ];
+
+  describe.each([true, false])('plain listener (fast path %s)', (fastPath) => {
+    it.each(cases)('%s: always %i', async (_name, status, template) => {
+      const raw = template.replace('{PATH}', `http://127.0.0.1:${plainOrigin.port}/`).replace('{HOST}', 'x');
+      for (const [how, parts] of chunkings(raw)) {
+        const a = await converse(await plain(byPath.get(fastPath)!), parts, parts.length < 40 ? 15 : 0);
+        expect(a.statuses, how).toEqual([status]);
+      }
+    });
+  });
+
+  describe.each([true, false])('intercepted (fast path %s)', (fastPath) => {
+    it.each(cases)('%s: always %i', async (_name, status, template) => {
+      const raw = template.replace('{PATH}', '/').replace('{HOST}', hostHeader());
+      for (const [how, parts] of chunkings(raw)) {
+        const a = await converse(await tunnel(byPath.get(fastPath)!), parts, parts.length < 40 ? 15 : 0);
+        expect(a.statuses, how).toEqual([status]);
+      }
+    });
+  });
+
+  it('byte by byte, on the plain listener and on both intercepted paths', async () => {
+    // Proxies of their own: a head sent a byte at a time must not meet the 500 ms head timeout.
+    const slow = new Map([
+      [true, await proxy(true, { ...LIMITS, headerTimeoutMs: 60_000 })],
+      [false, await proxy(false, { ...LIMITS, headerTimeoutMs: 60_000 })],
+    ]);
+    const small = bigField('{PATH}', 5000);
+    const line = `GET {PATH}${'p'.repeat(4500)} HTTP/1.1\r\nHost: {HOST}\r\n\r\n`;
+    for (const [template, status] of [
+      [small, 431],
+      [line, 414],
+    ] as const) {
+      const p = Buffer.from(template.replace('{PATH}', `http://127.0.0.1:${plainOrigin.port}/`).replace('{HOST}', 'x'), 'latin1');
+      const bytes = [...p].map((c) => Buffer.from([c]));
+      expect((await converse(await plain(slow.get(true)!), bytes, 0, 8000)).statuses).toEqual([status]);
+      const t = Buffer.from(template.replace('{PATH}', '/').replace('{HOST}', hostHeader()), 'latin1');
+      const tbytes = [...t].map((c) => Buffer.from([c]));
+      for (const fast of [true, false]) expect((await converse(await tunnel(slow.get(fast)!), tbytes, 0, 8000)).statuses, `fast ${fast}`).toEqual([status]);
+    }
+  }, 120_000);
+
+  it('with the default limits too (the held-out case)', async () => {
+    const px = await proxy(false, {});
+    const raw = bigField(`http://127.0.0.1:${plainOrigin.port}/`, 128 * 1024).replace('{HOST}', 'x');
+    for (const [how, parts] of chunkings(raw)) {
+      const a = await converse(await plain(px), parts, 15);
+      expect(a.statuses, how).toEqual([431]);
+    }
+  });
+});

@@ -1,0 +1,139 @@
+/**
+ * Path normalisation is a fixed point (issue #18, class 2): for every target P the proxy
+ * accepts, the path it sends upstream passes every check unchanged, and an origin that decodes
+ * it once more still reads the same segments, none of them a dot segment. Checked on seeded
+ * random targets built from the pieces that broke it (escapes of escapes, encoded `;` after
+ * `..`, overlong UTF-8, mixed-case hex) and on the exact cases of the review.
+ */
+import { describe, expect, it } from 'vitest';
+import { isPathRefusal, normalisePath, type NormalisedPath } from '../../src/rules/path.js';
+import { prng } from '../proxy/h1/differential.js';
+
+const PIECES = [
+  '/', '/', '/', '.', '..', '.', 'a', 'B', '2', 'e', 'E', 'f', '5', 'c', '~', ';', '=', '@', ':', '!', '+', ',',
+  '%', '%25', '%25', '%2e', '%2E', '%2f', '%5c', '%32', '%65', '%45', '%66', '%35', '%63', '%3b', '%3B', '%3f', '%23',
+  '%41', '%61', '%7e', '%7E', '%20', '%09', '%00', '%c0', '%ae', '%af', '%c3', '%a9', '%e2', '%80', '%a5', '%82', '%ac',
+  '%ef', '%bc', '%8e', '%8f', '%ff', '%2525', '%252e', '%25%32', '..;', '.%3b', '?', '?x=%2e%2e', '&',
+];
+
+function randomTarget(rand: () => number): string {
+  let t = '/';
+  const n = 1 + Math.floor(rand() * 14);
+  for (let i = 0; i < n; i++) t += PIECES[Math.floor(rand() * PIECES.length)];
+  return t;
+}
+
+/** One more round of percent-decoding, as an origin or framework that decodes twice would do. */
+function decodeOnce(path: string): string {
+  const bytes: number[] = [];
+  for (let i = 0; i < path.length; i++) {
+    if (path[i] === '%' && /^[0-9A-Fa-f]{2}$/.test(path.slice(i + 1, i + 3))) {
+      bytes.push(parseInt(path.slice(i + 1, i + 3), 16));
+      i += 2;
+    } else bytes.push(path.charCodeAt(i));
+  }
+  return Buffer.from(bytes).toString('utf8');
+}
+
+/** What a lenient origin reads a segment as: `;` parameters dropped, trailing spaces trimmed, compatibility-mapped. */
+const lenientSegment = (seg: string) => seg.normalize('NFKC').split(';')[0].replace(/[ \t]+$/, '');
+
+function checkAccepted(target: string, n: NormalisedPath): void {
+  // 1. A fixed point: the path that goes upstream normalises to itself.
+  expect(normalisePath(n.path + n.query), target).toEqual(n);
+  // 2. Decoded once more, it has the same segments, and none is a dot segment or a control.
+  const once = decodeOnce(n.path);
+  const segs = n.path.split('/');
+  const onceSegs = once.split('/');
+  expect(onceSegs.length, `${target} -> ${n.path} -> ${once}`).toBe(segs.length);
+  expect(once, target).not.toMatch(/[\u0000-\u001f\u007f\\]/);
+  for (const s of onceSegs.slice(1)) expect(['.', '..'], `${target} -> ${n.path} -> ${once}`).not.toContain(lenientSegment(s));
+  // 3. So does the path as sent, read leniently.
+  for (const s of segs.slice(1)) expect(['.', '..'], `${target} -> ${n.path}`).not.toContain(lenientSegment(decodeOnce(s)));
+}
+
+describe('normalisePath is a fixed point', () => {
+  it('for 20000 seeded random targets built from hostile pieces', () => {
+    const rand = prng(18);
+    let accepted = 0;
+    for (let i = 0; i < 20_000; i++) {
+      const target = randomTarget(rand);
+      const n = normalisePath(target);
+      if (isPathRefusal(n)) continue;
+      accepted++;
+      checkAccepted(target, n);
+    }
+    // The run exercises both outcomes.
+    expect(accepted).toBeGreaterThan(2000);
+  });
+
+  it.each([
+    // An escape spelled with encoded percent-encoding, in every case.
+    '/a/%25%32%65%25%32%65/x',
+    '/a/%25%32%45%25%32%45/x',
+    '/a/%25%32%66x',
+    '/a/%25%32%46x',
+    '/a/%25%35%63x',
+    '/a/%25%33%62x',
+    '/a/%25%33%66x',
+    '/a/%25%30%30x',
+    '/a/%252e%252e/x',
+    '/a/%252E%252E/x',
+    '/a/%252fx',
+    '/a/%253bx',
+    '/a/%253fx',
+    '/a/%2523x',
+    '/a/%2500x',
+    '/a/%2525x',
+    '/a/%25252e%25252e/x',
+    '/a/%25c0%25ae',
+    // A `;` parameter, spelled encoded, after `.` or `..`.
+    '/a/b/..%3b/x',
+    '/a/b/..%3B/x',
+    '/a/b/%2e%2e%3b/x',
+    '/a/b/%2E%2e%3Bjsessionid=1/x',
+    '/a/.%3b/x',
+    '/a/b/..;/x',
+    '/a/b/..;x=1/x',
+    '/a/b/..%20/x',
+    '/a/b/..%20%20/x',
+    '/a/b/.%20/x',
+    // Overlong and invalid UTF-8, and characters a compatibility mapping makes delimiters.
+    '/a/%c0%ae%c0%ae/x',
+    '/a/%c0%2e',
+    '/a/..%c0%afx',
+    '/a/%e0%80%ae',
+    '/a/%ed%a0%80',
+    '/a/%ff',
+    '/a/%c3',
+    '/a/%ef%bc%8e%ef%bc%8e/x',
+    '/a/%ef%bc%8f',
+    '/a/%e2%80%a5/x',
+    '/a/%e2%80%a4',
+    '/a/%ef%bc%9b',
+    '/a/%c2%a0',
+  ])('refuses %s', (target) => {
+    expect(normalisePath(target)).toHaveProperty('error');
+  });
+
+  it.each([
+    ['/%2541', '/%2541'],
+    ['/a/%25%34%31', '/a/%2541'],
+    ['/100%25', '/100%25'],
+    ['/100%25/x', '/100%25/x'],
+    ['/a%25zz', '/a%25zz'],
+    ['/a;p=1/b', '/a;p=1/b'],
+    ['/a/%3bp/b', '/a/%3Bp/b'],
+    ['/a/.hidden/x', '/a/.hidden/x'],
+    ['/a/...', '/a/...'],
+    ['/a/..x', '/a/..x'],
+    ['/caf%c3%a9/%e2%82%ac', '/caf%C3%A9/%E2%82%AC'],
+    ['/%F0%9F%98%80', '/%F0%9F%98%80'],
+    ['/a/%2e%2E/c', '/c'],
+    ['/a/%7euser', '/a/~user'],
+  ])('accepts %s as %s, a fixed point', (target, path) => {
+    const n = normalisePath(target);
+    expect(n).toEqual({ path, query: '' });
+    checkAccepted(target, n as NormalisedPath);
+  });
+});
