@@ -92,7 +92,9 @@ export const revisionOut = {
   },
 } as const;
 
-const depParams = { type: 'object', required: ['deployment_id'], properties: { deployment_id: { type: 'string' } } } as const;
+/** Ids are UUIDs; anything longer than this is a 422 on its `loc`, not a lookup. */
+const idParam = { type: 'string', minLength: 1, maxLength: 64 } as const;
+const depParams = { type: 'object', required: ['deployment_id'], properties: { deployment_id: idParam } } as const;
 
 export const schemas = {
   upload: {
@@ -133,7 +135,7 @@ export const schemas = {
   revision: {
     summary: 'Get Revision',
     tags: TAGS,
-    params: { type: 'object', required: ['deployment_id', 'revision_id'], properties: { deployment_id: { type: 'string' }, revision_id: { type: 'string' } } },
+    params: { type: 'object', required: ['deployment_id', 'revision_id'], properties: { deployment_id: idParam, revision_id: idParam } },
     response: { 200: revisionOut, 404: detail },
   },
   logs: {
