@@ -239,7 +239,8 @@ export class ControlPlaneManager {
       rt.pending = null;
       if (rt.deleting || this.closing) return;
       const msg = err instanceof DeployError ? err.message : `deploy failed: ${(err as Error).message.split('\n')[0]}`;
-      dlog('error', `deploy failed: ${redact(msg)}; the previous revision keeps serving`);
+      const serving = rt.router.activeSet?.revisionId;
+      dlog('error', `deploy failed: ${redact(msg)}; ${serving ? `revision ${serving} keeps serving` : 'nothing is serving: no revision of this deployment is deployed'}`);
       await this.store.setRevisionStatus(rev.id, 'DEPLOY_FAILED', redact(msg));
       return;
     }

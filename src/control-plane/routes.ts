@@ -61,12 +61,14 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
       updated_at: d.updated_at,
     };
   };
-  const revisionView = (r: RevisionRow) => ({
+  /** `serving`: this revision is the deployment's active one (a replaced DEPLOYED one is not). */
+  const revisionView = (r: RevisionRow, dep: DeploymentRow) => ({
     id: r.id,
     deployment_id: r.deployment_id,
     status: r.status,
     status_message: r.status_message,
     replaced_by: r.replaced_by,
+    serving: r.id === dep.active_revision_id,
     source: r.source,
     source_revision_config: JSON.parse(r.source_revision_config) as SourceRevisionConfig,
     created_at: r.created_at,
@@ -207,7 +209,7 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
   app.get<{ Params: DepParams; Querystring: { limit: number; offset: number } }>('/v2/deployments/:deployment_id/revisions', { schema: schemas.revisions }, async (req) => {
     const dep = await loadDeployment(req);
     const rows = await store.listRevisions(dep.id, req.query.limit, req.query.offset);
-    return { resources: rows.map(revisionView), offset: req.query.offset + rows.length };
+    return { resources: rows.map((r) => revisionView(r, dep)), offset: req.query.offset + rows.length };
   });
 
   app.get<{ Params: DepParams & { revision_id: string } }>('/v2/deployments/:deployment_id/revisions/:revision_id', { schema: schemas.revision }, async (req) => {
@@ -215,7 +217,7 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
     const rid = req.params.revision_id;
     const rev = UUID_RE.test(rid) ? await store.getRevision(dep.id, rid.toLowerCase()) : undefined;
     if (!rev) throw notFound(`Revision ID ${rid} not found.`);
-    return revisionView(rev);
+    return revisionView(rev, dep);
   });
 
   const sinceOf = (raw: string | undefined): string | undefined => {

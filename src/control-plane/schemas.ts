@@ -85,6 +85,7 @@ export const revisionOut = {
     status: { type: 'string', enum: REVISION_STATUSES },
     status_message: nullableString,
     replaced_by: nullableString,
+    serving: { type: 'boolean', description: "True for the deployment's active revision, the one answering requests." },
     source: { type: 'string' },
     source_revision_config: { type: 'object', properties: { source_tarball_path: nullableString, image_uri: nullableString } },
     created_at: { type: 'string' },

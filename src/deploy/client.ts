@@ -23,6 +23,8 @@ export interface Revision {
   status: string;
   status_message?: string | null;
   replaced_by?: string | null;
+  /** The deployment's active revision (the one answering requests). */
+  serving?: boolean;
   created_at?: string;
   updated_at?: string;
 }

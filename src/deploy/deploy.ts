@@ -313,11 +313,24 @@ async function waitForRevision(client: ControlPlaneClient, deployment: Deploymen
             ? `revision ${revisionId} was skipped: a newer revision of ${deployment.name} superseded it`
             : `revision ${revisionId} ended ${rev.status}${rev.status_message ? `: ${rev.status_message}` : ''}`;
         reporter.fail(msg);
+        await reportServing(client, deployment, reporter);
         return { ok: false, code: 1, deployment, revisionId, status: rev.status, error: msg };
       }
     }
     await sleep(Math.max(0, Math.min(delay, timeoutMs - (Date.now() - started))));
     delay = Math.min(2000, Math.round(delay * 1.5));
+  }
+}
+
+/** After a failure: what answers requests now (an older revision, or nothing at all). */
+async function reportServing(client: ControlPlaneClient, deployment: Deployment, reporter: Reporter): Promise<void> {
+  try {
+    const fresh = await client.getDeployment(deployment.id);
+    const active = fresh.active_revision_id ?? null;
+    if (active) reporter.info(`revision ${active} keeps serving${urlOf(fresh) ? ` at ${urlOf(fresh)}` : ''}`, { active_revision_id: active });
+    else reporter.info(`nothing is serving: no revision of ${fresh.name} is deployed`, { active_revision_id: null });
+  } catch (err) {
+    reporter.warn(`could not read what is serving: ${(err as Error).message}`);
   }
 }
 
