@@ -13,7 +13,7 @@ import { schemas } from './schemas.js';
 import type { ControlPlaneStore } from './store.js';
 import { receiveUpload, UPLOAD_PATH_RE } from './uploads.js';
 import type { TarLimits } from './tarball.js';
-import type { DeploymentRow, DeploymentStatus, DeploymentType, LogEntry, LogType, RevisionRow, Source, SourceRevisionConfig } from './types.js';
+import { RESERVED_SECRET_NAME, type DeploymentRow, type DeploymentStatus, type DeploymentType, type LogEntry, type LogType, type RevisionRow, type Source, type SourceRevisionConfig } from './types.js';
 
 export interface RouteConfig {
   maxUploadBytes: number;
@@ -41,8 +41,6 @@ interface PatchBody {
 type DepParams = { deployment_id: string };
 
 const UUID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
-/** Names the runtime sets itself or that would break the app process. */
-const RESERVED = /^(KEYGATE_.*|PATH|HOME|PORT|NODE_OPTIONS|NODE_PATH|LD_PRELOAD|LD_LIBRARY_PATH)$/;
 
 export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: ControlPlaneStore, manager: ControlPlaneManager, cfg: RouteConfig): void {
   const deploymentView = (d: DeploymentRow) => {
@@ -87,7 +85,7 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
     const seen = new Set<string>();
     secrets.forEach((s, i) => {
       if (seen.has(s.name)) issues.push({ loc: [...base, i, 'name'], msg: `Secret ${s.name} is given more than once`, type: 'value_error' });
-      if (RESERVED.test(s.name)) issues.push({ loc: [...base, i, 'name'], msg: `Secret name ${s.name} is reserved by the runtime`, type: 'value_error' });
+      if (RESERVED_SECRET_NAME.test(s.name)) issues.push({ loc: [...base, i, 'name'], msg: `Secret name ${s.name} is reserved by the runtime`, type: 'value_error' });
       seen.add(s.name);
     });
     if (issues.length) throw new HttpValidationError(issues);

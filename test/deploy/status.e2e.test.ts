@@ -63,6 +63,10 @@ describe('deployment status says what is serving', () => {
     expect(ok.code, ok.stdout + ok.stderr).toBe(0);
     good = (await api(`/v2/deployments/${depId}`)).active_revision_id;
     expect(good).toBeTruthy();
+    // keygate.json names "env": ".env", which is never uploaded: no replica warns about it.
+    const all = (await api(`/v2/deployments/${depId}/logs?revision_id=${good}&limit=1000`)).logs.map((l: any) => l.message).join('\n');
+    expect(all).toContain('keygate.json: env file .env is not in the upload');
+    expect(all).not.toMatch(/env: file \.env not found/);
 
     breakApp(dir);
     const bad = await runDeploy([], { cwd: dir, env: env() });
@@ -95,4 +99,31 @@ describe('deployment status says what is serving', () => {
     const t = await runDeploy(['list'], { cwd: dir, env: env() });
     expect(t.stdout.split('\n').find((l) => l.includes(depId))).toMatch(/\blatest \([0-9a-f]{8}\)\s+DEPLOYED\s+http:/);
   }, 120_000);
+});
+
+describe('small items of keygate deploy', () => {
+  it("--name 'Bad Name!' is a usage error: exit 2, nothing sent", async () => {
+    const dir = copyEcho(work, 'usage-app');
+    const r = await runDeploy(['--name', 'Bad Name!'], { cwd: dir, env: env() });
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain("invalid deployment name 'Bad Name!'");
+    expect((await api('/v2/deployments?name_contains=usage')).resources).toEqual([]);
+  });
+
+  it('says which .env variables are not sent as secrets, and why; sends the rest', async () => {
+    const dir = copyEcho(work, 'secrets-app');
+    const values = ['v-own-key-9f3', 'v-reserved-71c', 'v-path-0aa', 'v-good-5d2'];
+    writeFileSync(
+      path.join(dir, '.env'),
+      `KEYGATE_API_KEY=${KEY}\nKEYGATE_URL=${server.url}\nKEYGATE_FLAVOUR=${values[1]}\nPATH=${values[2]}\nGOOD_SECRET=${values[3]}\n`,
+    );
+    const r = await runDeploy(['--no-wait'], { cwd: dir, env: {} });
+    expect(r.code, r.stdout + r.stderr).toBe(0);
+    expect(r.stdout).toContain('not sent as secrets from .env: KEYGATE_API_KEY, KEYGATE_URL (settings of keygate deploy itself)');
+    expect(r.stderr).toContain('not sent as secrets from .env: KEYGATE_FLAVOUR, PATH (names reserved by the runtime');
+    expect(r.stdout).toContain('secrets from');
+    for (const v of [...values, KEY]) expect(r.stdout + r.stderr).not.toContain(v);
+    const dep = (await api('/v2/deployments?name_contains=secrets-app')).resources[0];
+    expect(dep.secrets).toEqual([{ name: 'GOOD_SECRET' }]);
+  });
 });
