@@ -2,7 +2,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { CliError } from '../cli/errors.js';
+import { CliError } from '../command-error.js';
 import { RESERVED_SECRET_NAME } from '../control-plane/types.js';
 import { isSecretKey } from '../secrets/keys.js';
 import { checkAppDir } from './appdir.js';

@@ -1,5 +1,5 @@
 import { createInterface } from 'node:readline/promises';
-import { CliError } from '../cli/errors.js';
+import { CliError } from '../command-error.js';
 import { ApiError, ControlPlaneClient, logKey, type Deployment, type LogEntry } from './client.js';
 import { parseDuration } from './duration.js';
 import { nameForDirectory } from './names.js';

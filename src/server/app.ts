@@ -11,7 +11,8 @@ import type { ServerContext } from './context.js';
 import { errorResponse, unavailable } from './errors.js';
 import { onClientError } from './http-errors.js';
 import { registerOpenApi } from './openapi.js';
-import { loadAreas, type Area } from './plugins.js';
+import type { Area } from './area.js';
+import { loadAreas } from './plugins.js';
 
 // ajv-formats ships CommonJS with a default export; under NodeNext it arrives wrapped.
 const addFormats = ((addFormatsModule as unknown as { default?: unknown }).default ?? addFormatsModule) as (ajv: Ajv) => Ajv;
