@@ -54,7 +54,8 @@ const withKey = () => ({ KEYGATE_API_KEY: KEY, KEYGATE_URL: server.url });
 beforeAll(async () => {
   dataDir = tmp('keygate-deploy-data-');
   work = tmp();
-  server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir], { env: { KEYGATE_API_KEY: KEY, DATABASE_URL: '' } });
+  // These tests are about a control plane without a container engine (one may run on the host).
+  server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir], { env: { KEYGATE_API_KEY: KEY, DATABASE_URL: '', DOCKER_HOST: 'unix:///nonexistent/docker.sock' } });
 });
 afterAll(async () => {
   await server?.stop();
