@@ -1,27 +1,14 @@
 // The deployment router (src/control-plane/router.ts) in front of a real echo application run by a
 // real `keygate serve`, driven by curl as a user would (issue #17 items 2 and 4, #18 item 3).
-import { spawnSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { appRequestHeaders } from '../../src/control-plane/router.js';
+import { curl } from '../helpers/curl.js';
 import { runCli, startCli, type RunningCli } from '../helpers/cli.js';
 import { api, cleanupTmp, deployDir, echoVariant, tmpDir, waitRevision, type Api } from './helpers.js';
 
 const KEY = 'kg_test_router_key_00000000001';
 afterAll(cleanupTmp);
 
-function curl(args: string[]): { status: number; body: any; stderr: string } {
-  const r = spawnSync('curl', ['-sS', '-w', '\n%{http_code}', ...args], { encoding: 'utf8', timeout: 60_000, maxBuffer: 64 * 1024 * 1024 });
-  const lines = r.stdout.split('\n');
-  const status = Number(lines.pop());
-  const text = lines.join('\n');
-  let body: any = text;
-  try {
-    body = JSON.parse(text);
-  } catch {
-    /* SSE or plain text */
-  }
-  return { status, body, stderr: r.stderr };
-}
 
 const runRequest = (padding: number) =>
   JSON.stringify({ assistant_id: 'agent', input: { messages: [{ role: 'user', content: 'hi' }] }, stream_mode: 'values', config: { configurable: { delay_ms: 0 } } }) + ' '.repeat(padding);

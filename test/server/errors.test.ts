@@ -2,13 +2,13 @@
 // a raw socket) against the real binary: framework errors in the wire.md shape with the right
 // status, body-less requests never parsed, over-long path parameters as 422 with `loc`, and an
 // OpenAPI document that lists every status each route answered when walked.
-import { spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { curl } from '../helpers/curl.js';
 import { startCli, type RunningCli } from '../helpers/cli.js';
 
 const KEY = 'kg_test_error_layer_key_000001';
@@ -42,20 +42,6 @@ async function call(method: string, p: string, opts: { headers?: Record<string, 
   return { status: res.statusCode, body, headers: res.headers };
 }
 
-/** curl, as a user types it: `-w` appends the status on its own line. */
-function curl(args: string[]): { status: number; body: any } {
-  const r = spawnSync('curl', ['-sS', '-w', '\n%{http_code}', ...args], { encoding: 'utf8', timeout: 20_000 });
-  const lines = r.stdout.split('\n');
-  const status = Number(lines.pop());
-  const text = lines.join('\n');
-  let body: any = text;
-  try {
-    body = JSON.parse(text);
-  } catch {
-    /* not JSON: the assertion on the shape shows it */
-  }
-  return { status, body };
-}
 
 /** Sends raw bytes and returns the raw answer (for what Node's parser refuses). */
 function raw(payload: string): Promise<string> {
