@@ -1,5 +1,5 @@
 import { ensureWorkspace } from '../server/auth.js';
-import type { Area } from '../server/plugins.js';
+import type { Area } from '../server/area.js';
 import { migrate } from '../store/db.js';
 import { FlowWaiters } from './flows.js';
 import { bearerAuthenticator, jwtConfigFromEnv } from './jwt.js';

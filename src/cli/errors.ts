@@ -1,10 +1,2 @@
-/** An expected command failure: printed as one line, no stack trace. */
-export class CliError extends Error {
-  constructor(
-    message: string,
-    readonly exitCode = 1,
-  ) {
-    super(message);
-    this.name = 'CliError';
-  }
-}
+// The class lives outside src/cli so that the libraries the CLI drives can throw it too.
+export { CliError } from '../command-error.js';

@@ -1,5 +1,5 @@
 import path from 'node:path';
-import type { Area } from '../server/plugins.js';
+import type { Area } from '../server/area.js';
 import { DockerDriver } from './drivers/docker.js';
 import { LocalProcessDriver } from './drivers/local.js';
 import { LogStore } from './logs.js';

@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { BuildError } from './drivers/types.js';
 import { LineSplitter } from './logs.js';
@@ -96,6 +96,24 @@ function runStep(cmd: string, args: string[], shown: string, cwd: string, env: N
 }
 
 /**
+ * `"env": ".env"` in keygate.json names a file `keygate deploy` never uploads: its variables arrive
+ * as the deployment's secrets instead. Left in, every replica would warn at start that the file is
+ * missing; so when the file is not in the source (or would be outside it), the built keygate.json
+ * drops the reference and the build log says why.
+ */
+export function dropMissingEnvFile(configFile: string, config: Record<string, unknown>, appDir: string, log: (level: 'info', line: string) => void): void {
+  if (typeof config.env !== 'string') return;
+  const target = path.resolve(appDir, config.env);
+  const rel = path.relative(appDir, target);
+  const inside = rel !== '' && !rel.startsWith('..') && !path.isAbsolute(rel);
+  if (inside && existsSync(target)) return;
+  const named = config.env;
+  delete config.env;
+  writeFileSync(configFile, JSON.stringify(config, null, 2) + '\n');
+  log('info', `keygate.json: env file ${named} is not in the upload (keygate deploy never packs env files); the app gets the deployment's secrets as its environment instead`);
+}
+
+/**
  * The local build: unpack safely, check keygate.json, `npm ci` when there is a lockfile, the app's
  * `build` script when it has one. Throws BuildError with a one-line reason; details are in the log.
  */
@@ -120,6 +138,7 @@ export async function buildLocal(o: LocalBuildOptions): Promise<void> {
     throw new BuildError('keygate.json: "assistants" must name at least one assistant');
   }
   o.log('info', `keygate.json names ${Object.keys(assistants).length} assistant(s): ${Object.keys(assistants).slice(0, 10).join(', ')}`);
+  dropMissingEnvFile(configFile, config, o.appDir, o.log);
 
   const pkgFile = path.join(o.appDir, 'package.json');
   if (!existsSync(pkgFile)) {

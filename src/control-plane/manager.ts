@@ -103,7 +103,11 @@ export class ControlPlaneManager {
         deploymentId: dep.id,
         host: this.cfg.host,
         logger: this.ctx.logger,
-        authenticate: async (key) => Boolean(await this.ctx.db.get('SELECT id FROM api_keys WHERE key_hash = ? AND workspace_id = ?', [hashApiKey(key), dep.workspace_id])),
+        authenticate: async (key) => {
+          const row = await this.ctx.db.get<{ workspace_id: string }>('SELECT workspace_id FROM api_keys WHERE key_hash = ?', [hashApiKey(key)]);
+          if (!row) return 'unknown';
+          return row.workspace_id === dep.workspace_id ? 'ok' : 'other-workspace';
+        },
       });
       rt = { router, worker: null, again: false, abort: new AbortController(), deleting: false, pending: null };
       this.runtimes.set(dep.id, rt);
@@ -235,7 +239,8 @@ export class ControlPlaneManager {
       rt.pending = null;
       if (rt.deleting || this.closing) return;
       const msg = err instanceof DeployError ? err.message : `deploy failed: ${(err as Error).message.split('\n')[0]}`;
-      dlog('error', `deploy failed: ${redact(msg)}; the previous revision keeps serving`);
+      const serving = rt.router.activeSet?.revisionId;
+      dlog('error', `deploy failed: ${redact(msg)}; ${serving ? `revision ${serving} keeps serving` : 'nothing is serving: no revision of this deployment is deployed'}`);
       await this.store.setRevisionStatus(rev.id, 'DEPLOY_FAILED', redact(msg));
       return;
     }

@@ -2,29 +2,55 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Readable } from 'node:stream';
 import type { Logger } from '../log.js';
+import { downstreamResponseHeaders, upstreamRequestHeaders } from '../proxy/headers.js';
+import type { ErrorResponse } from '../server/errors.js';
+import { onClientError, writeErrorResponse } from '../server/http-errors.js';
 import type { ReplicaSet, Slot } from './supervisor.js';
 
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade', 'proxy-authorization', 'proxy-authenticate', 'host', 'content-length']);
 /** Bodies up to this size are held so a request refused by a dying replica can go to another. */
 const RETRYABLE_BODY = 1024 * 1024;
 const CONNECT_ERRORS = new Set(['ECONNREFUSED', 'ECONNRESET', 'UND_ERR_SOCKET', 'UND_ERR_CLOSED', 'UND_ERR_DESTROYED', 'EPIPE']);
 
+/** What an API key is to a deployment: one of its workspace's, another workspace's, or none. */
+export type KeyVerdict = 'ok' | 'other-workspace' | 'unknown';
+
 export interface FrontRouterOptions {
   deploymentId: string;
-  /** True when `key` is an API key of the deployment's workspace. */
-  authenticate(key: string): Promise<boolean>;
+  authenticate(key: string): Promise<KeyVerdict>;
   logger: Logger;
   host: string;
 }
 
 function send(res: http.ServerResponse, status: number, detail: string, extra: Record<string, string> = {}): void {
-  if (res.headersSent) {
-    res.destroy();
-    return;
+  const r: ErrorResponse = { status, body: { detail }, code: `router_${status}` };
+  writeErrorResponse(res, r, extra);
+}
+
+/** Headers the router sets itself; a client's copies never reach the app. */
+const OWN_HEADERS = new Set(['x-api-key', 'content-length', 'x-forwarded-for', 'x-forwarded-proto']);
+
+/**
+ * The header list sent to a replica, flat `[name, value, ...]`: the proxy's filter (hop-by-hop
+ * headers, those named in `Connection`, `Host` and `Expect` removed; Node has already answered
+ * `100 Continue` to the client), then the router's own: the app's key instead of the caller's,
+ * the body's length when known, and where the request came from. Pure.
+ */
+export function appRequestHeaders(rawHeaders: string[], own: { apiKey: string; contentLength?: number; remoteAddress: string }): string[] {
+  const kept = upstreamRequestHeaders(rawHeaders);
+  const out: string[] = [];
+  for (let i = 0; i < kept.length; i += 2) {
+    if (!OWN_HEADERS.has(kept[i].toLowerCase())) out.push(kept[i], kept[i + 1]);
   }
-  const body = JSON.stringify({ detail });
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...extra });
-  res.end(body);
+  out.push('x-api-key', own.apiKey, 'x-forwarded-for', own.remoteAddress, 'x-forwarded-proto', 'http');
+  if (own.contentLength !== undefined) out.push('content-length', String(own.contentLength));
+  return out;
+}
+
+/** `GET /ok` of an app is public (`app serve` documents it so): health checks need no key. */
+function isPublic(req: http.IncomingMessage): boolean {
+  if (req.method !== 'GET' && req.method !== 'HEAD') return false;
+  const url = req.url ?? '';
+  return url === '/ok' || url.startsWith('/ok?');
 }
 
 function errCode(err: unknown): string {
@@ -45,6 +71,7 @@ export class FrontRouter {
 
   constructor(private readonly o: FrontRouterOptions) {
     this.server = http.createServer((req, res) => void this.handle(req, res));
+    this.server.on('clientError', onClientError);
     this.server.keepAliveTimeout = 5000;
     this.server.headersTimeout = 30_000;
     this.server.requestTimeout = 0; // runs stream for as long as they last
@@ -95,16 +122,19 @@ export class FrontRouter {
 
   private async handle(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
     res.socket?.setNoDelay(true);
-    const rawKey = req.headers['x-api-key'];
-    const key = (Array.isArray(rawKey) ? rawKey[0] : rawKey)?.trim();
-    if (!key) return send(res, 401, 'Missing credentials: send an API key in the X-Api-Key header.');
-    let ok = false;
-    try {
-      ok = await this.o.authenticate(key);
-    } catch {
-      return send(res, 503, 'Deployment is not ready (credential check failed).');
+    if (!isPublic(req)) {
+      const rawKey = req.headers['x-api-key'];
+      const key = (Array.isArray(rawKey) ? rawKey[0] : rawKey)?.trim();
+      if (!key) return send(res, 401, 'Missing credentials: send an API key in the X-Api-Key header.');
+      let verdict: KeyVerdict;
+      try {
+        verdict = await this.o.authenticate(key);
+      } catch {
+        return send(res, 503, 'Deployment is not ready (credential check failed).');
+      }
+      if (verdict === 'unknown') return send(res, 401, 'Invalid API key.');
+      if (verdict === 'other-workspace') return send(res, 403, 'This API key belongs to another workspace than the deployment.');
     }
-    if (!ok) return send(res, 401, 'Invalid API key.');
 
     const set = this.active;
     if (!set) return send(res, 503, 'No revision of this deployment is deployed yet.', { 'retry-after': '2' });
@@ -114,16 +144,6 @@ export class FrontRouter {
     res.once('close', () => {
       if (!res.writableFinished) abort();
     });
-
-    const headers: Record<string, string | string[]> = {};
-    for (const [k, v] of Object.entries(req.headers)) {
-      if (v === undefined || HOP_BY_HOP.has(k) || k === 'x-api-key') continue;
-      headers[k] = v;
-    }
-    // The caller's key stays here: the app sees only the key this router holds for it.
-    headers['x-api-key'] = set.o.spec.apiKey;
-    headers['x-forwarded-for'] = req.socket.remoteAddress ?? '';
-    headers['x-forwarded-proto'] = 'http';
 
     const hasBody = req.method !== 'GET' && req.method !== 'HEAD';
     const len = Number(req.headers['content-length'] ?? NaN);
@@ -143,8 +163,12 @@ export class FrontRouter {
         retryable = false;
       }
     }
-    if (body && Buffer.isBuffer(body)) headers['content-length'] = String(body.length);
-    else if (body && Number.isFinite(len)) headers['content-length'] = String(len);
+    // The caller's key stays here: the app sees only the key this router holds for it.
+    const headers = appRequestHeaders(req.rawHeaders, {
+      apiKey: set.o.spec.apiKey,
+      contentLength: Buffer.isBuffer(body) ? body.length : body && Number.isFinite(len) ? len : undefined,
+      remoteAddress: req.socket.remoteAddress ?? '',
+    });
 
     const tried = new Set<Slot>();
     for (let attempt = 0; attempt < 4; attempt++) {
@@ -164,13 +188,8 @@ export class FrontRouter {
           headersTimeout: 300_000,
           bodyTimeout: 0,
         });
-        const outHeaders: Record<string, string | string[]> = {};
-        for (const [k, v] of Object.entries(up.headers)) {
-          if (v === undefined || HOP_BY_HOP.has(k)) continue;
-          outHeaders[k] = v;
-        }
-        if (up.headers['content-length'] !== undefined) outHeaders['content-length'] = up.headers['content-length'] as string;
-        res.writeHead(up.statusCode, outHeaders);
+        // The app's answer, 4xx included, goes back as it is, minus its hop-by-hop headers.
+        res.writeHead(up.statusCode, downstreamResponseHeaders(up.headers));
         res.flushHeaders();
         try {
           for await (const chunk of up.body) {

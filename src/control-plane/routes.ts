@@ -13,7 +13,7 @@ import { schemas } from './schemas.js';
 import type { ControlPlaneStore } from './store.js';
 import { receiveUpload, UPLOAD_PATH_RE } from './uploads.js';
 import type { TarLimits } from './tarball.js';
-import type { DeploymentRow, DeploymentStatus, DeploymentType, LogEntry, LogType, RevisionRow, Source, SourceRevisionConfig } from './types.js';
+import { RESERVED_SECRET_NAME, type DeploymentRow, type DeploymentStatus, type DeploymentType, type LogEntry, type LogType, type RevisionRow, type Source, type SourceRevisionConfig } from './types.js';
 
 export interface RouteConfig {
   maxUploadBytes: number;
@@ -41,8 +41,6 @@ interface PatchBody {
 type DepParams = { deployment_id: string };
 
 const UUID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
-/** Names the runtime sets itself or that would break the app process. */
-const RESERVED = /^(KEYGATE_.*|PATH|HOME|PORT|NODE_OPTIONS|NODE_PATH|LD_PRELOAD|LD_LIBRARY_PATH)$/;
 
 export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: ControlPlaneStore, manager: ControlPlaneManager, cfg: RouteConfig): void {
   const deploymentView = (d: DeploymentRow) => {
@@ -61,12 +59,14 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
       updated_at: d.updated_at,
     };
   };
-  const revisionView = (r: RevisionRow) => ({
+  /** `serving`: this revision is the deployment's active one (a replaced DEPLOYED one is not). */
+  const revisionView = (r: RevisionRow, dep: DeploymentRow) => ({
     id: r.id,
     deployment_id: r.deployment_id,
     status: r.status,
     status_message: r.status_message,
     replaced_by: r.replaced_by,
+    serving: r.id === dep.active_revision_id,
     source: r.source,
     source_revision_config: JSON.parse(r.source_revision_config) as SourceRevisionConfig,
     created_at: r.created_at,
@@ -85,7 +85,7 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
     const seen = new Set<string>();
     secrets.forEach((s, i) => {
       if (seen.has(s.name)) issues.push({ loc: [...base, i, 'name'], msg: `Secret ${s.name} is given more than once`, type: 'value_error' });
-      if (RESERVED.test(s.name)) issues.push({ loc: [...base, i, 'name'], msg: `Secret name ${s.name} is reserved by the runtime`, type: 'value_error' });
+      if (RESERVED_SECRET_NAME.test(s.name)) issues.push({ loc: [...base, i, 'name'], msg: `Secret name ${s.name} is reserved by the runtime`, type: 'value_error' });
       seen.add(s.name);
     });
     if (issues.length) throw new HttpValidationError(issues);
@@ -207,7 +207,7 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
   app.get<{ Params: DepParams; Querystring: { limit: number; offset: number } }>('/v2/deployments/:deployment_id/revisions', { schema: schemas.revisions }, async (req) => {
     const dep = await loadDeployment(req);
     const rows = await store.listRevisions(dep.id, req.query.limit, req.query.offset);
-    return { resources: rows.map(revisionView), offset: req.query.offset + rows.length };
+    return { resources: rows.map((r) => revisionView(r, dep)), offset: req.query.offset + rows.length };
   });
 
   app.get<{ Params: DepParams & { revision_id: string } }>('/v2/deployments/:deployment_id/revisions/:revision_id', { schema: schemas.revision }, async (req) => {
@@ -215,7 +215,7 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
     const rid = req.params.revision_id;
     const rev = UUID_RE.test(rid) ? await store.getRevision(dep.id, rid.toLowerCase()) : undefined;
     if (!rev) throw notFound(`Revision ID ${rid} not found.`);
-    return revisionView(rev);
+    return revisionView(rev, dep);
   });
 
   const sinceOf = (raw: string | undefined): string | undefined => {

@@ -85,6 +85,7 @@ export const revisionOut = {
     status: { type: 'string', enum: REVISION_STATUSES },
     status_message: nullableString,
     replaced_by: nullableString,
+    serving: { type: 'boolean', description: "True for the deployment's active revision, the one answering requests." },
     source: { type: 'string' },
     source_revision_config: { type: 'object', properties: { source_tarball_path: nullableString, image_uri: nullableString } },
     created_at: { type: 'string' },
@@ -92,7 +93,9 @@ export const revisionOut = {
   },
 } as const;
 
-const depParams = { type: 'object', required: ['deployment_id'], properties: { deployment_id: { type: 'string' } } } as const;
+/** Ids are UUIDs; anything longer than this is a 422 on its `loc`, not a lookup. */
+const idParam = { type: 'string', minLength: 1, maxLength: 64 } as const;
+const depParams = { type: 'object', required: ['deployment_id'], properties: { deployment_id: idParam } } as const;
 
 export const schemas = {
   upload: {
@@ -133,7 +136,7 @@ export const schemas = {
   revision: {
     summary: 'Get Revision',
     tags: TAGS,
-    params: { type: 'object', required: ['deployment_id', 'revision_id'], properties: { deployment_id: { type: 'string' }, revision_id: { type: 'string' } } },
+    params: { type: 'object', required: ['deployment_id', 'revision_id'], properties: { deployment_id: idParam, revision_id: idParam } },
     response: { 200: revisionOut, 404: detail },
   },
   logs: {

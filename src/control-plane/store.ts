@@ -178,7 +178,13 @@ export class ControlPlaneStore {
       if (!canTransition(cur.status, 'DEPLOYED')) throw new IllegalTransition(cur.status, 'DEPLOYED');
       await tx.run('UPDATE cp_revisions SET status = ?, status_message = NULL, updated_at = ? WHERE id = ?', ['DEPLOYED', now, revisionId]);
       if (dep.active_revision_id && dep.active_revision_id !== revisionId) {
-        await tx.run('UPDATE cp_revisions SET replaced_by = ?, updated_at = ? WHERE id = ?', [revisionId, now, dep.active_revision_id]);
+        // Still DEPLOYED (it was), but no longer serving: the message and replaced_by say so.
+        await tx.run('UPDATE cp_revisions SET replaced_by = ?, status_message = ?, updated_at = ? WHERE id = ?', [
+          revisionId,
+          `replaced by revision ${revisionId}; no longer serving`,
+          now,
+          dep.active_revision_id,
+        ]);
       }
       await tx.run('UPDATE cp_deployments SET active_revision_id = ?, updated_at = ? WHERE id = ?', [revisionId, now, deploymentId]);
       return dep.active_revision_id;

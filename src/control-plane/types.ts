@@ -26,6 +26,12 @@ export const REVISION_STATUSES = [
 ] as const;
 export type RevisionStatus = (typeof REVISION_STATUSES)[number];
 
+/**
+ * Secret names the runtime sets itself or that would break the app process: refused by the API
+ * (422) and never sent by `keygate deploy` (which says so).
+ */
+export const RESERVED_SECRET_NAME = /^(KEYGATE_.*|PATH|HOME|PORT|NODE_OPTIONS|NODE_PATH|LD_PRELOAD|LD_LIBRARY_PATH)$/;
+
 export const LOG_TYPES = ['build', 'deploy'] as const;
 export type LogType = (typeof LOG_TYPES)[number];
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error';

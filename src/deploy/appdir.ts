@@ -1,6 +1,6 @@
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
-import { CliError } from '../cli/errors.js';
+import { CliError } from '../command-error.js';
 import { parseJsonSafely } from '../validation/json.js';
 
 export const APP_CONFIG_FILE = 'keygate.json';

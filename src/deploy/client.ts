@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 import { Transform } from 'node:stream';
 import { Agent, request, type Dispatcher } from 'undici';
-import { CliError } from '../cli/errors.js';
+import { CliError } from '../command-error.js';
 
 // Shapes of the control-plane API (see the control plane's route schemas); only what the CLI reads.
 export interface Deployment {
@@ -23,6 +23,8 @@ export interface Revision {
   status: string;
   status_message?: string | null;
   replaced_by?: string | null;
+  /** The deployment's active revision (the one answering requests). */
+  serving?: boolean;
   created_at?: string;
   updated_at?: string;
 }

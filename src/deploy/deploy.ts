@@ -2,7 +2,8 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { CliError } from '../cli/errors.js';
+import { CliError } from '../command-error.js';
+import { RESERVED_SECRET_NAME } from '../control-plane/types.js';
 import { isSecretKey } from '../secrets/keys.js';
 import { checkAppDir } from './appdir.js';
 import { ApiError, ControlPlaneClient, type Deployment, type Revision, type Secret } from './client.js';
@@ -49,22 +50,30 @@ interface Outcome {
   error?: string;
 }
 
-/** Only the names are ever shown; values go to the control plane in the request body only. */
+/**
+ * The env file's variables sent as the deployment's secrets. Only the names are ever shown; values
+ * go to the control plane in the request body only. What is not sent is said, with why: the tool's
+ * own settings, names the runtime reserves (the API would refuse them), names that are not
+ * environment-variable names.
+ */
 function appSecrets(envFile: string | undefined, reporter: Reporter): Secret[] | undefined {
   if (!envFile) return undefined;
   const vars = readEnvFile(envFile);
   if (vars.size === 0) return undefined;
   const secrets: Secret[] = [];
-  const skipped: string[] = [];
+  const own: string[] = [];
+  const reserved: string[] = [];
+  const invalid: string[] = [];
   for (const [name, value] of vars) {
-    if ((CLI_VARIABLES as readonly string[]).includes(name)) continue;
-    if (!isSecretKey(name)) {
-      skipped.push(name);
-      continue;
-    }
-    secrets.push({ name, value });
+    if ((CLI_VARIABLES as readonly string[]).includes(name)) own.push(name);
+    else if (!isSecretKey(name)) invalid.push(name);
+    else if (RESERVED_SECRET_NAME.test(name)) reserved.push(name);
+    else secrets.push({ name, value });
   }
-  if (skipped.length) reporter.warn(`not sent as secrets (names must be letters, digits and _): ${skipped.join(', ')}`);
+  const file = path.basename(envFile);
+  if (own.length) reporter.info(`not sent as secrets from ${file}: ${own.join(', ')} (settings of keygate deploy itself)`, { not_sent: own, reason: 'deploy_setting' });
+  if (reserved.length) reporter.warn(`not sent as secrets from ${file}: ${reserved.join(', ')} (names reserved by the runtime: KEYGATE_*, PATH, HOME, PORT, NODE_*, LD_*)`);
+  if (invalid.length) reporter.warn(`not sent as secrets from ${file} (names must be letters, digits and _): ${invalid.join(', ')}`);
   return secrets.length ? secrets : undefined;
 }
 
@@ -97,7 +106,9 @@ export async function deploy(opts: DeployOptions, reporter: Reporter): Promise<n
     const name = opts.name ?? nameForDirectory(dir);
     if (!opts.name && !name) throw new CliError(`cannot derive a deployment name from the directory '${path.basename(dir)}'; pass --name NAME`);
     const problem = nameProblem(name);
-    if (problem) throw new CliError(`${problem}${opts.name ? '' : ` (derived from the directory '${path.basename(dir)}'; pass --name NAME)`}`);
+    // A bad --name is a usage error (exit 2, as the help says); a directory name that cannot be
+    // used is a prerequisite failure.
+    if (problem) throw new CliError(`${problem}${opts.name ? '' : ` (derived from the directory '${path.basename(dir)}'; pass --name NAME)`}`, opts.name ? 2 : 1);
     const settings = resolveSettings(dir, env);
     const apiKey = requireApiKey(settings, dir);
     reporter.ok(`API key (from ${settings.apiKeySource === 'environment' ? 'the environment' : settings.envFile})`, { api_key_source: settings.apiKeySource });
@@ -313,11 +324,24 @@ async function waitForRevision(client: ControlPlaneClient, deployment: Deploymen
             ? `revision ${revisionId} was skipped: a newer revision of ${deployment.name} superseded it`
             : `revision ${revisionId} ended ${rev.status}${rev.status_message ? `: ${rev.status_message}` : ''}`;
         reporter.fail(msg);
+        await reportServing(client, deployment, reporter);
         return { ok: false, code: 1, deployment, revisionId, status: rev.status, error: msg };
       }
     }
     await sleep(Math.max(0, Math.min(delay, timeoutMs - (Date.now() - started))));
     delay = Math.min(2000, Math.round(delay * 1.5));
+  }
+}
+
+/** After a failure: what answers requests now (an older revision, or nothing at all). */
+async function reportServing(client: ControlPlaneClient, deployment: Deployment, reporter: Reporter): Promise<void> {
+  try {
+    const fresh = await client.getDeployment(deployment.id);
+    const active = fresh.active_revision_id ?? null;
+    if (active) reporter.info(`revision ${active} keeps serving${urlOf(fresh) ? ` at ${urlOf(fresh)}` : ''}`, { active_revision_id: active });
+    else reporter.info(`nothing is serving: no revision of ${fresh.name} is deployed`, { active_revision_id: null });
+  } catch (err) {
+    reporter.warn(`could not read what is serving: ${(err as Error).message}`);
   }
 }
 

@@ -2,7 +2,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
 import ignore from 'ignore';
-import { CliError } from '../cli/errors.js';
+import { CliError } from '../command-error.js';
 
 /** The platform images must be built for: the control plane's hosts are x86-64. */
 export const TARGET_PLATFORM = 'linux/amd64';

@@ -1,7 +1,7 @@
 import { existsSync, lstatSync, readdirSync, readFileSync, readlinkSync, realpathSync, type Dirent } from 'node:fs';
 import path from 'node:path';
 import ignore, { type Ignore } from 'ignore';
-import { CliError } from '../cli/errors.js';
+import { CliError } from '../command-error.js';
 
 /** Ignore files read in every directory, in this order (so `.keygateignore` can re-include with `!`). */
 export const IGNORE_FILES = ['.gitignore', '.keygateignore'] as const;

@@ -1,5 +1,5 @@
 import { createInterface } from 'node:readline/promises';
-import { CliError } from '../cli/errors.js';
+import { CliError } from '../command-error.js';
 import { ApiError, ControlPlaneClient, logKey, type Deployment, type LogEntry } from './client.js';
 import { parseDuration } from './duration.js';
 import { nameForDirectory } from './names.js';
@@ -43,16 +43,31 @@ export interface ListedDeployment {
   id: string;
   name: string;
   type: string | null;
-  /** Status of the latest revision. */
+  /** Status of the latest revision (kept under this name for scripts; same as `latest_status`). */
   status: string | null;
+  latest_status: string | null;
   latest_revision_id: string | null;
+  /** The revision answering requests, whatever became of later ones; null when nothing serves. */
   active_revision_id: string | null;
+  serving: boolean;
   deployment_status: string | null;
   url: string | null;
   updated_at: string | null;
 }
 
-/** `keygate deploy list [--json]`: every deployment (all pages) with its latest revision's status. */
+/** `abcd1234` for a revision id: enough to tell revisions apart in a table. */
+const shortId = (id: string) => id.slice(0, 8);
+
+/**
+ * The SERVING cell: which revision answers requests, apart from how the latest one ended
+ * (a failed update leaves the previous revision serving).
+ */
+export function servingCell(r: Pick<ListedDeployment, 'active_revision_id' | 'latest_revision_id'>): string {
+  if (!r.active_revision_id) return 'none';
+  return r.active_revision_id === r.latest_revision_id ? `latest (${shortId(r.active_revision_id)})` : `older (${shortId(r.active_revision_id)})`;
+}
+
+/** `keygate deploy list [--json]`: every deployment (all pages), what serves it, and its latest revision's status. */
 export async function listCommand(opts: CommonOptions & { json: boolean; out?: NodeJS.WritableStream }): Promise<number> {
   const out = opts.out ?? process.stdout;
   const client = await connect(opts);
@@ -68,13 +83,16 @@ export async function listCommand(opts: CommonOptions & { json: boolean; out?: N
           status = 'UNKNOWN'; // deleted meanwhile, or unreadable: the list still shows the rest
         }
       }
+      const active = d.active_revision_id ?? null;
       return {
         id: d.id,
         name: d.name,
         type: d.source_config?.deployment_type ?? null,
         status,
+        latest_status: status,
         latest_revision_id: d.latest_revision_id ?? null,
-        active_revision_id: d.active_revision_id ?? null,
+        active_revision_id: active,
+        serving: active !== null,
         deployment_status: d.status ?? null,
         url: d.url ?? (typeof d.source_config?.custom_url === 'string' ? d.source_config.custom_url : null),
         updated_at: d.updated_at ?? null,
@@ -85,7 +103,7 @@ export async function listCommand(opts: CommonOptions & { json: boolean; out?: N
     } else if (rows.length === 0) {
       out.write('No deployments.\n');
     } else {
-      out.write(formatTable(['ID', 'NAME', 'TYPE', 'STATUS', 'URL', 'UPDATED'], rows.map((r) => [r.id, r.name, r.type, r.status, r.url, r.updated_at])) + '\n');
+      out.write(formatTable(['ID', 'NAME', 'TYPE', 'SERVING', 'LATEST', 'URL', 'UPDATED'], rows.map((r) => [r.id, r.name, r.type, servingCell(r), r.latest_status, r.url, r.updated_at])) + '\n');
     }
     return 0;
   } finally {

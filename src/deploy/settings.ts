@@ -1,6 +1,6 @@
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
-import { CliError } from '../cli/errors.js';
+import { CliError } from '../command-error.js';
 import { DotenvError, parseDotenv } from '../runtime/dotenv.js';
 
 export const DEFAULT_CONTROL_PLANE_URL = 'http://127.0.0.1:8080';

@@ -1,17 +1,18 @@
 import { Ajv, type Options as AjvOptions } from 'ajv';
 import addFormatsModule from 'ajv-formats';
-import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify';
+import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply } from 'fastify';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from '../log.js';
 import { loadKeyring } from '../secrets/keyring.js';
 import { openDb, type Db } from '../store/db.js';
-import { ajvToIssues, type ValidationIssue } from '../validation/errors.js';
 import { apiKeyAuthenticator, authenticate, bootstrapAuth, type Authenticator } from './auth.js';
 import type { ServerContext } from './context.js';
-import { HttpError, HttpValidationError } from './errors.js';
+import { errorResponse, unavailable } from './errors.js';
+import { onClientError } from './http-errors.js';
 import { registerOpenApi } from './openapi.js';
-import { loadAreas, type Area } from './plugins.js';
+import type { Area } from './area.js';
+import { loadAreas } from './plugins.js';
 
 // ajv-formats ships CommonJS with a default export; under NodeNext it arrives wrapped.
 const addFormats = ((addFormatsModule as unknown as { default?: unknown }).default ?? addFormatsModule) as (ajv: Ajv) => Ajv;
@@ -40,7 +41,16 @@ export interface BuiltServer {
 
 export const PACKAGE_CONFIG_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../config');
 
-const PART_TO_LOC: Record<string, string> = { body: 'body', querystring: 'query', params: 'path', headers: 'header' };
+/**
+ * Longer than any URL Node's parser lets through (its header limit counts the request line): path
+ * parameters are bounded by their schemas instead, so an over-long one is a 422 with its `loc`.
+ */
+const MAX_PARAM_LENGTH = 64 * 1024;
+
+/** True when the request carries no body at all (no Transfer-Encoding, Content-Length absent or 0). */
+function bodyless(headers: Record<string, string | string[] | undefined>): boolean {
+  return headers['transfer-encoding'] === undefined && (headers['content-length'] === undefined || headers['content-length'] === '0');
+}
 
 /**
  * Bodies are validated strictly (no type coercion: `"true"` is not a boolean); query strings, path
@@ -78,39 +88,43 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
     loggerInstance: opts.logger as FastifyBaseLogger,
     bodyLimit: opts.bodyLimit ?? 1024 * 1024,
     ajv: undefined,
+    routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
     // Ids are ours to mint; never trust a client-provided request id.
     genReqId: () => crypto.randomUUID(),
-    return503OnClosing: true,
+    // fastify's own 503 while closing has its shape, not ours: the onRequest hook below answers it.
+    return503OnClosing: false,
     forceCloseConnections: 'idle',
+    clientErrorHandler: onClientError,
+    frameworkErrors: (err, _req, reply) => {
+      const r = errorResponse(err);
+      // Typed for the route that was not found; the answer is the same for any.
+      void (reply as unknown as FastifyReply).status(r.status).send(r.body);
+    },
   });
 
   const strictAjv = makeAjv(false);
   const coercingAjv = makeAjv(true);
   app.setValidatorCompiler(({ schema, httpPart }) => (httpPart === 'body' ? strictAjv : coercingAjv).compile(schema));
 
-  app.setErrorHandler((err: FastifyError | HttpError | HttpValidationError, req, reply) => {
-    if (err instanceof HttpError) return reply.status(err.status).send({ detail: err.detail });
-    if (err instanceof HttpValidationError) return reply.status(422).send({ detail: err.issues });
-    const fe = err as FastifyError & { validationContext?: string };
-    if (fe.validation) {
-      const where = PART_TO_LOC[fe.validationContext ?? 'body'] ?? 'body';
-      return reply.status(422).send({ detail: ajvToIssues(fe.validation as never, [where]) });
-    }
-    if (fe.code === 'FST_ERR_CTP_INVALID_JSON_BODY' || fe.code === 'FST_ERR_CTP_EMPTY_JSON_BODY' || (fe.statusCode === 400 && fe instanceof SyntaxError)) {
-      const issue: ValidationIssue = { loc: ['body'], msg: 'JSON decode error', type: 'json_invalid' };
-      return reply.status(422).send({ detail: [issue] });
-    }
-    if (fe.code === 'FST_ERR_CTP_INVALID_MEDIA_TYPE') return reply.status(415).send({ detail: 'Unsupported media type: send Content-Type: application/json.' });
-    if (fe.code === 'FST_ERR_CTP_BODY_TOO_LARGE') return reply.status(413).send({ detail: 'Request body is too large.' });
-    const status = fe.statusCode && fe.statusCode >= 400 && fe.statusCode < 500 ? fe.statusCode : 500;
-    if (status >= 500) {
-      // Log the error class and message only: messages are ours and never carry secret values.
-      req.log.error({ err: { type: fe.name, message: fe.message, code: fe.code } }, 'request failed');
-      return reply.status(500).send({ detail: 'Internal server error.' });
-    }
-    return reply.status(status).send({ detail: fe.message });
+  app.setErrorHandler((err: FastifyError, req, reply) => {
+    const r = errorResponse(err);
+    // Log the error class, code and message only for our own failures: messages are ours and
+    // never carry secret values; client mistakes are not worth a log line.
+    if (r.internal) req.log.error({ err: { type: err.name, message: err.message, code: err.code ?? r.code } }, 'request failed');
+    return reply.status(r.status).send(r.body);
   });
   app.setNotFoundHandler((req, reply) => reply.status(404).send({ detail: 'Not Found' }));
+
+  let closing = false;
+  app.addHook('preClose', async () => {
+    closing = true;
+  });
+  // First hook of every request: a request with no body is never parsed, whatever Content-Type
+  // it names (a DELETE sent by a client whose default headers include application/json).
+  app.addHook('onRequest', async (req) => {
+    if (closing) throw unavailable('The server is shutting down.');
+    if (req.headers['content-type'] !== undefined && bodyless(req.headers)) delete req.headers['content-type'];
+  });
 
   const authenticators: Authenticator[] = [apiKeyAuthenticator(db)];
   app.addHook('onRequest', async (req) => {

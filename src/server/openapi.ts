@@ -1,5 +1,6 @@
 import type { FastifyInstance, RouteOptions } from 'fastify';
 import { version } from '../version.js';
+import { frameworkStatuses } from './errors.js';
 
 declare module 'fastify' {
   interface FastifySchema {
@@ -55,6 +56,15 @@ const VALIDATION_ERROR = {
   },
 };
 
+const HTTP_ERROR = { type: 'object', required: ['detail'], properties: { detail: { type: 'string' } } };
+
+const FRAMEWORK_DESCRIPTIONS: Record<number, string> = {
+  401: 'Missing or invalid credentials',
+  403: 'X-Tenant-Id names a workspace the credential does not belong to',
+  413: 'Request body too large',
+  415: 'Unsupported media type',
+};
+
 /**
  * Serves `/openapi.json`, built from the very schemas fastify validates with (collected as routes
  * are added), so the document cannot drift from the behaviour.
@@ -80,7 +90,13 @@ export function registerOpenApi(app: FastifyInstance, info: { title: string; des
       for (const [code, body] of Object.entries((r.schema.response as Record<string, unknown>) ?? {})) {
         responses[code] = { description: code, content: { 'application/json': { schema: body } } };
       }
-      if (r.schema.body) responses['422'] ??= { description: 'Validation Error', content: { 'application/json': { schema: { $ref: '#/components/schemas/HTTPValidationError' } } } };
+      const validated = ['body', 'params', 'querystring', 'headers'].some((part) => r.schema[part] !== undefined);
+      for (const code of frameworkStatuses({ method: r.method, authenticated: !r.isPublic, validated })) {
+        responses[String(code)] ??=
+          code === 422
+            ? { description: 'Validation Error', content: { 'application/json': { schema: { $ref: '#/components/schemas/HTTPValidationError' } } } }
+            : { description: FRAMEWORK_DESCRIPTIONS[code], content: { 'application/json': { schema: { $ref: '#/components/schemas/HTTPError' } } } };
+      }
       if (Object.keys(responses).length === 0) responses['200'] = { description: 'OK' };
       p[r.method] = {
         summary: r.schema.summary,
@@ -97,7 +113,7 @@ export function registerOpenApi(app: FastifyInstance, info: { title: string; des
       info: { title: info.title, description: info.description, version },
       paths,
       components: {
-        schemas: { HTTPValidationError: VALIDATION_ERROR },
+        schemas: { HTTPValidationError: VALIDATION_ERROR, HTTPError: HTTP_ERROR },
         securitySchemes: {
           'API Key': { type: 'apiKey', in: 'header', name: 'X-Api-Key' },
           'Tenant ID': { type: 'apiKey', in: 'header', name: 'X-Tenant-Id' },

@@ -67,7 +67,8 @@ describe('deployment workflow (dev, one replica)', () => {
     const res = await fetch(`${dep.url}/runs/stream`, { method: 'POST', body: '{}', headers: { 'content-type': 'application/json' } });
     expect(res.status).toBe(401);
     const made = runCli(['serve', 'keys', 'create', '--workspace', 'elsewhere', '--user', 'eve', '--data', dataDir], { env: { DATABASE_URL: '' } });
-    expect((await runStream(dep.url, made.stdout.trim(), 'x')).status).toBe(401);
+    // A valid key of another workspace: authenticated, not allowed (wire.md).
+    expect((await runStream(dep.url, made.stdout.trim(), 'x')).status).toBe(403);
   });
 
   it('patches with a changed source while a client keeps sending: no failed request, new reply after DEPLOYED', async () => {

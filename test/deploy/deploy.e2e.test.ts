@@ -54,7 +54,8 @@ const withKey = () => ({ KEYGATE_API_KEY: KEY, KEYGATE_URL: server.url });
 beforeAll(async () => {
   dataDir = tmp('keygate-deploy-data-');
   work = tmp();
-  server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir], { env: { KEYGATE_API_KEY: KEY, DATABASE_URL: '' } });
+  // These tests are about a control plane without a container engine (one may run on the host).
+  server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir], { env: { KEYGATE_API_KEY: KEY, DATABASE_URL: '', DOCKER_HOST: 'unix:///nonexistent/docker.sock' } });
 });
 afterAll(async () => {
   await server?.stop();
@@ -167,10 +168,10 @@ describe('keygate deploy against a real keygate serve', () => {
     const r = await runDeploy(['list'], { cwd: work, env: withKey() });
     expect(r.code, r.stderr).toBe(0);
     const lines = r.stdout.trim().split('\n');
-    expect(lines[0]).toMatch(/^ID\s+NAME\s+TYPE\s+STATUS\s+URL\s+UPDATED$/);
+    expect(lines[0]).toMatch(/^ID\s+NAME\s+TYPE\s+SERVING\s+LATEST\s+URL\s+UPDATED$/);
     const row = lines.find((l) => l.includes(deploymentId))!;
-    expect(row).toMatch(new RegExp(`^${deploymentId}\\s+echo-app\\s+dev\\s+DEPLOYED\\s+http://127\\.0\\.0\\.1:\\d+\\S*\\s+\\d{4}-`));
-    expect(lines.find((l) => /\becho-prod\b/.test(l))).toMatch(/\bprod\s+DEPLOYED\b/);
+    expect(row).toMatch(new RegExp(`^${deploymentId}\\s+echo-app\\s+dev\\s+latest \\([0-9a-f]{8}\\)\\s+DEPLOYED\\s+http://127\\.0\\.0\\.1:\\d+\\S*\\s+\\d{4}-`));
+    expect(lines.find((l) => /\becho-prod\b/.test(l))).toMatch(/\bprod\s+latest \([0-9a-f]{8}\)\s+DEPLOYED\b/);
 
     const j = await runDeploy(['list', '--json'], { cwd: work, env: withKey() });
     expect(j.code).toBe(0);
