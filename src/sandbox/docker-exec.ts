@@ -77,7 +77,9 @@ export interface ExecContext {
   user: string;
   env: Record<string, string>;
   runtime: HostRuntime;
-  /** When killing inside the box is impossible (e.g. the box is at its process limit): kill the box. */
+  /** Runs `fn` with the box's process limit raised a little (a box at its limit cannot start the killer). */
+  withSpareProcesses<T>(fn: () => Promise<T>): Promise<T>;
+  /** When killing inside the box is impossible even so: kill the box. */
   killBox(): Promise<void>;
   log(msg: string, err?: unknown): void;
 }
@@ -106,10 +108,15 @@ async function runHelper(ctx: ExecContext, cmd: string[], timeoutMs: number): Pr
   return out;
 }
 
-/** Signals every process of one execution's tree; true when none is left. */
+/**
+ * Signals every process of one execution's tree; true when none is left. Throws when the killer
+ * could not run at all (the engine then writes its own error on the stream instead of `left N`).
+ */
 async function killTree(ctx: ExecContext, marker: string, signal: NodeJS.Signals): Promise<boolean> {
   const out = await runHelper(ctx, nodeCommand(ctx.runtime, KILL_TREE_JS, [marker, signal]), 15_000);
-  return /left 0\b/.test(out);
+  const left = /^left (\d+)$/m.exec(out);
+  if (!left) throw new Error('the tree killer did not run in the box');
+  return left[1] === '0';
 }
 
 export async function startExec(ctx: ExecContext, opts: ExecOptions): Promise<ExecProcess> {
@@ -139,8 +146,13 @@ export async function startExec(ctx: ExecContext, opts: ExecOptions): Promise<Ex
       let gone = false;
       try {
         gone = await killTree(ctx, marker, signal);
-      } catch (err) {
-        ctx.log('killing an execution inside the box failed', err);
+      } catch {
+        // Most likely the box is at its process limit (a fork bomb): no process can start in it.
+        try {
+          gone = await ctx.withSpareProcesses(() => killTree(ctx, marker, signal));
+        } catch (err) {
+          ctx.log('killing an execution inside the box failed', err);
+        }
       }
       if (!gone && signal === 'SIGKILL') {
         // The tree could not be killed from inside (no process can start, or some survived): the

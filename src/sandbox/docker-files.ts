@@ -151,7 +151,7 @@ export async function writeBoxFile(ctx: FilesContext, boxPath: string, body: Rea
       await pipeline(body, bounded(maxBytes, counter), createWriteStream(spool, { mode: 0o600 }));
     } catch (err) {
       if (err instanceof BoxFileError) throw err;
-      throw new BoxFileError('bad_path', 'the upload was cut');
+      throw new Error('the upload was cut');
     }
     const q = `path=${encodeURIComponent(parent.path)}&noOverwriteDirNonDir=1`;
     const res = await ctx.engine.request('PUT', `/containers/${ctx.containerId}/archive?${q}`, {
@@ -159,10 +159,13 @@ export async function writeBoxFile(ctx: FilesContext, boxPath: string, body: Rea
       headers: { 'content-type': 'application/x-tar' },
       timeoutMs: 0,
     });
-    await res.body.dump();
+    const said = (await res.body.text()).slice(0, 1000);
     if (res.statusCode === 200) return { size: counter.n };
     if (res.statusCode === 404) throw new BoxFileError('not_found', 'the directory does not exist in the box');
-    if (res.statusCode === 403 || res.statusCode === 400) throw new BoxFileError('bad_path', 'the path is not writable in the box (only /workspace is)');
+    // Engines answer 403 or 500 ("rootfs is marked read-only") for a path outside the volume.
+    if (res.statusCode === 403 || res.statusCode === 400 || /read-only/i.test(said)) {
+      throw new BoxFileError('bad_path', 'the path is not writable in the box (only /workspace is)');
+    }
     throw new Error(`the engine refused a file write (${res.statusCode})`);
   } finally {
     rmSync(spool, { force: true });

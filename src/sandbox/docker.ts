@@ -39,6 +39,8 @@ const LABEL_ID = 'keygate.sandbox';
 const LABEL_SCOPE = 'keygate.sandbox.scope';
 const BOX_WORKSPACE = '/workspace';
 const READY_TIMEOUT_MS = 20_000;
+/** Headroom given for a moment to kill a tree in a box at its process limit (the killer is node: threads count). */
+const SPARE_PIDS = 24;
 
 /** Container and volume names allow [a-zA-Z0-9][a-zA-Z0-9_.-]. */
 function nameFor(scope: string, id: string): string {
@@ -188,6 +190,10 @@ export class DockerBoxDriver implements SandboxDriver {
     mkdirSync(caDir, { recursive: true, mode: 0o755 });
     writeFileSync(path.join(caDir, 'ca.pem'), spec.caPem, { mode: 0o644 });
     writeFileSync(path.join(caDir, 'ca-bundle.pem'), spec.caBundlePem, { mode: 0o644 });
+    // The engine would copy the host's resolv.conf in (naming the host's resolver); the box has no
+    // DNS at all: the proxy resolves names.
+    const resolvConf = path.join(spec.stateDir, 'resolv.conf');
+    writeFileSync(resolvConf, '# no DNS in a keygate box: names are resolved by the proxy at 127.0.0.1:3128\n', { mode: 0o644 });
 
     let relay: HostRelay;
     try {
@@ -225,7 +231,7 @@ export class DockerBoxDriver implements SandboxDriver {
           RestartPolicy: { Name: 'no' },
           Tmpfs: { '/tmp': `rw,nosuid,nodev,size=${Math.max(16, Math.floor(spec.resources.memory_mb / 2))}m,mode=1777` },
           Mounts: [{ Type: 'volume', Source: volume, Target: BOX_WORKSPACE }],
-          Binds: [...runtime.binds, `${relay.dir}:${BOX_RELAY_DIR}:ro`, `${caDir}:/etc/keygate:ro`],
+          Binds: [...runtime.binds, `${relay.dir}:${BOX_RELAY_DIR}:ro`, `${caDir}:/etc/keygate:ro`, `${resolvConf}:/etc/resolv.conf:ro`],
         },
       });
       if (created.status !== 201 || !created.body?.Id) throw new BoxStartError(`cannot create the box container: ${engineMessage(created.body, created.status)}`);
@@ -250,6 +256,16 @@ export class DockerBoxDriver implements SandboxDriver {
         user: execUser,
         env: spec.env,
         runtime,
+        withSpareProcesses: async <T>(fn: () => Promise<T>): Promise<T> => {
+          const update = (limit: number) => engine.json('POST', `/containers/${containerId}/update`, { PidsLimit: limit });
+          const raised = await update(spec.resources.pids + SPARE_PIDS);
+          if (raised.status !== 200) throw new Error(`cannot raise the process limit: ${engineMessage(raised.body, raised.status)}`);
+          try {
+            return await fn();
+          } finally {
+            await update(spec.resources.pids).catch(() => undefined);
+          }
+        },
         killBox: async () => {
           await box.stop();
         },

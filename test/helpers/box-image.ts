@@ -5,7 +5,7 @@
  * Cached by tag: the tag is a hash of what goes in, so a second run reuses the image.
  *
  * Inside: /bin/busybox and its applets, /usr/bin/curl, an unprivileged user 1000 (the image's USER)
- * owning /workspace, and /bin/suid-id (a setuid-root copy of busybox, to show no-new-privileges).
+ * owning /workspace, and /suid/busybox (a setuid-root copy of busybox, to show no-new-privileges).
  * Needs `apt-get install busybox-static curl` on the host.
  */
 import { execFileSync } from 'node:child_process';
@@ -21,7 +21,7 @@ export const TEST_IMAGE_REPO = 'keygate-test-box';
 export const BOX_UID = 1000;
 const BUSYBOX = '/bin/busybox';
 const CURL = '/usr/bin/curl';
-const LAYOUT_VERSION = '3';
+const LAYOUT_VERSION = '4';
 
 /** Why the test image cannot be built here (a missing host package), or null. */
 export function boxImageUnavailableReason(): string | null {
@@ -66,12 +66,25 @@ function buildRootfs(root: string, libs: string[]): void {
   put(root, CURL);
   for (const lib of libs) put(root, lib);
   // A setuid-root program: with no-new-privileges the box user stays itself when running it.
-  copyFileSync(BUSYBOX, path.join(root, 'bin/suid-id'));
-  chmodSync(path.join(root, 'bin/suid-id'), 0o4755);
+  // (busybox picks its applet from argv[0], hence the name: `/suid/busybox id -u`.)
+  mkdirSync(path.join(root, 'suid'));
+  copyFileSync(BUSYBOX, path.join(root, 'suid/busybox'));
+  chmodSync(path.join(root, 'suid/busybox'), 0o4755);
   writeFileSync(path.join(root, 'etc/passwd'), `root:x:0:0:root:/root:/bin/sh\nbox:x:${BOX_UID}:${BOX_UID}:box:/workspace:/bin/sh\n`);
   writeFileSync(path.join(root, 'etc/group'), `root:x:0:\nbox:x:${BOX_UID}:\n`);
   writeFileSync(path.join(root, 'etc/in-image.txt'), 'this file is in the image\n');
   chownSync(path.join(root, 'workspace'), BOX_UID, BOX_UID);
+}
+
+/** Older builds of this image (ours only: the keygate-test-box repository); one in use stays. */
+async function removeOlderTags(engine: DockerEngine, keep: string): Promise<void> {
+  const f = encodeURIComponent(JSON.stringify({ reference: [TEST_IMAGE_REPO] }));
+  const list = await engine.json<{ RepoTags?: string[] }[]>('GET', `/images/json?filters=${f}`);
+  for (const img of list.body ?? []) {
+    for (const t of img.RepoTags ?? []) {
+      if (t.startsWith(`${TEST_IMAGE_REPO}:`) && t !== keep) await engine.json('DELETE', `/images/${encodeURIComponent(t)}`);
+    }
+  }
 }
 
 /** Returns the image reference, importing the image first if this engine does not have it yet. */
@@ -96,6 +109,7 @@ export async function ensureBoxImage(engine: DockerEngine): Promise<string> {
     });
     const text = await res.body.text();
     if (res.statusCode !== 200 || /"error"/.test(text)) throw new Error(`importing the test image failed: ${res.statusCode} ${text.slice(0, 500)}`);
+    await removeOlderTags(engine, ref);
     return ref;
   } finally {
     rmSync(root, { recursive: true, force: true });
