@@ -130,8 +130,12 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
       resolve: [`${API_HOST}:${origin.port}:127.0.0.1`],
       upstreamCa: [pki.caPem],
     });
-    const bridge = await engine.json<{ IPAM?: { Config?: { Gateway?: string }[] } }>('GET', '/networks/bridge');
-    const gateway = bridge.body.IPAM?.Config?.[0]?.Gateway ?? '127.0.0.1';
+    // The host's address on the engine's default bridge (its gateway: the subnet's first address
+    // unless named): what any container with a network reaches. Listening there proves it is the host's.
+    const bridge = await engine.json<{ IPAM?: { Config?: { Subnet?: string; Gateway?: string }[] } }>('GET', '/networks/bridge');
+    const cfg = bridge.body.IPAM?.Config?.find((c) => c.Subnet && !c.Subnet.includes(':'));
+    const gateway = cfg?.Gateway ?? cfg?.Subnet?.replace(/\.0\/\d+$/, '.1');
+    if (!gateway || !net.isIPv4(gateway)) throw new Error('the engine has no IPv4 default bridge');
     bridgeServer = net.createServer((s) => {
       bridgeConnections++;
       s.end('reached the host\n');
@@ -160,7 +164,7 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
     }
     await proxy?.stop();
     await origin?.close();
-    await new Promise((r) => bridgeServer?.close(r));
+    if (bridgeServer) await new Promise((r) => bridgeServer.close(r));
     if (baseDir) rmSync(baseDir, { recursive: true, force: true });
   }, 120_000);
 
@@ -312,7 +316,8 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
   describe('5. processes stay in the box', () => {
     it('an execution timeout kills the whole tree, daemons that double-fork and setsid included', async () => {
       const t0 = Date.now();
-      const r = await run(box, "sleep 1001 & (setsid sh -c 'sleep 1002 &' &) ; sh -c 'sleep 1003' & sleep 1004", { timeoutMs: 1500 });
+      // The daemon double-forks, leaves the session and clears its environment: only the subreaper keeps it in the tree.
+      const r = await run(box, "sleep 1001 & (env -i /bin/setsid /bin/sh -c '/bin/sleep 1002 &' &) ; sh -c 'sleep 1003' & sleep 1004", { timeoutMs: 1500 });
       expect(r.timedOut).toBe(true);
       expect(r.signal).toBe('SIGKILL');
       expect(r.exitCode).toBeNull();
