@@ -151,13 +151,21 @@ export class DockerBoxDriver implements SandboxDriver {
   }
 
   start(spec: BoxSpec): Promise<Box> {
-    const running = this.boxes.get(spec.id);
-    if (running) return Promise.resolve(running);
     const pending = this.starting.get(spec.id);
     if (pending) return pending;
-    const p = this.startBox(spec).finally(() => this.starting.delete(spec.id));
+    const p = this.startOrReuse(spec).finally(() => this.starting.delete(spec.id));
     this.starting.set(spec.id, p);
     return p;
+  }
+
+  /** A box this driver runs is reused while its container still runs (its relay ends it otherwise). */
+  private async startOrReuse(spec: BoxSpec): Promise<Box> {
+    const running = this.boxes.get(spec.id);
+    if (running) {
+      if (await running.isRunning()) return running;
+      await running.stop().catch(() => undefined);
+    }
+    return this.startBox(spec);
   }
 
   private async startBox(spec: BoxSpec): Promise<Box> {
@@ -226,7 +234,7 @@ export class DockerBoxDriver implements SandboxDriver {
           IpcMode: 'private',
           Memory: memory,
           MemorySwap: memory,
-          NanoCpus: Math.max(1, Math.round(spec.resources.cpus * 1e9)),
+          NanoCpus: Math.max(1e7, Math.round(spec.resources.cpus * 1e9)),
           PidsLimit: spec.resources.pids,
           RestartPolicy: { Name: 'no' },
           Tmpfs: { '/tmp': `rw,nosuid,nodev,size=${Math.max(16, Math.floor(spec.resources.memory_mb / 2))}m,mode=1777` },
@@ -373,6 +381,12 @@ class DockerBox implements Box {
 
   private running(): void {
     if (this.stopped) throw new BoxFileError('not_running', 'the box is not running');
+  }
+
+  async isRunning(): Promise<boolean> {
+    if (this.stopped) return false;
+    const info = await this.files.engine.json<{ State?: { Running?: boolean } }>('GET', `/containers/${this.containerId}/json`).catch(() => null);
+    return info?.status === 200 && info.body?.State?.Running === true;
   }
 
   async exec(opts: ExecOptions): Promise<ExecProcess> {

@@ -32,7 +32,12 @@ export function boxImageUnavailableReason(): string | null {
 
 /** The shared libraries (and the loader) a dynamic executable needs, as ldd names them. */
 export function sharedLibraries(binary: string): string[] {
-  const out = execFileSync('ldd', [binary], { encoding: 'utf8' });
+  let out: string;
+  try {
+    out = execFileSync('ldd', [binary], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] });
+  } catch {
+    return []; // "not a dynamic executable": a static binary (busybox-static) needs nothing
+  }
   const libs: string[] = [];
   for (const line of out.split('\n')) {
     const m = /=>\s+(\/\S+)/.exec(line) ?? /^\s*(\/\S+)\s+\(/.exec(line);
@@ -82,14 +87,15 @@ async function removeOlderTags(engine: DockerEngine, keep: string): Promise<void
   const list = await engine.json<{ RepoTags?: string[] }[]>('GET', `/images/json?filters=${f}`);
   for (const img of list.body ?? []) {
     for (const t of img.RepoTags ?? []) {
-      if (t.startsWith(`${TEST_IMAGE_REPO}:`) && t !== keep) await engine.json('DELETE', `/images/${encodeURIComponent(t)}`);
+      if (t.startsWith(`${TEST_IMAGE_REPO}:`) && t !== keep && !t.startsWith(`${keep}-`)) await engine.json('DELETE', `/images/${encodeURIComponent(t)}`);
     }
   }
 }
 
 /** Returns the image reference, importing the image first if this engine does not have it yet. */
 export async function ensureBoxImage(engine: DockerEngine): Promise<string> {
-  const libs = [...new Set(sharedLibraries(CURL))];
+  // busybox-static needs no library; Debian's dynamic busybox would need its own.
+  const libs = [...new Set([...sharedLibraries(CURL), ...sharedLibraries(BUSYBOX)])];
   const tag = fingerprint([BUSYBOX, CURL, ...libs]);
   const ref = `${TEST_IMAGE_REPO}:${tag}`;
   const have = await engine.json('GET', `/images/${encodeURIComponent(ref)}/json`);
@@ -114,4 +120,25 @@ export async function ensureBoxImage(engine: DockerEngine): Promise<string> {
   } finally {
     rmSync(root, { recursive: true, force: true });
   }
+}
+
+/**
+ * The same image with no USER (its processes run as root), for the driver's root case: made with
+ * the engine's commit of a never-started container (no registry, no new content).
+ */
+export async function ensureRootBoxImage(engine: DockerEngine): Promise<string> {
+  const base = await ensureBoxImage(engine);
+  const tag = `${base.split(':')[1]}-root`;
+  const ref = `${TEST_IMAGE_REPO}:${tag}`;
+  if ((await engine.json('GET', `/images/${encodeURIComponent(ref)}/json`)).status === 200) return ref;
+  const created = await engine.json<{ Id: string }>('POST', '/containers/create', { Image: base, Cmd: ['true'], Labels: { [TEST_IMAGE_REPO]: '1' } });
+  if (created.status !== 201) throw new Error(`cannot create a container to commit: ${created.status}`);
+  try {
+    const q = new URLSearchParams({ container: created.body.Id, repo: TEST_IMAGE_REPO, tag, changes: 'USER 0:0' });
+    const res = await engine.json('POST', `/commit?${q}`);
+    if (res.status !== 201) throw new Error(`committing the root variant failed: ${res.status}`);
+  } finally {
+    await engine.json('DELETE', `/containers/${created.body.Id}?force=1`);
+  }
+  return ref;
 }

@@ -16,7 +16,7 @@ import { caBundle, sandboxEnv } from '../../src/certs/env.js';
 import { DockerEngine, dockerSocketPath } from '../../src/docker/engine.js';
 import { BoxFileError, BoxStartError, type Box, type BoxSpec, type ExecOptions } from '../../src/sandbox/driver.js';
 import { DockerBoxDriver } from '../../src/sandbox/docker.js';
-import { BOX_UID, boxImageUnavailableReason, ensureBoxImage } from '../helpers/box-image.js';
+import { BOX_UID, boxImageUnavailableReason, ensureBoxImage, ensureRootBoxImage } from '../helpers/box-image.js';
 import { announceSkip, engineUnavailableReason } from '../helpers/docker-engine.js';
 import { startOrigin, type TestOrigin } from '../helpers/origin.js';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
@@ -149,7 +149,7 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
 
   afterAll(async () => {
     if (driver) {
-      for (const id of ['main', 'limits', 'oom', 'stop', 'destroy', 'relayfail']) await driver.destroy(id, path.join(baseDir, id)).catch(() => undefined);
+      for (const id of ['main', 'limits', 'oom', 'stop', 'destroy', 'relayfail', 'rootimg', 'relaydies']) await driver.destroy(id, path.join(baseDir, id)).catch(() => undefined);
       await driver.close();
     }
     if (engine) {
@@ -359,6 +359,49 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
       expect(r.out).toMatch(/CapEff:\s+0+\n/);
       expect(r.out).toMatch(/CapBnd:\s+0+\n/);
       expect(r.out).toMatch(/NoNewPrivs:\s+1/);
+    });
+
+    it('an image without a user runs executions as root holding nothing: no capability, no hold on the relay', async () => {
+      const rootImage = await ensureRootBoxImage(engine);
+      const b = await driver.start(spec('rootimg', { template: { name: 'root', image: rootImage, environment: {} } }));
+      const r = await run(
+        b,
+        "id -u; grep -E '^CapEff' /proc/self/status; touch /workspace/w 2>&1; echo x > /tmp/w && echo wrote; chown 1000 /tmp/w 2>&1; " +
+          "for p in $(ps -o pid,user | awk '$2==3128{print $1}'); do kill -9 $p 2>&1; done; mount -t tmpfs none /mnt 2>&1; echo end",
+      );
+      const lines = r.out.trim().split('\n');
+      expect(lines[0]).toBe('0');
+      expect(r.out).toMatch(/CapEff:\s+0+\n/);
+      // This image's /workspace belongs to uid 1000: root without CAP_DAC_OVERRIDE cannot write there.
+      expect(r.out).toMatch(/touch: .*Permission denied/);
+      expect(r.out).toContain('wrote');
+      expect(r.out).toMatch(/chown: .*Operation not permitted/);
+      expect(r.out).toMatch(/can't kill pid 1: Operation not permitted/);
+      expect(r.out.match(/can't kill pid \d+: Operation not permitted/g)?.length).toBe(2);
+      expect(r.out).toMatch(/mount: .*(denied|not permitted)/i);
+      expect((await run(b, `curl -sS --max-time 20 https://${API_HOST}:${origin.port}/repos/root`)).exitCode).toBe(0);
+      await b.writeFile('/workspace/by-api', Readable.from([Buffer.from('x')]), 10);
+      expect((await run(b, 'stat -c %u /workspace/by-api')).out.trim()).toBe('0');
+    });
+
+    it('a box whose relay dies stops (never open network); start() brings up a new one', async () => {
+      const s = spec('relaydies');
+      const b = await driver.start(s);
+      const [c] = await containersOf('relaydies');
+      // As the relay's own uid (only the test can: the box user cannot), kill every process but init.
+      const ex = await engine.json<{ Id: string }>('POST', `/containers/${c.Id}/exec`, { User: '3128:3128', Cmd: ['/bin/kill', '-9', '-1'] });
+      await engine.json('POST', `/exec/${ex.body.Id}/start`, { Detach: true, Tty: false });
+      const deadline = Date.now() + 15_000;
+      let state = 'running';
+      while (Date.now() < deadline && state === 'running') {
+        await new Promise((r) => setTimeout(r, 200));
+        state = (await containersOf('relaydies'))[0]?.State ?? 'gone';
+      }
+      expect(state).not.toBe('running');
+      await expect(b.exec({ command: 'true' })).rejects.toThrow();
+      const again = await driver.start(s);
+      expect(again).not.toBe(b);
+      expect((await run(again, `curl -sS --max-time 20 https://${API_HOST}:${origin.port}/repos/again`)).exitCode).toBe(0);
     });
 
     it('stop kills every process and removes the container; /workspace survives a start', async () => {
