@@ -121,6 +121,8 @@ export class DockerEngine {
         }
         socket.pause();
         if (rest.length > 0) socket.unshift(rest);
+        // Readers see a cut connection as the end of the stream; it must never crash the process.
+        socket.on('error', () => undefined);
         resolve(socket);
       };
       socket.on('data', onData);
@@ -138,10 +140,22 @@ export class DockerEngine {
   }
 }
 
+function drainOrClose(stream: PassThrough): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const done = () => {
+      stream.off('drain', done);
+      stream.off('close', done);
+      resolve();
+    };
+    stream.on('drain', done);
+    stream.on('close', done);
+  });
+}
+
 /**
  * Splits the engine's multiplexed stream (no TTY) into stdout and stderr: each frame is an 8-byte
  * header (stream type, 3 zero bytes, big-endian length) then the payload. Frames are passed on as
- * they come (never gathered), with backpressure from both outputs.
+ * they come (never gathered), with backpressure from both outputs: the caller reads both.
  */
 export function demultiplex(source: Readable): { stdout: PassThrough; stderr: PassThrough; ended: Promise<void> } {
   const stdout = new PassThrough();
@@ -167,7 +181,9 @@ export function demultiplex(source: Readable): { stdout: PassThrough; stderr: Pa
           const part = c.subarray(0, remaining);
           c = c.subarray(part.length);
           remaining -= part.length;
-          if (!target.write(part)) await new Promise<void>((r) => target.once('drain', r));
+          // A reader that gave up (destroyed its stream) gets nothing more; the other one goes on.
+          if (target.destroyed) continue;
+          if (!target.write(part)) await drainOrClose(target);
         }
       }
     } catch {

@@ -149,7 +149,7 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
 
   afterAll(async () => {
     if (driver) {
-      for (const id of ['main', 'limits', 'oom', 'stop', 'destroy', 'relayfail', 'rootimg', 'relaydies']) await driver.destroy(id, path.join(baseDir, id)).catch(() => undefined);
+      for (const id of ['main', 'limits', 'oom', 'stop', 'destroy', 'relayfail', 'rootimg', 'relaydies', 'iso-a', 'iso-b']) await driver.destroy(id, path.join(baseDir, id)).catch(() => undefined);
       await driver.close();
     }
     if (engine) {
@@ -205,6 +205,31 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
       expect(r.out + r.err).not.toMatch(/Address(es)?:?\s+\d+\.\d+\.\d+\.\d+(?!.*#53)/);
       const hostResolv = existsSync('/etc/resolv.conf') ? readFileSync('/etc/resolv.conf', 'utf8') : '';
       for (const ns of hostResolv.match(/^nameserver\s+(\S+)/gm) ?? []) expect(r.out).not.toContain(ns.split(/\s+/)[1]);
+    });
+  });
+
+  describe('6. boxes apart', () => {
+    it("each box's 127.0.0.1:3128 reaches its own proxy only, and no box sees another's state", async () => {
+      const fakes = await Promise.all(
+        ['proxy-of-a', 'proxy-of-b'].map(async (name) => {
+          const srv = net.createServer((s) => s.end(`${name}\n`));
+          await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+          return { srv, port: (srv.address() as net.AddressInfo).port };
+        }),
+      );
+      try {
+        const a = await driver.start(spec('iso-a', { proxy: { host: '127.0.0.1', port: fakes[0].port } }));
+        const b = await driver.start(spec('iso-b', { proxy: { host: '127.0.0.1', port: fakes[1].port } }));
+        const ask = 'sleep 1 | nc 127.0.0.1 3128; cat /proc/self/mountinfo';
+        const [ra, rb] = await Promise.all([run(a, ask), run(b, ask)]);
+        expect(ra.out.split('\n')[0]).toBe('proxy-of-a');
+        expect(rb.out.split('\n')[0]).toBe('proxy-of-b');
+        expect(ra.out).not.toContain(path.join(baseDir, 'iso-b'));
+        expect(rb.out).not.toContain(path.join(baseDir, 'iso-a'));
+        expect(ra.out).not.toContain(path.join(baseDir, 'main'));
+      } finally {
+        for (const f of fakes) f.srv.close();
+      }
     });
   });
 
@@ -349,6 +374,15 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
       expect(r).toEqual({ exitCode: 7, signal: null, timedOut: false });
       const noStdin = await run(box, 'cat; echo end');
       expect(noStdin.out).toBe('end\n');
+    });
+
+    it('a caller that drops stdout does not hang the execution; stderr still arrives', async () => {
+      const p = await box.exec({ command: 'head -c 8000000 /dev/zero; echo after >&2' });
+      p.stdout.destroy();
+      let err = '';
+      p.stderr.on('data', (c: Buffer) => (err += c));
+      expect(await p.done).toEqual({ exitCode: 0, signal: null, timedOut: false });
+      expect(err).toBe('after\n');
     });
 
     it('no privilege: every capability dropped, a setuid-root program gives nothing', async () => {
