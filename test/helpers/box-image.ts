@@ -2,7 +2,8 @@
  * A small local image for the docker box driver's tests, built WITHOUT any registry: a root
  * filesystem made from host files (Debian's busybox-static, curl with the shared libraries `ldd`
  * names), imported with the engine's `POST /images/create?fromSrc=-` (what `docker import` does).
- * Cached by tag: the tag is a hash of what goes in, so a second run reuses the image.
+ * Cached by tag: the tag is a hash of what goes in, so a second run reuses the image. Older tags are
+ * left alone (another checkout's tests may be using one): remove `keygate-test-box:*` by hand.
  *
  * Inside: /bin/busybox and its applets, /usr/bin/curl, an unprivileged user 1000 (the image's USER)
  * owning /workspace, and /suid/busybox (a setuid-root copy of busybox, to show no-new-privileges).
@@ -81,17 +82,6 @@ function buildRootfs(root: string, libs: string[]): void {
   chownSync(path.join(root, 'workspace'), BOX_UID, BOX_UID);
 }
 
-/** Older builds of this image (ours only: the keygate-test-box repository); one in use stays. */
-async function removeOlderTags(engine: DockerEngine, keep: string): Promise<void> {
-  const f = encodeURIComponent(JSON.stringify({ reference: [TEST_IMAGE_REPO] }));
-  const list = await engine.json<{ RepoTags?: string[] }[]>('GET', `/images/json?filters=${f}`);
-  for (const img of list.body ?? []) {
-    for (const t of img.RepoTags ?? []) {
-      if (t.startsWith(`${TEST_IMAGE_REPO}:`) && t !== keep && !t.startsWith(`${keep}-`)) await engine.json('DELETE', `/images/${encodeURIComponent(t)}`);
-    }
-  }
-}
-
 /** Returns the image reference, importing the image first if this engine does not have it yet. */
 export async function ensureBoxImage(engine: DockerEngine): Promise<string> {
   // busybox-static needs no library; Debian's dynamic busybox would need its own.
@@ -115,7 +105,6 @@ export async function ensureBoxImage(engine: DockerEngine): Promise<string> {
     });
     const text = await res.body.text();
     if (res.statusCode !== 200 || /"error"/.test(text)) throw new Error(`importing the test image failed: ${res.statusCode} ${text.slice(0, 500)}`);
-    await removeOlderTags(engine, ref);
     return ref;
   } finally {
     rmSync(root, { recursive: true, force: true });
