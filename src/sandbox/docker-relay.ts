@@ -45,7 +45,7 @@ server.listen(${RELAY_PORT}, '127.0.0.1', () => process.stdout.write(${JSON.stri
 `;
 
 /** Node flags that keep an idle relay small: it only pipes bytes. */
-const RELAY_NODE_FLAGS = ['--jitless', '--max-old-space-size=16', '--max-semi-space-size=1', '--v8-pool-size=1', '--no-warnings'];
+const RELAY_NODE_FLAGS = ['--jitless', '--max-old-space-size=32', '--max-semi-space-size=1', '--v8-pool-size=1', '--no-warnings'];
 
 export interface HostRuntime {
   /** Read-only bind mounts, "host:box:ro". */

@@ -198,6 +198,18 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
       expect(origin.requests).toBe(before + 1);
     });
 
+    it('the relay carries concurrent tunnels and large bodies both ways', async () => {
+      const r = await run(
+        box,
+        `for i in $(seq 1 16); do curl -s -o /dev/null -w '%{http_code}\\n' https://${API_HOST}:${origin.port}/repos/c$i & done; wait; ` +
+          `head -c 20000000 /dev/zero | curl -sS --data-binary @- https://${API_HOST}:${origin.port}/upload`,
+        { timeoutMs: 120_000 },
+      );
+      const lines = r.out.trim().split('\n');
+      expect(lines.slice(0, 16)).toEqual(Array(16).fill('200'));
+      expect(JSON.parse(lines[16])).toEqual({ bytes: 20_000_000 });
+    });
+
     it('DNS reveals nothing: no resolver is reachable, and the host resolver is not named', async () => {
       const r = await run(box, 'cat /etc/resolv.conf; nslookup example.com; echo "rc=$?"');
       expect(r.out).toMatch(/rc=[1-9]/);
