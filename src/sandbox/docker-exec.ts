@@ -191,9 +191,13 @@ export async function startExec(ctx: ExecContext, opts: ExecOptions): Promise<Ex
     await ended;
     if (timer) clearTimeout(timer);
     if (killing) await killing;
-    const info = await ctx.engine
-      .json<{ ExitCode?: number | null; Running?: boolean }>('GET', `/exec/${id}/json`)
-      .catch(() => ({ status: 0, body: {} as { ExitCode?: number | null; Running?: boolean } }));
+    // The stream can end a moment before the engine records the exit: ask again briefly.
+    let info = { status: 0, body: {} as { ExitCode?: number | null; Running?: boolean } };
+    for (let i = 0; i < 40; i++) {
+      info = await ctx.engine.json<{ ExitCode?: number | null; Running?: boolean }>('GET', `/exec/${id}/json`).catch(() => info);
+      if (info.status !== 200 || info.body?.Running !== true) break;
+      await new Promise((r) => setTimeout(r, 50));
+    }
     const code = typeof info.body?.ExitCode === 'number' ? info.body.ExitCode : null;
     const sent = killedWith as NodeJS.Signals | null;
     if (sent && (code === null || code === 128 + (osConstants.signals[sent] ?? 0) || code > 128)) {
