@@ -190,6 +190,12 @@ describe('OpenAPI lists every status a route answers (walked)', () => {
     expect(undocumented).toEqual([]);
   });
 
+  it('every operation documents a success answer; the OAuth callback its HTML pages', () => {
+    expect(ops.filter((o) => !Object.keys(o.op.responses).some((c) => c.startsWith('2'))).map((o) => `${o.method} ${o.path}`)).toEqual([]);
+    const cb = ops.find((o) => o.path === '/v2/auth/callback/{provider_id}')!;
+    for (const code of ['200', '400', '502']) expect(cb.op.responses[code].content['text/html']).toBeDefined();
+  });
+
   it('DELETE /v2/auth/tokens/{token_id} lists 204, 401, 404, 422 and 502', () => {
     const del = ops.find((o) => o.method === 'DELETE' && o.path === '/v2/auth/tokens/{token_id}')!;
     expect(Object.keys(del.op.responses)).toEqual(expect.arrayContaining(['204', '401', '404', '422', '502']));
