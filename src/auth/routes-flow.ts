@@ -87,6 +87,11 @@ export function registerFlowRoutes(app: FastifyInstance, ctx: ServerContext, dep
       schema: {
         summary: 'OAuth redirect target (opened by the browser)',
         tags: TAGS,
+        htmlResponses: {
+          200: 'Signed in: the token is stored (an HTML page)',
+          400: 'Unknown, used or expired sign-in link, or the provider refused (an HTML page)',
+          502: 'The code exchange with the provider failed (an HTML page)',
+        },
         params: { type: 'object', required: ['provider_id'], properties: { provider_id: { type: 'string', maxLength: 200 } } },
         querystring: {
           type: 'object',

@@ -175,5 +175,6 @@ export const schemas = {
       type: 'object',
       properties: { type: { type: 'string', enum: LOG_TYPES }, revision_id: { type: 'string', maxLength: 64 }, since: { type: 'string', maxLength: 64 } },
     },
+    response: { 404: detail },
   },
 };

@@ -8,7 +8,7 @@ import { loadKeyring } from '../secrets/keyring.js';
 import { openDb, type Db } from '../store/db.js';
 import { apiKeyAuthenticator, authenticate, bootstrapAuth, type Authenticator } from './auth.js';
 import type { ServerContext } from './context.js';
-import { errorResponse, unavailable } from './errors.js';
+import { errorResponse, HttpValidationError, unavailable } from './errors.js';
 import { onClientError } from './http-errors.js';
 import { registerOpenApi } from './openapi.js';
 import type { Area } from './area.js';
@@ -104,7 +104,20 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
 
   const strictAjv = makeAjv(false);
   const coercingAjv = makeAjv(true);
-  app.setValidatorCompiler(({ schema, httpPart }) => (httpPart === 'body' ? strictAjv : coercingAjv).compile(schema));
+  app.setValidatorCompiler(({ schema, httpPart }) => {
+    if (httpPart !== 'body') return coercingAjv.compile(schema);
+    const validate = strictAjv.compile(schema);
+    // fastify hands a missing body over as null: a route that takes one says it is missing (as
+    // FastAPI does), after path and query (validated first) are found fine.
+    const validateBody = (data: unknown) => {
+      if (data === null || data === undefined) return { error: new HttpValidationError([{ loc: ['body'], msg: 'Field required', type: 'missing' }]) };
+      const ok = validate(data);
+      validateBody.errors = validate.errors;
+      return ok;
+    };
+    validateBody.errors = null as typeof validate.errors;
+    return validateBody;
+  });
 
   app.setErrorHandler((err: FastifyError, req, reply) => {
     const r = errorResponse(err);

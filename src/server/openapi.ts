@@ -9,6 +9,8 @@ declare module 'fastify' {
     summary?: string;
     description?: string;
     tags?: string[];
+    /** Answers that are not JSON (an HTML page): status -> description, documented as text/html. */
+    htmlResponses?: Record<number, string>;
   }
 }
 
@@ -97,7 +99,11 @@ export function registerOpenApi(app: FastifyInstance, info: { title: string; des
             ? { description: 'Validation Error', content: { 'application/json': { schema: { $ref: '#/components/schemas/HTTPValidationError' } } } }
             : { description: FRAMEWORK_DESCRIPTIONS[code], content: { 'application/json': { schema: { $ref: '#/components/schemas/HTTPError' } } } };
       }
-      if (Object.keys(responses).length === 0) responses['200'] = { description: 'OK' };
+      for (const [code, description] of Object.entries(r.schema.htmlResponses ?? {})) {
+        responses[code] = { description, content: { 'text/html': { schema: { type: 'string' } } } };
+      }
+      // A route that declares no success answer (a stream) still has one.
+      if (!Object.keys(responses).some((c) => c.startsWith('2'))) responses['200'] = { description: 'OK' };
       p[r.method] = {
         summary: r.schema.summary,
         description: r.schema.description,

@@ -78,8 +78,9 @@ describe('a request with no body is never parsed as JSON', () => {
   it('a POST whose JSON body is missing is a 422 on loc body, not a decode error', async () => {
     const r = await call('POST', '/v2/deployments', { headers: { 'content-type': 'application/json', 'content-length': '0' } });
     expect(r.status).toBe(422);
-    expect(r.body.detail[0].loc).toEqual(['body']);
-    expect(r.body.detail[0].type).not.toBe('json_invalid');
+    expect(r.body).toEqual({ detail: [{ loc: ['body'], msg: 'Field required', type: 'missing' }] });
+    const c = curl(['-X', 'PATCH', '-H', `x-api-key: ${KEY}`, '-H', 'Content-Type: application/json', `${server.url}/v2/deployments/${UUID}`]);
+    expect(c).toMatchObject({ status: 422, body: { detail: [{ loc: ['body'], msg: 'Field required', type: 'missing' }] } });
   });
 });
 
@@ -188,6 +189,12 @@ describe('OpenAPI lists every status a route answers (walked)', () => {
       }
     }
     expect(undocumented).toEqual([]);
+  });
+
+  it('every operation documents a success answer; the OAuth callback its HTML pages', () => {
+    expect(ops.filter((o) => !Object.keys(o.op.responses).some((c) => c.startsWith('2'))).map((o) => `${o.method} ${o.path}`)).toEqual([]);
+    const cb = ops.find((o) => o.path === '/v2/auth/callback/{provider_id}')!;
+    for (const code of ['200', '400', '502']) expect(cb.op.responses[code].content['text/html']).toBeDefined();
   });
 
   it('DELETE /v2/auth/tokens/{token_id} lists 204, 401, 404, 422 and 502', () => {

@@ -1,0 +1,67 @@
+// The pure mapping of the error layer (src/server/errors.ts): every kind of error to the wire.md
+// answer, with no message of a foreign error ever passed on.
+import { Ajv } from 'ajv';
+import { describe, expect, it } from 'vitest';
+import { errorResponse, frameworkStatuses, HttpError, HttpValidationError, JSON_DECODE_ISSUE } from '../../src/server/errors.js';
+
+/** A real ajv failure, shaped as fastify hands it to the error handler. */
+function ajvFailure(context: string) {
+  const validate = new Ajv({ allErrors: true }).compile({ type: 'object', properties: { token_id: { type: 'string', maxLength: 3 } } });
+  validate({ token_id: 'too long' });
+  return Object.assign(new Error('validation'), { validation: validate.errors, validationContext: context, statusCode: 400, code: 'FST_ERR_VALIDATION' });
+}
+
+const withCode = (code: string, statusCode?: number, message = 'framework message with kg_secret_token_value') => Object.assign(new Error(message), { code, statusCode });
+
+describe('errorResponse', () => {
+  it('keeps our own errors as they are', () => {
+    expect(errorResponse(new HttpError(409, 'Taken.'))).toMatchObject({ status: 409, body: { detail: 'Taken.' } });
+    const issues = [{ loc: ['body', 'name'], msg: 'bad', type: 'value_error' }];
+    expect(errorResponse(new HttpValidationError(issues))).toMatchObject({ status: 422, body: { detail: issues } });
+  });
+
+  it('turns ajv failures into 422 with loc in the part they came from', () => {
+    expect(errorResponse(ajvFailure('params')).body.detail).toEqual([expect.objectContaining({ loc: ['path', 'token_id'] })]);
+    expect(errorResponse(ajvFailure('querystring')).body.detail).toEqual([expect.objectContaining({ loc: ['query', 'token_id'] })]);
+    expect(errorResponse(ajvFailure('headers')).status).toBe(422);
+  });
+
+  it.each([
+    ['FST_ERR_CTP_BODY_TOO_LARGE', 413],
+    ['FST_ERR_CTP_INVALID_MEDIA_TYPE', 415],
+    ['FST_ERR_BAD_URL', 400],
+    ['FST_ERR_MAX_PARAM_LENGTH', 414],
+    ['HPE_HEADER_OVERFLOW', 431],
+    ['ERR_HTTP_REQUEST_TIMEOUT', 408],
+    ['HPE_INVALID_METHOD', 400],
+    ['HPE_SOMETHING_NEW', 400],
+  ])('%s -> %i with a sentence of ours', (code, status) => {
+    const r = errorResponse(withCode(code));
+    expect(r.status).toBe(status);
+    expect(typeof r.body.detail).toBe('string');
+    expect(JSON.stringify(r.body)).not.toContain('kg_secret');
+    expect(r.code).toBe(code);
+  });
+
+  it('bad and empty JSON bodies are the 422 decode error', () => {
+    for (const code of ['FST_ERR_CTP_INVALID_JSON_BODY', 'FST_ERR_CTP_EMPTY_JSON_BODY']) expect(errorResponse(withCode(code, 400)).body).toEqual({ detail: [JSON_DECODE_ISSUE] });
+    expect(errorResponse(Object.assign(new SyntaxError('Unexpected token'), { statusCode: 400 })).status).toBe(422);
+  });
+
+  it('an unknown 4xx keeps its status, not its message; anything else is a 500 that says nothing', () => {
+    const r = errorResponse(withCode('FST_ERR_SOMETHING_LATER', 405));
+    expect(r).toMatchObject({ status: 405, body: { detail: 'Method not allowed.' } });
+    for (const e of [new Error('db at /secret/path failed'), 'a string', null, undefined, withCode('X', 200)]) {
+      const i = errorResponse(e);
+      expect(i).toMatchObject({ status: 500, body: { detail: 'Internal server error.' }, internal: true });
+    }
+  });
+});
+
+describe('frameworkStatuses', () => {
+  it('authenticated routes can answer 401/403; methods with a body 413/415/422; validated ones 422', () => {
+    expect(frameworkStatuses({ method: 'get', authenticated: false, validated: false })).toEqual([]);
+    expect(frameworkStatuses({ method: 'get', authenticated: true, validated: true })).toEqual([401, 403, 422]);
+    expect(frameworkStatuses({ method: 'delete', authenticated: true, validated: false })).toEqual([401, 403, 413, 415, 422]);
+  });
+});
