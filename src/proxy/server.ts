@@ -8,16 +8,17 @@ import { createLogger, type Logger } from '../log.js';
 import type { Ca } from '../certs/ca.js';
 import { LeafMinter } from '../certs/leaf.js';
 import type { CompiledConfig } from '../rules/compile.js';
-import { formatAuthority, isIpLiteral, parseAuthority, RuleInputError } from '../rules/host.js';
-import { isPathRefusal, normalisePath } from '../rules/path.js';
+import { formatAuthority, isIpLiteral, parseAuthority } from '../rules/host.js';
 import type { ProxyCore, TunnelTarget } from './context.js';
-import { malformed, misdirected, ProxyError, reflecting, refused, writeRawError } from './errors.js';
-import { finishRecord, forward, newRecord, refuse } from './forward.js';
+import { chunkExtensionsTooLarge, headTimeout, internal, malformed, overloaded, ProxyError, reflecting, refused, shuttingDown, writeRawError } from './errors.js';
+import { forward, refuse } from './forward.js';
+import { finishRecord, newRecord, refusedPath } from './record.js';
 import { CONNECT_OK, openTunnel } from './tunnel.js';
 import { EgressDenied } from './egress.js';
 import { unwrapAddress } from '../rules/egress.js';
 import { Upstream } from './upstream.js';
-import { checkHead, framingProblem, headTimeout, HeadLines, limitsFromTimeouts, overloaded, resolveLimits, timeoutsOf, type ProxyLimits } from './limits.js';
+import { HeadLines, limitsFromTimeouts, resolveLimits, timeoutsOf, type ProxyLimits } from './limits.js';
+import { connectTarget, planIntercepted, planPlain, type RequestFacts } from './plan.js';
 import { refuseUpgrade, relayUpgrade } from './websocket.js';
 import { serveFast, type FastPathOptions } from './h1/connection.js';
 
@@ -98,50 +99,6 @@ function clientOf(socket: Socket): string {
   return socket.remoteAddress ? formatAuthority(socket.remoteAddress.replace(/^::ffff:/, ''), socket.remotePort ?? 0) : 'unknown';
 }
 
-function parseTarget(raw: string | undefined, defaultPort: number | undefined): { host: string; port: number } {
-  try {
-    return parseAuthority(raw ?? '', defaultPort);
-  } catch (err) {
-    throw malformed(`invalid target host: ${err instanceof RuleInputError ? err.message : 'unparseable'}`);
-  }
-}
-
-/**
- * Inside a tunnel the CONNECT target is the only destination: an absolute-form request target
- * and the Host header must both name it (`requireHost`: a missing Host is refused, as HTTP/1.1
- * asks), and the path must normalise. The path and query to forward, or the refusal. Used by
- * the Node path and, for its single Host and origin-form target, by the fast path.
- */
-function checkTunnelTarget(target: string, hostValue: string | undefined, requireHost: boolean, t: TunnelTarget): { pathAndQuery: string; path: string } | ProxyError {
-  if (!target.startsWith('/')) {
-    const m = /^([a-zA-Z][a-zA-Z0-9+.-]*):\/\/([^/?#]*)(.*)$/.exec(target);
-    if (!m) return malformed('unsupported request target');
-    if (m[1].toLowerCase() !== 'https') return malformed('only https requests are accepted inside a tunnel');
-    let abs;
-    try {
-      abs = parseAuthority(m[2], 443);
-    } catch {
-      return malformed('invalid authority in request target');
-    }
-    if (abs.host !== t.host || abs.port !== t.port) return misdirected(`request names ${formatAuthority(abs.host, abs.port)} inside a tunnel to ${t.authority}`);
-    target = m[3] || '/';
-  }
-  if (hostValue !== undefined) {
-    let h;
-    try {
-      h = parseAuthority(hostValue, 443);
-    } catch {
-      return malformed('invalid Host header');
-    }
-    if (h.host !== t.host || h.port !== t.port) return misdirected(`Host ${formatAuthority(h.host, h.port)} does not match the tunnel to ${t.authority}`);
-  } else if (requireHost) {
-    return malformed('missing Host header');
-  }
-  const n = normalisePath(target);
-  if (isPathRefusal(n)) return malformed(n.error);
-  return { pathAndQuery: n.path + n.query, path: n.path };
-}
-
 /**
  * A request the proxy refuses closes its connection: after a framing or size error the
  * connection's framing cannot be trusted, and after a refusal of the request's target, method
@@ -149,6 +106,11 @@ function checkTunnelTarget(target: string, hostValue: string | undefined, requir
  * retried on another connection anyway).
  */
 const REFUSAL_CLOSES = true;
+
+/** What the plan step needs of a request Node's parser read. */
+function factsOf(req: IncomingMessage): RequestFacts {
+  return { method: req.method ?? '', target: req.url ?? '', version: req.httpVersionMajor * 10 + req.httpVersionMinor, rawHeaders: req.rawHeaders };
+}
 
 /** Options for both HTTP servers: the parser strict whatever NODE_OPTIONS says, sizes and clocks from the limits. */
 function serverOptions(l: ProxyLimits): http.ServerOptions {
@@ -174,7 +136,7 @@ function clientErrorResponse(err: NodeJS.ErrnoException & { rawPacket?: Buffer; 
     case 'ERR_HTTP_REQUEST_TIMEOUT':
       return headTimeout();
     case 'HPE_CHUNK_EXTENSIONS_OVERFLOW':
-      return new ProxyError(413, 'http_request_error', 'chunk extensions too large');
+      return chunkExtensionsTooLarge();
     default:
       return malformed(`malformed HTTP request (${/^HPE_[A-Z_]+$/.test(err.code ?? '') ? err.code : 'parse error'})`);
   }
@@ -224,11 +186,10 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     logger.warn({ type: 'egress_denied', host, port, kind, address }, 'egress policy refused a destination');
   };
   /** The name-level egress check (ports, host lists, address literals), before any DNS. */
-  const egressByName = (host: string, port: number): EgressDenied | undefined => {
-    const refusal = current.egress.checkName(host, port);
-    if (!refusal) return undefined;
-    egressDenied(host, port, refusal.kind);
-    return new EgressDenied(refusal, host, port);
+  /** The plan step's refusals are values: an egress refusal among them is logged and emitted here. */
+  const reportRefusal = <T>(planned: T | ProxyError): T | ProxyError => {
+    if (planned instanceof EgressDenied) egressDenied(planned.host, planned.port, planned.refusal.kind);
+    return planned;
   };
   const minter = new LeafMinter(opts.ca, { cacheSize: limits.certCacheSize, onCert: (e) => events.emit('cert', e) });
   const core: ProxyCore = {
@@ -272,21 +233,6 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   // 'listening': start it by hand, stopped again in close().
   inner.emit('listening');
 
-  /** Authority check and path normalisation inside a tunnel: the CONNECT target, always. */
-  function checkIntercepted(req: IncomingMessage, t: TunnelTarget): { pathAndQuery: string; path: string } | ProxyError {
-    if (req.method === 'TRACE') return reflecting();
-    let hostHeaders = 0;
-    let hostValue: string | undefined;
-    for (let i = 0; i < req.rawHeaders.length; i += 2) {
-      if (req.rawHeaders[i].length === 4 && req.rawHeaders[i].toLowerCase() === 'host') {
-        hostHeaders++;
-        hostValue = req.rawHeaders[i + 1];
-      }
-    }
-    if (hostHeaders > 1) return malformed('more than one Host header');
-    return checkTunnelTarget(req.url ?? '', hostValue, req.httpVersionMajor === 1 && req.httpVersionMinor >= 1, t);
-  }
-
   inner.on('request', (req: IncomingMessage, res: ServerResponse) => {
     const started = performance.now();
     const t = tunnels.get(req.socket);
@@ -295,16 +241,16 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       return;
     }
     const config = current; // one snapshot for the whole request
-    const rec = newRecord(req, { client: t.client, host: t.host, port: t.port, decision: 'intercept' }, '');
+    const rec = newRecord(req.method ?? '', { client: t.client, host: t.host, port: t.port, decision: 'intercept' }, '');
     t.inFlight++;
     res.once('close', () => {
       t.inFlight--;
       if (closing && t.inFlight === 0) req.socket.end();
     });
     if (closing) res.shouldKeepAlive = false;
-    const checked = checkHead(req, limits) ?? framingProblem(req) ?? egressByName(t.host, t.port) ?? checkIntercepted(req, t);
+    const checked = reportRefusal(planIntercepted(factsOf(req), t, config, limits));
     if (checked instanceof ProxyError) {
-      rec.path = (req.url ?? '').split('?')[0].slice(0, 200);
+      rec.path = refusedPath(req.url ?? '');
       req.resume();
       // Answered and closing: a request pipelined behind this one is never acted on.
       answered.add(req.socket);
@@ -312,8 +258,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       return;
     }
     rec.path = checked.path;
-    const rule = config.pickRule(t.host, t.port, checked.path);
-    void forward(core, req, res, { scheme: 'https', host: t.host, port: t.port, pathAndQuery: checked.pathAndQuery, logPath: checked.path, decision: 'intercept', rule, client: t.client }, rec, started);
+    void forward(core, req, res, { scheme: 'https', host: t.host, port: t.port, pathAndQuery: checked.pathAndQuery, logPath: checked.path, decision: 'intercept', rule: checked.rule, client: t.client }, rec, started);
   });
 
   inner.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
@@ -324,7 +269,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       return;
     }
     const base = { client: t.client, host: t.host, port: t.port, decision: 'intercept' as const };
-    const path = (req.url ?? '').split('?')[0].slice(0, 200);
+    const path = refusedPath(req.url ?? '');
     if (req.method === 'TRACE') {
       refuseUpgrade(core, req, socket, base, path, reflecting());
       return;
@@ -333,14 +278,13 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       refuseUpgrade(core, req, socket, base, path, malformed('only WebSocket upgrades are supported'));
       return;
     }
-    const checked = checkHead(req, limits) ?? framingProblem(req) ?? egressByName(t.host, t.port) ?? checkIntercepted(req, t);
+    const checked = reportRefusal(planIntercepted(factsOf(req), t, current, limits));
     if (checked instanceof ProxyError) {
       refuseUpgrade(core, req, socket, base, path, checked);
       return;
     }
     idleGuard(socket);
-    const rule = current.pickRule(t.host, t.port, checked.path);
-    relayUpgrade(core, req, socket, head, { scheme: 'https', ...base, pathAndQuery: checked.pathAndQuery, logPath: checked.path, rule });
+    relayUpgrade(core, req, socket, head, { scheme: 'https', ...base, pathAndQuery: checked.pathAndQuery, logPath: checked.path, rule: checked.rule });
   });
 
   /**
@@ -398,13 +342,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   const fast: FastPathOptions = {
     core,
     limits,
-    // The checks of egressByName and checkIntercepted, without their answers or log lines:
-    // a request that fails one goes to the Node path, which refuses it as it always has.
-    check(head, t) {
-      if (current.egress.checkName(t.host, t.port)) return undefined;
-      const checked = checkTunnelTarget(head.target, head.host, true, t);
-      return checked instanceof ProxyError ? undefined : checked;
-    },
+    plan: (facts, t, config) => reportRefusal(planIntercepted(facts, t, config, limits)),
     fallback(socket, bytes) {
       inner.emit('connection', socket);
       // The server now reads the socket; the bytes already read go to its parser first.
@@ -421,7 +359,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       ctx = await minter.secureContext(host);
     } catch (err) {
       logger.error({ host, err: (err as Error).message }, 'certificate minting failed');
-      writeRawError(client, new ProxyError(500, 'proxy_internal_error', 'cannot issue a certificate for this host'));
+      writeRawError(client, internal('cannot issue a certificate for this host'));
       return;
     }
     if (client.destroyed) return;
@@ -475,7 +413,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     const started = performance.now();
     const line = /^([A-Z]{1,16}) (\S+) HTTP\/1\.[01]\r?\n/.exec(first.subarray(0, 2048).toString('latin1'));
     const path = line ? line[2].split('?')[0].slice(0, 200) : '';
-    const rec = newRecord({ method: line?.[1] ?? '' } as IncomingMessage, { client: clientAddr, host, port, decision: 'intercept' }, path);
+    const rec = newRecord(line?.[1] ?? '', { client: clientAddr, host, port, decision: 'intercept' }, path);
     const err = line ? refused('credentials are injected only over HTTPS: use https:// for this host') : malformed('neither TLS nor HTTP inside the tunnel');
     rec.status = err.status;
     rec.error = err.reason;
@@ -498,30 +436,25 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     const clientAddr = clientOf(client);
     client.on('error', () => client.destroy());
     idleGuard(client);
-    let target: { host: string; port: number };
-    try {
-      const tooBig = checkHead(req, limits);
-      if (tooBig) throw tooBig;
-      target = parseTarget(req.url, undefined);
-    } catch (err) {
-      const perr = err as ProxyError;
-      refuseUpgrade(core, req, client, { client: clientAddr, host: '', port: 0, decision: 'tunnel' }, '', perr);
+    const target = connectTarget(factsOf(req), limits);
+    if (target instanceof ProxyError) {
+      refuseUpgrade(core, req, client, { client: clientAddr, host: '', port: 0, decision: 'tunnel' }, '', target);
       return;
     }
     const { host, port } = target;
     const config = current;
     const decision = config.decide(host, port);
     if (closing) {
-      refuseUpgrade(core, req, client, { client: clientAddr, host, port, decision }, '', new ProxyError(503, 'proxy_internal_response', 'proxy is shutting down'));
+      refuseUpgrade(core, req, client, { client: clientAddr, host, port, decision }, '', shuttingDown());
       return;
     }
     if (core.isDenied(host, port)) {
       refuseUpgrade(core, req, client, { client: clientAddr, host, port, decision }, '', refused(`${formatAuthority(host, port)} is not reachable through this proxy`));
       return;
     }
-    const denied = egressByName(host, port);
-    if (denied) {
-      refuseUpgrade(core, req, client, { client: clientAddr, host, port, decision }, '', denied);
+    const refusal = config.egress.checkName(host, port);
+    if (refusal) {
+      refuseUpgrade(core, req, client, { client: clientAddr, host, port, decision }, '', reportRefusal(new EgressDenied(refusal, host, port)));
       return;
     }
     if (decision === 'intercept') {
@@ -531,38 +464,14 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     }
   });
 
-  /** Absolute-form plain HTTP: forwarded as is, unless a rule covers the host (no credentials in clear). */
-  function plainTarget(req: IncomingMessage): { host: string; port: number; pathAndQuery: string; decision: 'bypass' | 'tunnel' } | ProxyError {
-    const m = /^([a-zA-Z][a-zA-Z0-9+.-]*):\/\/([^/?#]*)(.*)$/.exec(req.url ?? '');
-    if (!m) return malformed('this is a proxy: send absolute-form requests (http://host/path) or CONNECT');
-    const scheme = m[1].toLowerCase();
-    if (scheme !== 'http' && scheme !== 'ws') return malformed(`use CONNECT for ${scheme}:// targets`);
-    if (m[2].includes('@')) return malformed('credentials in the request target are not accepted');
-    let t;
-    try {
-      t = parseAuthority(m[2], 80);
-    } catch {
-      return malformed('invalid target host');
-    }
-    const pathAndQuery = m[3] || '/';
-    if (!pathAndQuery.startsWith('/')) return malformed('invalid request target');
-    if (req.httpVersionMajor === 1 && req.httpVersionMinor >= 1 && req.headers.host === undefined) return malformed('missing Host header');
-    if (core.isDenied(t.host, t.port)) return refused(`${formatAuthority(t.host, t.port)} is not reachable through this proxy`);
-    const denied = egressByName(t.host, t.port);
-    if (denied) return denied;
-    const decision = current.decide(t.host, t.port);
-    if (decision === 'intercept') return refused('credentials are injected only over HTTPS: use https:// for this host');
-    return { ...t, pathAndQuery, decision };
-  }
-
   front.on('request', (req: IncomingMessage, res: ServerResponse) => {
     if (overLimit.has(req.socket) || answered.has(req.socket)) return;
     const started = performance.now();
     const clientAddr = clientOf(req.socket);
-    const t = checkHead(req, limits) ?? framingProblem(req) ?? plainTarget(req);
+    const t = reportRefusal(planPlain(factsOf(req), current, limits, core.isDenied));
     if (closing) res.shouldKeepAlive = false;
     if (t instanceof ProxyError) {
-      const rec = newRecord(req, { client: clientAddr, host: '', port: 0, decision: 'tunnel' }, '');
+      const rec = newRecord(req.method ?? '', { client: clientAddr, host: '', port: 0, decision: 'tunnel' }, '');
       try {
         const m = /^[a-z]+:\/\/([^/?#]*)([^?#]*)/i.exec(req.url ?? '');
         if (m) {
@@ -579,7 +488,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       return;
     }
     const logPath = t.pathAndQuery.split('?')[0];
-    const rec = newRecord(req, { client: clientAddr, host: t.host, port: t.port, decision: t.decision }, logPath);
+    const rec = newRecord(req.method ?? '', { client: clientAddr, host: t.host, port: t.port, decision: t.decision }, logPath);
     void forward(core, req, res, { scheme: 'http', host: t.host, port: t.port, pathAndQuery: t.pathAndQuery, logPath, decision: t.decision, client: clientAddr }, rec, started);
   });
 
@@ -592,7 +501,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     }
     const clientAddr = clientOf(socket as Socket);
     idleGuard(socket);
-    const t = checkHead(req, limits) ?? framingProblem(req) ?? plainTarget(req);
+    const t = reportRefusal(planPlain(factsOf(req), current, limits, core.isDenied));
     if (t instanceof ProxyError) {
       refuseUpgrade(core, req, socket, { client: clientAddr, host: '', port: 0, decision: 'tunnel' }, '', t);
       return;
