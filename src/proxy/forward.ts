@@ -6,6 +6,7 @@ import type { ProxyCore, RequestRecord } from './context.js';
 import { finishRecord } from './record.js';
 import { sendError, upstreamError, type ProxyError } from './errors.js';
 import { filterRawResponseHeaders, upstreamRequestHeaders } from './headers.js';
+import { idleCutsExchange } from './limits.js';
 import { upstreamEnding } from './upstream.js';
 import { chunkRelayed } from './buffer-gc.js';
 
@@ -90,7 +91,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
   // stalled mid-upload, or not reading what it asked for, is cut; one waiting for the upstream
   // is left to the upstream clocks (response header and body timeouts).
   res.on('timeout', () => {
-    if (!req.complete || (res.headersSent && (res.socket?.writableLength ?? 0) > 0)) res.destroy();
+    if (idleCutsExchange(!req.complete, res.headersSent && (res.socket?.writableLength ?? 0) > 0)) res.destroy();
   });
 
   const flush = () => {

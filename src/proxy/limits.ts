@@ -142,6 +142,16 @@ export function limitsFromTimeouts(t: Partial<ProxyTimeouts> = {}): Partial<Prox
 // The errors of the limits live with every other proxy error (errors.ts).
 export { headTimeout, overloaded, tooLarge, uriTooLong } from './errors.js';
 
+/**
+ * The client's idle clock (idleTimeoutMs) during an exchange, one policy for every exchange: a
+ * client stalled mid-upload (its request body incomplete) or not reading what it asked for
+ * (response bytes queued toward it) is cut; a client waiting for a slow upstream is left to the
+ * upstream clocks (response header and body timeouts).
+ */
+export function idleCutsExchange(uploading: boolean, unreadResponse: boolean): boolean {
+  return uploading || unreadResponse;
+}
+
 /** Bytes of the start of a line kept to tell a request line (`METHOD SP`) from a field line. */
 const LINE_START = 24;
 const REQUEST_LINE_START = /^[A-Z][A-Z-]* /;

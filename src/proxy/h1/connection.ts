@@ -7,7 +7,7 @@ import { errorResponse, ProxyError, upstreamError, writeRawError } from '../erro
 import type { InterceptPlan, RequestFacts } from '../plan.js';
 import { finishRecord, newRecord, refusedPath } from '../record.js';
 import { filterRawResponseHeaders, upstreamRequestHeaders } from '../headers.js';
-import { headTimeout, type ProxyLimits } from '../limits.js';
+import { headTimeout, idleCutsExchange, type ProxyLimits } from '../limits.js';
 import { chunkRelayed } from '../buffer-gc.js';
 import { ChunkedScanner } from './chunked.js';
 import { keepAliveHintMs, usable } from './pool.js';
@@ -171,7 +171,7 @@ class FastConnection {
       if (this.pending.length === 0) this.socket.destroy();
       return;
     }
-    if (this.bodyLeft > 0 || (this.headersSent && this.socket.writableLength > 0)) this.socket.destroy();
+    if (idleCutsExchange(this.bodyLeft > 0, this.headersSent && this.socket.writableLength > 0)) this.socket.destroy();
   };
 
   private readonly onClientDrain = (): void => {
