@@ -1,7 +1,8 @@
-import { resolveProxyConfig, referencedSecretKeys } from '../config/resolve.js';
-import { validateProxyConfig, type ProxyConfig } from '../config/schema.js';
+import { compileCandidate, validateCandidate } from '../config/prepare.js';
+import { referencedSecretKeys } from '../config/resolve.js';
+import type { ProxyConfig } from '../config/schema.js';
 import type { Logger } from '../log.js';
-import { compileConfig, type CompiledConfig } from '../rules/compile.js';
+import type { CompiledConfig } from '../rules/compile.js';
 import type { Envelope } from '../secrets/envelope.js';
 import { isSecretKey } from '../secrets/keys.js';
 import { opaqueOpener, redactProxyConfig } from '../secrets/opaque.js';
@@ -52,8 +53,6 @@ export interface ApplyOptions {
   locPrefix?: (string | number)[];
 }
 
-const prefixIssues = (issues: ValidationIssue[], prefix: (string | number)[]) => issues.map((i) => ({ ...i, loc: [...prefix, ...i.loc] }));
-
 export class ConfigHolder {
   private applied: AppliedConfig | undefined;
   /** Last applied configuration and its pushed secrets, for re-applying. */
@@ -77,9 +76,7 @@ export class ConfigHolder {
    */
   async prepare(candidate: unknown, opts: ApplyOptions): Promise<{ config: ProxyConfig; compiled: CompiledConfig }> {
     const prefix = opts.locPrefix ?? [];
-    const issues = validateProxyConfig(candidate);
-    if (issues.length) throw new ValidationFailure(prefixIssues(issues, prefix));
-    const config = candidate as ProxyConfig;
+    const config = validateCandidate(candidate, prefix);
     let secrets = opts.secrets;
     if (!secrets && referencedSecretKeys(config).length > 0) {
       if (!this.opts.store) secrets = new Map();
@@ -92,17 +89,9 @@ export class ConfigHolder {
         }
       }
     }
-    const lookup = (key: string) => secrets?.get(key);
-    let compiled: CompiledConfig;
-    try {
-      // The key is loaded only for a sealed value: a proxy without any never touches the data directory.
-      const envelopeOf = this.opts.envelope;
-      compiled = compileConfig(resolveProxyConfig(config, lookup, envelopeOf ? { openOpaque: (stored) => opaqueOpener(envelopeOf())(stored) } : {}));
-    } catch (err) {
-      if (err instanceof ValidationFailure) throw new ValidationFailure(prefixIssues(err.issues, prefix));
-      // compileConfig rejects patterns validation let through: still the content's fault.
-      throw new ValidationFailure([{ loc: prefix, msg: `Configuration cannot be compiled: ${(err as Error).message}`, type: 'value_error' }]);
-    }
+    // The key is loaded only for a sealed value: a proxy without any never touches the data directory.
+    const envelopeOf = this.opts.envelope;
+    const compiled = compileCandidate(config, (key) => secrets?.get(key), envelopeOf ? { openOpaque: (stored) => opaqueOpener(envelopeOf())(stored) } : {}, prefix);
     return { config, compiled };
   }
 

@@ -141,7 +141,7 @@ export class ProxyMetrics {
   readonly egressDenied = new Counter('keygate_proxy_egress_denied_total', 'Destinations refused by the egress policy, by kind of refusal.');
   readonly connectionsRefused = new Counter('keygate_proxy_connections_refused_total', 'Client connections refused by a connection limit, by limit.');
   readonly clientErrors = new Counter('keygate_proxy_client_errors_total', 'Malformed or over-limit client requests answered by the proxy itself, by status.');
-  readonly fastPathFallbacks = new Counter('keygate_proxy_fast_path_fallbacks_total', 'Intercepted connections handed from the fast path to the Node HTTP path, by reason (head: a request head the strict parser does not take; check: a request the proxy refuses; draining).');
+  readonly fastPathFallbacks = new Counter('keygate_proxy_fast_path_fallbacks_total', 'Intercepted connections handed from the fast path to the Node HTTP path, by reason (head: a request head the strict parser does not take; draining: the proxy is shutting down).');
   readonly caExpiryDays = new Counter('keygate_proxy_ca_expiry_days', 'Whole days until the proxy CA expires (negative once expired).', 'gauge');
 
   private readonly all: Metric[] = [

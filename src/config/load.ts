@@ -1,8 +1,9 @@
 import { readFileSync } from 'node:fs';
 import { ValidationFailure, formatLoc, type ValidationIssue } from '../validation/errors.js';
-import { compileConfig, type CompiledConfig } from '../rules/compile.js';
-import { validateProxyConfig, type ProxyConfig } from './schema.js';
-import { resolveProxyConfig, type ResolveOptions } from './resolve.js';
+import type { CompiledConfig } from '../rules/compile.js';
+import type { ProxyConfig } from './schema.js';
+import type { ResolveOptions } from './resolve.js';
+import { compileCandidate, validateCandidate } from './prepare.js';
 import { jsonErrorLocation } from '../validation/json.js';
 
 /** A configuration file that cannot be used; `message` names the file, JSON path and reason. */
@@ -35,29 +36,12 @@ export function readProxyConfigFile(file: string): ProxyConfig {
   } catch (err) {
     throw new ConfigFileError(`proxy configuration ${file} is not valid JSON (${jsonErrorLocation(text, err)})`);
   }
-  const issues = validateProxyConfig(value);
-  if (issues.length) throw new ConfigFileError(describe(file, issues), issues);
-  return value as ProxyConfig;
-}
-
-/** Reads a `{ "KEY": "value" }` secrets file. Error messages never include values. */
-export function readSecretsFile(file: string): Map<string, string> {
-  let value: unknown;
   try {
-    value = JSON.parse(readFileSync(file, 'utf8'));
+    return validateCandidate(value);
   } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code;
-    throw new ConfigFileError(`cannot read secrets file ${file}: ${code ?? 'not valid JSON'}`);
+    if (err instanceof ValidationFailure) throw new ConfigFileError(describe(file, err.issues), err.issues);
+    throw err;
   }
-  if (!value || typeof value !== 'object' || Array.isArray(value)) {
-    throw new ConfigFileError(`secrets file ${file} must be a JSON object of "KEY": "value"`);
-  }
-  const out = new Map<string, string>();
-  for (const [k, v] of Object.entries(value)) {
-    if (typeof v !== 'string') throw new ConfigFileError(`secrets file ${file}: the value of '${k}' must be a string`);
-    out.set(k, v);
-  }
-  return out;
 }
 
 /**
@@ -71,7 +55,7 @@ export function loadProxyConfigFile(
 ): { config: ProxyConfig; compiled: CompiledConfig } {
   const config = readProxyConfigFile(file);
   try {
-    return { config, compiled: compileConfig(resolveProxyConfig(config, lookup, opts)) };
+    return { config, compiled: compileCandidate(config, lookup, opts) };
   } catch (err) {
     if (err instanceof ValidationFailure) throw new ConfigFileError(describe(file, err.issues), err.issues);
     throw err;

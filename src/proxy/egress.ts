@@ -5,14 +5,13 @@ import { ProxyError } from './errors.js';
 
 /** A destination the egress policy refuses: 403 with a sentence telling the sandbox why. */
 export class EgressDenied extends ProxyError {
-  readonly code = 'KEYGATE_EGRESS_DENIED';
   constructor(
     readonly refusal: EgressRefusal,
     readonly host: string,
     readonly port: number,
     readonly address?: string,
   ) {
-    super(403, refusal.type, refusal.reason);
+    super(403, refusal.type, refusal.reason, 'KEYGATE_EGRESS_DENIED');
     this.name = 'EgressDenied';
   }
 }

@@ -3,31 +3,57 @@ import { STATUS_CODES } from 'node:http';
 import type { Duplex } from 'node:stream';
 
 /**
- * Every response the proxy produces itself is built here, so that every refusal looks the same:
- * a status, a one-line plain-text reason, and `Proxy-Status` (RFC 9209) naming keygate as its
- * source. Reasons are fixed sentences plus normalised host names and error codes: never a header
- * value.
+ * Every error the proxy produces itself comes from this module, and every answer it writes for
+ * one is rendered here, so that every refusal looks the same: a status, a one-line plain-text
+ * reason, and `Proxy-Status` (RFC 9209) naming keygate as its source. Reasons are fixed
+ * sentences plus normalised host names and error codes: never a header value.
+ *
+ * Each error has a stable `code` (as undici's `UND_ERR_*`), for tests, metrics and callers that
+ * must tell errors apart without parsing sentences.
  */
+export type ProxyErrorCode =
+  | 'KEYGATE_MALFORMED'
+  | 'KEYGATE_REFUSED'
+  | 'KEYGATE_MISDIRECTED'
+  | 'KEYGATE_REFLECTING_METHOD'
+  | 'KEYGATE_HEAD_TOO_LARGE'
+  | 'KEYGATE_URI_TOO_LONG'
+  | 'KEYGATE_CHUNK_EXTENSIONS_TOO_LARGE'
+  | 'KEYGATE_HEAD_TIMEOUT'
+  | 'KEYGATE_OVERLOADED'
+  | 'KEYGATE_SHUTTING_DOWN'
+  | 'KEYGATE_EGRESS_DENIED'
+  | 'KEYGATE_INTERNAL'
+  | 'KEYGATE_UPSTREAM';
+
 export class ProxyError extends Error {
   constructor(
     readonly status: number,
     /** RFC 9209 proxy error type. */
     readonly type: string,
     readonly reason: string,
+    readonly code: ProxyErrorCode = status >= 500 ? 'KEYGATE_UPSTREAM' : 'KEYGATE_MALFORMED',
   ) {
     super(reason);
     this.name = 'ProxyError';
   }
 }
 
-export const malformed = (reason: string) => new ProxyError(400, 'http_request_error', reason);
-export const refused = (reason: string) => new ProxyError(403, 'http_request_denied', reason);
-export const misdirected = (reason: string) => new ProxyError(421, 'http_request_denied', reason);
+export const malformed = (reason: string) => new ProxyError(400, 'http_request_error', reason, 'KEYGATE_MALFORMED');
+export const refused = (reason: string) => new ProxyError(403, 'http_request_denied', reason, 'KEYGATE_REFUSED');
+export const misdirected = (reason: string) => new ProxyError(421, 'http_request_denied', reason, 'KEYGATE_MISDIRECTED');
 /**
  * TRACE to an intercepted host: its answer reflects the request it received, injected headers
  * included, and keygate is the sender RFC 9110 9.3.8 forbids to put sensitive fields in one.
  */
-export const reflecting = () => refused('TRACE is not forwarded to an intercepted host: its answer would reflect the injected credentials');
+export const reflecting = () => new ProxyError(403, 'http_request_denied', 'TRACE is not forwarded to an intercepted host: its answer would reflect the injected credentials', 'KEYGATE_REFLECTING_METHOD');
+export const tooLarge = (reason: string) => new ProxyError(431, 'http_request_error', reason, 'KEYGATE_HEAD_TOO_LARGE');
+export const uriTooLong = (reason: string) => new ProxyError(414, 'http_request_error', reason, 'KEYGATE_URI_TOO_LONG');
+export const chunkExtensionsTooLarge = () => new ProxyError(413, 'http_request_error', 'chunk extensions too large', 'KEYGATE_CHUNK_EXTENSIONS_TOO_LARGE');
+export const headTimeout = () => new ProxyError(408, 'http_request_error', 'request head not received in time', 'KEYGATE_HEAD_TIMEOUT');
+export const overloaded = (reason: string) => new ProxyError(503, 'proxy_internal_response', reason, 'KEYGATE_OVERLOADED');
+export const shuttingDown = () => new ProxyError(503, 'proxy_internal_response', 'proxy is shutting down', 'KEYGATE_SHUTTING_DOWN');
+export const internal = (reason: string) => new ProxyError(500, 'proxy_internal_error', reason, 'KEYGATE_INTERNAL');
 
 function clean(reason: string): string {
   // Printable ASCII only: the reason goes into a header and must stay one line.
@@ -42,37 +68,35 @@ export function errorBody(err: ProxyError): string {
   return `${clean(err.reason)}\n`;
 }
 
-/** Answers an HTTP request with the proxy's own error (if nothing was sent yet). */
+/** The header fields of a proxy error's answer, as `[name, value]` pairs: one list for both renderings below. */
+function errorFields(err: ProxyError, body: string, close: boolean): [string, string][] {
+  const fields: [string, string][] = [
+    ['Content-Type', 'text/plain; charset=utf-8'],
+    ['Content-Length', String(Buffer.byteLength(body))],
+    ['Proxy-Status', proxyStatus(err)],
+    ['Cache-Control', 'no-store'],
+  ];
+  if (close) fields.push(['Connection', 'close']);
+  return fields;
+}
+
+/** Answers an HTTP request (Node's server) with the proxy's own error (if nothing was sent yet). */
 export function sendError(res: ServerResponse, err: ProxyError, close = false): void {
   if (res.headersSent) {
     res.destroy();
     return;
   }
   const body = errorBody(err);
-  const headers: Record<string, string | number> = {
-    'content-type': 'text/plain; charset=utf-8',
-    'content-length': Buffer.byteLength(body),
-    'proxy-status': proxyStatus(err),
-    'cache-control': 'no-store',
-  };
-  if (close) headers.connection = 'close';
-  res.writeHead(err.status, headers);
+  res.writeHead(err.status, errorFields(err, body, close).flat());
   res.end(body);
 }
 
-/** The whole response for a proxy error, as written on a raw connection. */
+/** The whole response for a proxy error, as written on a raw connection (and by the fast path). */
 export function errorResponse(err: ProxyError, close: boolean): string {
   const body = errorBody(err);
-  return (
-    `HTTP/1.1 ${err.status} ${STATUS_CODES[err.status] ?? 'Error'}\r\n` +
-    'Content-Type: text/plain; charset=utf-8\r\n' +
-    `Content-Length: ${Buffer.byteLength(body)}\r\n` +
-    `Proxy-Status: ${proxyStatus(err)}\r\n` +
-    'Cache-Control: no-store\r\n' +
-    (close ? 'Connection: close\r\n' : '') +
-    '\r\n' +
-    body
-  );
+  let head = `HTTP/1.1 ${err.status} ${STATUS_CODES[err.status] ?? 'Error'}\r\n`;
+  for (const [name, value] of errorFields(err, body, close)) head += `${name}: ${value}\r\n`;
+  return head + '\r\n' + body;
 }
 
 /** How long a connection answered with a closing error may stay half-open while its client reads the answer. */

@@ -1,11 +1,12 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Readable } from 'node:stream';
-import type { Logger } from '../log.js';
 import type { CompiledRule, Decision } from '../rules/compile.js';
 import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore, RequestRecord } from './context.js';
+import { finishRecord } from './record.js';
 import { sendError, upstreamError, type ProxyError } from './errors.js';
 import { filterRawResponseHeaders, upstreamRequestHeaders } from './headers.js';
+import { idleCutsExchange } from './limits.js';
 import { upstreamEnding } from './upstream.js';
 import { chunkRelayed } from './buffer-gc.js';
 
@@ -20,52 +21,6 @@ export interface ForwardTarget {
   decision: Decision;
   rule?: CompiledRule;
   client: string;
-}
-
-export function newRecord(req: IncomingMessage, t: Pick<ForwardTarget, 'client' | 'host' | 'port' | 'decision'>, path: string): RequestRecord {
-  return {
-    type: 'request',
-    client: t.client,
-    method: req.method ?? '',
-    host: t.host,
-    port: t.port,
-    path,
-    decision: t.decision,
-    via: 'node',
-    rule: null,
-    injected: [],
-    status: 0,
-    bytes_in: 0,
-    bytes_out: 0,
-    duration_ms: 0,
-  };
-}
-
-const accessLoggers = new WeakMap<Logger, Logger>();
-
-/**
- * The logger for request and tunnel records: the proxy's logger without pino's redaction pass.
- * Those records are built field by field from normalised hosts and paths, rule and header
- * NAMES, statuses, counters and fixed error sentences (RequestRecord, TunnelRecord): no key of
- * theirs is a redaction path and no header value is ever put in them, so redaction can only scan
- * them and change nothing, and it cost about 80 us per line (ten times the rest of the line) in
- * the benchmark's profiles. Every other log line keeps the redaction safety net.
- */
-export function accessLog(core: ProxyCore): Logger {
-  let log = accessLoggers.get(core.logger);
-  if (!log) {
-    log = core.logger.child({}, { redact: [] });
-    accessLoggers.set(core.logger, log);
-  }
-  return log;
-}
-
-/** Logs a finished request and emits it (the same object) for metrics. */
-export function finishRecord(core: ProxyCore, rec: RequestRecord, started: number): void {
-  rec.duration_ms = Math.round((performance.now() - started) * 10) / 10;
-  core.events.emit('request', rec);
-  if (rec.status >= 500 || rec.error) accessLog(core).warn(rec, 'request');
-  else accessLog(core).info(rec, 'request');
 }
 
 /** Answers with the proxy's own error and records it. */
@@ -136,7 +91,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
   // stalled mid-upload, or not reading what it asked for, is cut; one waiting for the upstream
   // is left to the upstream clocks (response header and body timeouts).
   res.on('timeout', () => {
-    if (!req.complete || (res.headersSent && (res.socket?.writableLength ?? 0) > 0)) res.destroy();
+    if (idleCutsExchange(!req.complete, res.headersSent && (res.socket?.writableLength ?? 0) > 0)) res.destroy();
   });
 
   const flush = () => {

@@ -60,20 +60,7 @@ export function upstreamRequestHeaders(raw: string[], opts: RequestHeaderOptions
   return out;
 }
 
-/** Response headers passed back to the client, as a flat array (multi-valued ones kept). */
-export function downstreamResponseHeaders(headers: Record<string, string | string[] | undefined>): string[] {
-  const listed = typeof headers.connection === 'string' ? connectionListed(['connection', headers.connection]) : undefined;
-  const out: string[] = [];
-  for (const name in headers) {
-    const value = headers[name];
-    if (value === undefined || HOP_BY_HOP.has(name) || listed?.has(name)) continue;
-    if (Array.isArray(value)) for (const v of value) out.push(name, v);
-    else out.push(name, value);
-  }
-  return out;
-}
-
-/** The same filter for a raw header list from node:http (upgrade responses). */
+/** Response headers passed back to the client: a raw header list without hop-by-hop fields (`upgrade` and `connection` kept for a 101). */
 export function filterRawResponseHeaders(raw: string[], keepUpgrade: boolean): string[] {
   const listed = connectionListed(raw);
   const out: string[] = [];

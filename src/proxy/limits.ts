@@ -1,5 +1,4 @@
-import type { IncomingMessage } from 'node:http';
-import { ProxyError } from './errors.js';
+import { tooLarge, uriTooLong, type ProxyError } from './errors.js';
 import type { ProxyTimeouts } from './upstream.js';
 
 /**
@@ -140,47 +139,17 @@ export function limitsFromTimeouts(t: Partial<ProxyTimeouts> = {}): Partial<Prox
   };
 }
 
-export const tooLarge = (reason: string) => new ProxyError(431, 'http_request_error', reason);
-export const uriTooLong = (reason: string) => new ProxyError(414, 'http_request_error', reason);
-export const overloaded = (reason: string) => new ProxyError(503, 'proxy_internal_response', reason);
-export const headTimeout = () => new ProxyError(408, 'http_request_error', 'request head not received in time');
+// The errors of the limits live with every other proxy error (errors.ts).
+export { headTimeout, overloaded, tooLarge, uriTooLong } from './errors.js';
 
 /**
- * Checks a parsed request head against the limits that Node's parser does not enforce
- * exactly: the request line length (the parser only bounds line + headers together) and the
- * number of fields (the parser silently drops fields past its maximum; the server keeps one
- * more than the limit so that going over is visible here).
+ * The client's idle clock (idleTimeoutMs) during an exchange, one policy for every exchange: a
+ * client stalled mid-upload (its request body incomplete) or not reading what it asked for
+ * (response bytes queued toward it) is cut; a client waiting for a slow upstream is left to the
+ * upstream clocks (response header and body timeouts).
  */
-export function checkHead(req: IncomingMessage, l: ProxyLimits): ProxyError | undefined {
-  const line = (req.method?.length ?? 0) + 1 + (req.url?.length ?? 0) + 9;
-  if (line > l.maxRequestLineBytes) return uriTooLong(`request line longer than ${l.maxRequestLineBytes} bytes`);
-  if (req.rawHeaders.length / 2 > l.maxHeaderCount) return tooLarge(`more than ${l.maxHeaderCount} header fields`);
-  return undefined;
-}
-
-/**
- * Message framing the proxy will not relay, because a next hop could read it differently
- * (request smuggling): any Transfer-Encoding other than exactly one `chunked` on HTTP/1.1.
- * Node's parser (strict, never lenient here) already refuses Content-Length with
- * Transfer-Encoding, duplicate or malformed Content-Length, obs-fold, bare CR/LF and invalid
- * bytes; transfer codings it passes through (`gzip, chunked`) are refused here, since the proxy
- * re-frames the body and the coding would be lost.
- */
-export function framingProblem(req: IncomingMessage): ProxyError | undefined {
-  let te: string | undefined;
-  let count = 0;
-  for (let i = 0; i < req.rawHeaders.length; i += 2) {
-    const name = req.rawHeaders[i];
-    if (name.length === 17 && name.toLowerCase() === 'transfer-encoding') {
-      count++;
-      te = req.rawHeaders[i + 1];
-    }
-  }
-  if (count === 0) return undefined;
-  const bad = (why: string) => new ProxyError(400, 'http_request_error', why);
-  if (req.httpVersionMajor !== 1 || req.httpVersionMinor !== 1) return bad('Transfer-Encoding is not accepted on HTTP/1.0 requests');
-  if (count > 1 || te!.trim().toLowerCase() !== 'chunked') return bad('only Transfer-Encoding: chunked is accepted');
-  return undefined;
+export function idleCutsExchange(uploading: boolean, unreadResponse: boolean): boolean {
+  return uploading || unreadResponse;
 }
 
 /** Bytes of the start of a line kept to tell a request line (`METHOD SP`) from a field line. */

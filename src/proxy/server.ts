@@ -1,25 +1,25 @@
 import { EventEmitter } from 'node:events';
-import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import os from 'node:os';
-import tls from 'node:tls';
 import type { Duplex } from 'node:stream';
 import { createLogger, type Logger } from '../log.js';
 import type { Ca } from '../certs/ca.js';
 import { LeafMinter } from '../certs/leaf.js';
 import type { CompiledConfig } from '../rules/compile.js';
-import { formatAuthority, isIpLiteral, parseAuthority, RuleInputError } from '../rules/host.js';
-import { isPathRefusal, normalisePath } from '../rules/path.js';
-import type { ProxyCore, TunnelTarget } from './context.js';
-import { malformed, misdirected, ProxyError, reflecting, refused, writeRawError } from './errors.js';
-import { finishRecord, forward, newRecord, refuse } from './forward.js';
-import { CONNECT_OK, openTunnel } from './tunnel.js';
-import { EgressDenied } from './egress.js';
+import { formatAuthority, isIpLiteral, parseAuthority } from '../rules/host.js';
 import { unwrapAddress } from '../rules/egress.js';
+import { NodeBoundary, type DataPath } from './boundary.js';
+import type { ProxyCore, TunnelTarget } from './context.js';
+import { EgressDenied } from './egress.js';
+import type { ProxyError } from './errors.js';
+import type { Exchange } from './exchange.js';
+import { serveFast } from './h1/connection.js';
+import { intercept } from './intercept.js';
+import { limitsFromTimeouts, resolveLimits, timeoutsOf, type ProxyLimits } from './limits.js';
+import { createListener } from './listener.js';
+import { createNodeExchange } from './node-exchange.js';
+import { planIntercepted } from './plan.js';
 import { Upstream } from './upstream.js';
-import { checkHead, framingProblem, headTimeout, HeadLines, limitsFromTimeouts, overloaded, resolveLimits, timeoutsOf, type ProxyLimits } from './limits.js';
-import { refuseUpgrade, relayUpgrade } from './websocket.js';
-import { serveFast, type FastPathOptions } from './h1/connection.js';
 
 export type { ProxyTimeouts } from './upstream.js';
 export type { ProxyLimits } from './limits.js';
@@ -74,116 +74,13 @@ export interface ProxyHandle {
   close(graceMs?: number): Promise<void>;
 }
 
-/** The first bytes a client sends, or undefined if it closes or stays silent. */
-function firstChunk(socket: Socket, timeoutMs: number): Promise<Buffer | undefined> {
-  return new Promise((resolve) => {
-    const done = (chunk?: Buffer) => {
-      clearTimeout(timer);
-      socket.off('data', onData);
-      socket.off('close', onClose);
-      socket.pause();
-      resolve(chunk);
-    };
-    const onData = (chunk: Buffer) => done(chunk);
-    const onClose = () => done(undefined);
-    const timer = setTimeout(() => done(undefined), timeoutMs);
-    socket.on('data', onData);
-    socket.once('close', onClose);
-  });
-}
-
 const LOOPBACK_NAMES = new Set(['localhost', '127.0.0.1', '::1', '0.0.0.0', '::']);
 
-function clientOf(socket: Socket): string {
-  return socket.remoteAddress ? formatAuthority(socket.remoteAddress.replace(/^::ffff:/, ''), socket.remotePort ?? 0) : 'unknown';
-}
-
-function parseTarget(raw: string | undefined, defaultPort: number | undefined): { host: string; port: number } {
-  try {
-    return parseAuthority(raw ?? '', defaultPort);
-  } catch (err) {
-    throw malformed(`invalid target host: ${err instanceof RuleInputError ? err.message : 'unparseable'}`);
-  }
-}
-
 /**
- * Inside a tunnel the CONNECT target is the only destination: an absolute-form request target
- * and the Host header must both name it (`requireHost`: a missing Host is refused, as HTTP/1.1
- * asks), and the path must normalise. The path and query to forward, or the refusal. Used by
- * the Node path and, for its single Host and origin-form target, by the fast path.
- */
-function checkTunnelTarget(target: string, hostValue: string | undefined, requireHost: boolean, t: TunnelTarget): { pathAndQuery: string; path: string } | ProxyError {
-  if (!target.startsWith('/')) {
-    const m = /^([a-zA-Z][a-zA-Z0-9+.-]*):\/\/([^/?#]*)(.*)$/.exec(target);
-    if (!m) return malformed('unsupported request target');
-    if (m[1].toLowerCase() !== 'https') return malformed('only https requests are accepted inside a tunnel');
-    let abs;
-    try {
-      abs = parseAuthority(m[2], 443);
-    } catch {
-      return malformed('invalid authority in request target');
-    }
-    if (abs.host !== t.host || abs.port !== t.port) return misdirected(`request names ${formatAuthority(abs.host, abs.port)} inside a tunnel to ${t.authority}`);
-    target = m[3] || '/';
-  }
-  if (hostValue !== undefined) {
-    let h;
-    try {
-      h = parseAuthority(hostValue, 443);
-    } catch {
-      return malformed('invalid Host header');
-    }
-    if (h.host !== t.host || h.port !== t.port) return misdirected(`Host ${formatAuthority(h.host, h.port)} does not match the tunnel to ${t.authority}`);
-  } else if (requireHost) {
-    return malformed('missing Host header');
-  }
-  const n = normalisePath(target);
-  if (isPathRefusal(n)) return malformed(n.error);
-  return { pathAndQuery: n.path + n.query, path: n.path };
-}
-
-/**
- * A request the proxy refuses closes its connection: after a framing or size error the
- * connection's framing cannot be trusted, and after a refusal of the request's target, method
- * or destination nothing pipelined behind it is acted on either (RFC 9110 15.5.20: a 421 is
- * retried on another connection anyway).
- */
-const REFUSAL_CLOSES = true;
-
-/** Options for both HTTP servers: the parser strict whatever NODE_OPTIONS says, sizes and clocks from the limits. */
-function serverOptions(l: ProxyLimits): http.ServerOptions {
-  return {
-    insecureHTTPParser: false,
-    // Node would answer a missing Host itself, outside the proxy's checks (no Proxy-Status, and a
-    // request pipelined behind it would still be acted on): the checks answer it instead.
-    requireHostHeader: false,
-    maxHeaderSize: l.maxHeaderBytes,
-    requestTimeout: 0, // uploads and streams may be long: only idle clocks apply to them
-    headersTimeout: l.headerTimeoutMs,
-    keepAliveTimeout: l.keepAliveTimeoutMs,
-    // Node checks head timeouts on this interval: a quarter of the timeout keeps the answer close to it.
-    connectionsCheckingInterval: Math.max(50, Math.min(1000, Math.floor(l.headerTimeoutMs / 4))),
-  };
-}
-
-/** The answer to a request Node's parser refused (or timed out). */
-function clientErrorResponse(err: NodeJS.ErrnoException & { rawPacket?: Buffer; bytesParsed?: number }, l: ProxyLimits, lines: HeadLines | undefined): ProxyError {
-  switch (err.code) {
-    case 'HPE_HEADER_OVERFLOW':
-      return (lines ?? new HeadLines()).answer(l, err.rawPacket, err.bytesParsed);
-    case 'ERR_HTTP_REQUEST_TIMEOUT':
-      return headTimeout();
-    case 'HPE_CHUNK_EXTENSIONS_OVERFLOW':
-      return new ProxyError(413, 'http_request_error', 'chunk extensions too large');
-    default:
-      return malformed(`malformed HTTP request (${/^HPE_[A-Z_]+$/.test(err.code ?? '') ? err.code : 'parse error'})`);
-  }
-}
-
-/**
- * Starts the proxy: one listener for CONNECT (blind tunnel or TLS interception per the rules)
- * and absolute-form plain HTTP. Intercepted TLS connections are fed to an internal HTTP server
- * that never listens, so the same parser handles requests, keep-alive and upgrades.
+ * Starts the proxy: the data path of src/proxy/README.md, assembled. One listener for CONNECT
+ * (blind tunnel or TLS interception per the rules) and absolute-form plain HTTP; intercepted
+ * connections go to an exchange (the strict HTTP/1.1 fast path, or Node's HTTP server), and
+ * every request of every exchange goes through the same plan step.
  */
 export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   const limits = resolveLimits(limitsFromTimeouts(opts.timeouts), { certCacheSize: opts.certCacheSize }, opts.limits);
@@ -194,6 +91,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   let closing = false;
   const deny = new Set<string>();
   let ownPort = 0;
+  const listenHost = opts.listen.host;
   const addDeny = (authority: string) => {
     const { host, port } = parseAuthority(authority, undefined);
     deny.add(formatAuthority(host, port));
@@ -211,6 +109,10 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     if (port !== ownPort) return false;
     return LOOPBACK_NAMES.has(a) || a.startsWith('127.') || a === listenHost || localAddresses.has(a);
   };
+  const egressDenied = (host: string, port: number, kind: string, address?: string) => {
+    events.emit('egress_denied', { host, port, kind, address });
+    logger.warn({ type: 'egress_denied', host, port, kind, address }, 'egress policy refused a destination');
+  };
   const upstream = new Upstream({
     resolve: opts.resolve,
     upstreamCa: opts.upstreamCa,
@@ -219,17 +121,6 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     isSelf,
     onDenied: (e) => egressDenied(e.host, e.port, e.refusal.kind, e.address),
   });
-  const egressDenied = (host: string, port: number, kind: string, address?: string) => {
-    events.emit('egress_denied', { host, port, kind, address });
-    logger.warn({ type: 'egress_denied', host, port, kind, address }, 'egress policy refused a destination');
-  };
-  /** The name-level egress check (ports, host lists, address literals), before any DNS. */
-  const egressByName = (host: string, port: number): EgressDenied | undefined => {
-    const refusal = current.egress.checkName(host, port);
-    if (!refusal) return undefined;
-    egressDenied(host, port, refusal.kind);
-    return new EgressDenied(refusal, host, port);
-  };
   const minter = new LeafMinter(opts.ca, { cacheSize: limits.certCacheSize, onCert: (e) => events.emit('cert', e) });
   const core: ProxyCore = {
     config: () => current,
@@ -245,398 +136,47 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       return port === ownPort && (LOOPBACK_NAMES.has(host) || LOOPBACK_NAMES.has(address) || address === listenHost || host === listenHost);
     },
   };
-  const listenHost = opts.listen.host;
 
   const tunnels = new WeakMap<Duplex, TunnelTarget>();
   const openSockets = new Set<Duplex>();
-  const track = (s: Duplex) => {
-    openSockets.add(s);
-    s.once('close', () => openSockets.delete(s));
-  };
-  /**
-   * Sockets the HTTP server hands over (CONNECT, upgrades) lose its idle clock: no byte either
-   * way for idleTimeoutMs closes them. Traffic in either direction resets it, so a stream that
-   * makes progress is never cut.
-   */
-  const idleGuard = (s: Duplex) => {
-    const sock = s as Socket;
-    if (typeof sock.setTimeout !== 'function') return;
-    sock.setTimeout(limits.idleTimeoutMs);
-    sock.on('timeout', () => sock.destroy());
-  };
-
-  // ---- intercepted requests -------------------------------------------------------------
-  const inner = http.createServer(serverOptions(limits));
-  inner.timeout = limits.idleTimeoutMs;
-  // The inner server never listens, and Node starts its head-timeout clock (slow-loris guard) on
-  // 'listening': start it by hand, stopped again in close().
-  inner.emit('listening');
-
-  /** Authority check and path normalisation inside a tunnel: the CONNECT target, always. */
-  function checkIntercepted(req: IncomingMessage, t: TunnelTarget): { pathAndQuery: string; path: string } | ProxyError {
-    if (req.method === 'TRACE') return reflecting();
-    let hostHeaders = 0;
-    let hostValue: string | undefined;
-    for (let i = 0; i < req.rawHeaders.length; i += 2) {
-      if (req.rawHeaders[i].length === 4 && req.rawHeaders[i].toLowerCase() === 'host') {
-        hostHeaders++;
-        hostValue = req.rawHeaders[i + 1];
-      }
-    }
-    if (hostHeaders > 1) return malformed('more than one Host header');
-    return checkTunnelTarget(req.url ?? '', hostValue, req.httpVersionMajor === 1 && req.httpVersionMinor >= 1, t);
-  }
-
-  inner.on('request', (req: IncomingMessage, res: ServerResponse) => {
-    const started = performance.now();
-    const t = tunnels.get(req.socket);
-    if (!t || answered.has(req.socket)) {
-      res.destroy();
-      return;
-    }
-    const config = current; // one snapshot for the whole request
-    const rec = newRecord(req, { client: t.client, host: t.host, port: t.port, decision: 'intercept' }, '');
-    t.inFlight++;
-    res.once('close', () => {
-      t.inFlight--;
-      if (closing && t.inFlight === 0) req.socket.end();
-    });
-    if (closing) res.shouldKeepAlive = false;
-    const checked = checkHead(req, limits) ?? framingProblem(req) ?? egressByName(t.host, t.port) ?? checkIntercepted(req, t);
-    if (checked instanceof ProxyError) {
-      rec.path = (req.url ?? '').split('?')[0].slice(0, 200);
-      req.resume();
-      // Answered and closing: a request pipelined behind this one is never acted on.
-      answered.add(req.socket);
-      refuse(core, res, rec, started, checked, REFUSAL_CLOSES);
-      return;
-    }
-    rec.path = checked.path;
-    const rule = config.pickRule(t.host, t.port, checked.path);
-    void forward(core, req, res, { scheme: 'https', host: t.host, port: t.port, pathAndQuery: checked.pathAndQuery, logPath: checked.path, decision: 'intercept', rule, client: t.client }, rec, started);
-  });
-
-  inner.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
-    const t = tunnels.get(socket);
-    stopFollowing(socket);
-    if (!t || answered.has(socket)) {
-      closeAfterAnswer(socket);
-      return;
-    }
-    const base = { client: t.client, host: t.host, port: t.port, decision: 'intercept' as const };
-    const path = (req.url ?? '').split('?')[0].slice(0, 200);
-    if (req.method === 'TRACE') {
-      refuseUpgrade(core, req, socket, base, path, reflecting());
-      return;
-    }
-    if (String(req.headers.upgrade).toLowerCase() !== 'websocket') {
-      refuseUpgrade(core, req, socket, base, path, malformed('only WebSocket upgrades are supported'));
-      return;
-    }
-    const checked = checkHead(req, limits) ?? framingProblem(req) ?? egressByName(t.host, t.port) ?? checkIntercepted(req, t);
-    if (checked instanceof ProxyError) {
-      refuseUpgrade(core, req, socket, base, path, checked);
-      return;
-    }
-    idleGuard(socket);
-    const rule = current.pickRule(t.host, t.port, checked.path);
-    relayUpgrade(core, req, socket, head, { scheme: 'https', ...base, pathAndQuery: checked.pathAndQuery, logPath: checked.path, rule });
-  });
-
-  /**
-   * Connections the proxy answered with a closing error (a parse error, a head timeout):
-   * writeRawError only half-closes them, and Node's parser, which is not in an error state after
-   * a timeout, would go on reading; nothing they send from then on is acted on.
-   */
-  const answered = new WeakSet<Duplex>();
-  /** A socket handed over (CONNECT, upgrade) after the proxy's closing answer: closed once that answer is out. */
-  const closeAfterAnswer = (socket: Duplex) => {
-    const s = socket as Socket;
-    if (typeof s.destroySoon === 'function') s.destroySoon();
-    else socket.destroy();
-  };
-  /** The lines of each connection's heads, for a segmentation-independent 414 or 431 (HeadLines). */
-  const lines = new WeakMap<Duplex, { lines: HeadLines; listener: (chunk: Buffer) => void }>();
-  const follow = (socket: Duplex) => {
-    const l = new HeadLines();
-    const listener = (chunk: Buffer) => l.feed(chunk);
-    lines.set(socket, { lines: l, listener });
-    socket.on('data', listener);
-  };
-  const stopFollowing = (socket: Duplex) => {
-    const l = lines.get(socket);
-    if (!l) return;
-    socket.off('data', l.listener);
-    lines.delete(socket);
-  };
-  inner.on('connection', follow);
-  const onClientError = (err: NodeJS.ErrnoException & { rawPacket?: Buffer; bytesParsed?: number }, socket: Duplex) => {
-    // Node's parser reports its error again for every chunk that follows: the first answer stands
-    // (destroying the socket here would drop that answer before it is flushed).
-    if (answered.has(socket)) return;
-    if (err.code === 'ECONNRESET' || !socket.writable) return socket.destroy();
-    answered.add(socket);
-    const perr = clientErrorResponse(err, limits, lines.get(socket)?.lines);
-    const client = tunnels.get(socket)?.client ?? clientOf(socket as Socket);
-    events.emit('client_error', { client, code: err.code ?? 'UNKNOWN', status: perr.status });
-    logger.info({ type: 'client_error', client, code: err.code, status: perr.status }, 'refused a request the parser rejected');
-    writeRawError(socket, perr);
-  };
-  inner.on('clientError', onClientError);
-  // CONNECT inside an intercepted tunnel: a tunnel in a tunnel is never opened (Node would only drop the connection).
-  inner.on('connect', (req: IncomingMessage, socket: Duplex) => {
-    const t = tunnels.get(socket);
-    stopFollowing(socket);
-    if (!t || answered.has(socket)) {
-      closeAfterAnswer(socket);
-      return;
-    }
-    refuseUpgrade(core, req, socket, { client: t.client, host: t.host, port: t.port, decision: 'intercept' }, '', malformed('CONNECT is not accepted inside a tunnel'));
-  });
-
-  const fastPath = opts.fastPath ?? process.env.KEYGATE_FAST_PATH !== '0';
-  const fast: FastPathOptions = {
+  const dp: DataPath = {
     core,
     limits,
-    // The checks of egressByName and checkIntercepted, without their answers or log lines:
-    // a request that fails one goes to the Node path, which refuses it as it always has.
-    check(head, t) {
-      if (current.egress.checkName(t.host, t.port)) return undefined;
-      const checked = checkTunnelTarget(head.target, head.host, true, t);
-      return checked instanceof ProxyError ? undefined : checked;
+    tunnels,
+    track(s) {
+      openSockets.add(s);
+      s.once('close', () => openSockets.delete(s));
     },
-    fallback(socket, bytes) {
-      inner.emit('connection', socket);
-      // The server now reads the socket; the bytes already read go to its parser first.
-      if (bytes.length) socket.emit('data', bytes);
-      socket.resume();
+    /**
+     * Sockets the HTTP server hands over (CONNECT, upgrades) lose its idle clock: no byte either
+     * way for idleTimeoutMs closes them. Traffic in either direction resets it, so a stream that
+     * makes progress is never cut.
+     */
+    idleGuard(s) {
+      const sock = s as Socket;
+      if (typeof sock.setTimeout !== 'function') return;
+      sock.setTimeout(limits.idleTimeoutMs);
+      sock.on('timeout', () => sock.destroy());
     },
+    reportRefusal<T>(planned: T | ProxyError): T | ProxyError {
+      if (planned instanceof EgressDenied) egressDenied(planned.host, planned.port, planned.refusal.kind);
+      return planned;
+    },
+    boundary: new NodeBoundary(core, limits, tunnels),
   };
 
-  async function intercept(client: Socket, head: Buffer, host: string, port: number, clientAddr: string): Promise<void> {
-    // The upstream handshake (for an origin with no connection open) overlaps the client's.
-    upstream.prewarm(host, port);
-    let ctx: tls.SecureContext;
-    try {
-      ctx = await minter.secureContext(host);
-    } catch (err) {
-      logger.error({ host, err: (err as Error).message }, 'certificate minting failed');
-      writeRawError(client, new ProxyError(500, 'proxy_internal_error', 'cannot issue a certificate for this host'));
-      return;
-    }
-    if (client.destroyed) return;
-    client.write(CONNECT_OK);
-    // The first byte tells TLS (a handshake record, 0x16) from cleartext HTTP sent through the
-    // tunnel (what some clients do for http:// URLs). Cleartext to a rule host is refused.
-    const first = head.length ? head : await firstChunk(client, timeouts.tlsHandshakeMs);
-    if (!first) {
-      client.destroy();
-      return;
-    }
-    client.unshift(first);
-    if (first[0] !== 0x16) {
-      refusePlaintextInTunnel(client, first, host, port, clientAddr);
-      return;
-    }
-    const tlsSocket = new tls.TLSSocket(client, { isServer: true, secureContext: ctx, ALPNProtocols: ['http/1.1'] });
-    tunnels.set(tlsSocket, { host, port, authority: formatAuthority(host, port), client: clientAddr, inFlight: 0 });
-    track(tlsSocket);
-    let secured = false;
-    const handshakeTimer = setTimeout(() => tlsSocket.destroy(), timeouts.tlsHandshakeMs);
-    tlsSocket.once('secure', () => {
-      secured = true;
-      clearTimeout(handshakeTimer);
-      // From here the inner server's idle clock (on the TLS socket) applies, request-aware.
-      client.setTimeout(0);
-      events.emit('tls_handshake', { host, ok: true });
-    });
-    tlsSocket.on('error', (err: NodeJS.ErrnoException) => {
-      if (!secured) {
-        clearTimeout(handshakeTimer);
-        const reason = err.code ?? 'handshake failed';
-        events.emit('tls_handshake', { host, ok: false, reason });
-        logger.info({ type: 'tls_handshake', client: clientAddr, host, port, ok: false, reason }, 'client TLS handshake failed (does the client trust the keygate CA?)');
-      }
-      tlsSocket.destroy();
-    });
-    tlsSocket.once('close', () => {
-      clearTimeout(handshakeTimer);
-      client.destroy();
-    });
-    if (fastPath) serveFast(tlsSocket, tunnels.get(tlsSocket)!, fast);
-    else inner.emit('connection', tlsSocket);
-  }
-
-  /**
-   * Cleartext HTTP inside a CONNECT tunnel to a rule host: refused like absolute-form http://
-   * to it. The request line (already read) names method and path for the log.
-   */
-  function refusePlaintextInTunnel(client: Socket, first: Buffer, host: string, port: number, clientAddr: string): void {
-    const started = performance.now();
-    const line = /^([A-Z]{1,16}) (\S+) HTTP\/1\.[01]\r?\n/.exec(first.subarray(0, 2048).toString('latin1'));
-    const path = line ? line[2].split('?')[0].slice(0, 200) : '';
-    const rec = newRecord({ method: line?.[1] ?? '' } as IncomingMessage, { client: clientAddr, host, port, decision: 'intercept' }, path);
-    const err = line ? refused('credentials are injected only over HTTPS: use https:// for this host') : malformed('neither TLS nor HTTP inside the tunnel');
-    rec.status = err.status;
-    rec.error = err.reason;
-    client.resume();
-    writeRawError(client, err);
-    finishRecord(core, rec, started);
-  }
-
-  // ---- the listener -------------------------------------------------------------------
-  const front = http.createServer(serverOptions(limits));
-  front.timeout = limits.idleTimeoutMs;
-
-  front.on('connect', (req: IncomingMessage, client: Socket, head: Buffer) => {
-    stopFollowing(client);
-    if (overLimit.has(client)) return;
-    if (answered.has(client)) {
-      closeAfterAnswer(client);
-      return;
-    }
-    const clientAddr = clientOf(client);
-    client.on('error', () => client.destroy());
-    idleGuard(client);
-    let target: { host: string; port: number };
-    try {
-      const tooBig = checkHead(req, limits);
-      if (tooBig) throw tooBig;
-      target = parseTarget(req.url, undefined);
-    } catch (err) {
-      const perr = err as ProxyError;
-      refuseUpgrade(core, req, client, { client: clientAddr, host: '', port: 0, decision: 'tunnel' }, '', perr);
-      return;
-    }
-    const { host, port } = target;
-    const config = current;
-    const decision = config.decide(host, port);
-    if (closing) {
-      refuseUpgrade(core, req, client, { client: clientAddr, host, port, decision }, '', new ProxyError(503, 'proxy_internal_response', 'proxy is shutting down'));
-      return;
-    }
-    if (core.isDenied(host, port)) {
-      refuseUpgrade(core, req, client, { client: clientAddr, host, port, decision }, '', refused(`${formatAuthority(host, port)} is not reachable through this proxy`));
-      return;
-    }
-    const denied = egressByName(host, port);
-    if (denied) {
-      refuseUpgrade(core, req, client, { client: clientAddr, host, port, decision }, '', denied);
-      return;
-    }
-    if (decision === 'intercept') {
-      void intercept(client, head, host, port, clientAddr);
-    } else {
-      openTunnel(core, client, head, { host, port, client: clientAddr, decision }, track);
-    }
-  });
-
-  /** Absolute-form plain HTTP: forwarded as is, unless a rule covers the host (no credentials in clear). */
-  function plainTarget(req: IncomingMessage): { host: string; port: number; pathAndQuery: string; decision: 'bypass' | 'tunnel' } | ProxyError {
-    const m = /^([a-zA-Z][a-zA-Z0-9+.-]*):\/\/([^/?#]*)(.*)$/.exec(req.url ?? '');
-    if (!m) return malformed('this is a proxy: send absolute-form requests (http://host/path) or CONNECT');
-    const scheme = m[1].toLowerCase();
-    if (scheme !== 'http' && scheme !== 'ws') return malformed(`use CONNECT for ${scheme}:// targets`);
-    if (m[2].includes('@')) return malformed('credentials in the request target are not accepted');
-    let t;
-    try {
-      t = parseAuthority(m[2], 80);
-    } catch {
-      return malformed('invalid target host');
-    }
-    const pathAndQuery = m[3] || '/';
-    if (!pathAndQuery.startsWith('/')) return malformed('invalid request target');
-    if (req.httpVersionMajor === 1 && req.httpVersionMinor >= 1 && req.headers.host === undefined) return malformed('missing Host header');
-    if (core.isDenied(t.host, t.port)) return refused(`${formatAuthority(t.host, t.port)} is not reachable through this proxy`);
-    const denied = egressByName(t.host, t.port);
-    if (denied) return denied;
-    const decision = current.decide(t.host, t.port);
-    if (decision === 'intercept') return refused('credentials are injected only over HTTPS: use https:// for this host');
-    return { ...t, pathAndQuery, decision };
-  }
-
-  front.on('request', (req: IncomingMessage, res: ServerResponse) => {
-    if (overLimit.has(req.socket) || answered.has(req.socket)) return;
-    const started = performance.now();
-    const clientAddr = clientOf(req.socket);
-    const t = checkHead(req, limits) ?? framingProblem(req) ?? plainTarget(req);
-    if (closing) res.shouldKeepAlive = false;
-    if (t instanceof ProxyError) {
-      const rec = newRecord(req, { client: clientAddr, host: '', port: 0, decision: 'tunnel' }, '');
-      try {
-        const m = /^[a-z]+:\/\/([^/?#]*)([^?#]*)/i.exec(req.url ?? '');
-        if (m) {
-          const a = parseAuthority(m[1], 80);
-          Object.assign(rec, { host: a.host, port: a.port, path: m[2] || '/', decision: current.decide(a.host, a.port) });
-        }
-      } catch {
-        /* the record keeps an empty host */
-      }
-      req.resume();
-      // Answered and closing: a request (or CONNECT) pipelined behind this one is never acted on.
-      answered.add(req.socket);
-      refuse(core, res, rec, started, t, REFUSAL_CLOSES);
-      return;
-    }
-    const logPath = t.pathAndQuery.split('?')[0];
-    const rec = newRecord(req, { client: clientAddr, host: t.host, port: t.port, decision: t.decision }, logPath);
-    void forward(core, req, res, { scheme: 'http', host: t.host, port: t.port, pathAndQuery: t.pathAndQuery, logPath, decision: t.decision, client: clientAddr }, rec, started);
-  });
-
-  front.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
-    stopFollowing(socket);
-    if (overLimit.has(socket)) return;
-    if (answered.has(socket)) {
-      closeAfterAnswer(socket);
-      return;
-    }
-    const clientAddr = clientOf(socket as Socket);
-    idleGuard(socket);
-    const t = checkHead(req, limits) ?? framingProblem(req) ?? plainTarget(req);
-    if (t instanceof ProxyError) {
-      refuseUpgrade(core, req, socket, { client: clientAddr, host: '', port: 0, decision: 'tunnel' }, '', t);
-      return;
-    }
-    if (String(req.headers.upgrade).toLowerCase() !== 'websocket') {
-      refuseUpgrade(core, req, socket, { client: clientAddr, host: t.host, port: t.port, decision: t.decision }, '', malformed('only WebSocket upgrades are supported'));
-      return;
-    }
-    const logPath = t.pathAndQuery.split('?')[0];
-    relayUpgrade(core, req, socket, head, { scheme: 'http', host: t.host, port: t.port, pathAndQuery: t.pathAndQuery, logPath, decision: t.decision, client: clientAddr });
-  });
-
-  front.on('clientError', onClientError);
-
-  // Connection limits: counted per listener and per client address; over the limit the
-  // client hears why (503) instead of a silent reset, and nothing it sent is acted on.
-  let connections = 0;
-  const perClient = new Map<string, number>();
-  const overLimit = new WeakSet<Duplex>();
-  front.on('connection', (s: Socket) => {
-    track(s);
-    const addr = (s.remoteAddress ?? '').replace(/^::ffff:/, '');
-    const mine = (perClient.get(addr) ?? 0) + 1;
-    if (connections + 1 > limits.maxConnections || mine > limits.maxConnectionsPerClient) {
-      overLimit.add(s);
-      const total = connections + 1 > limits.maxConnections;
-      events.emit('connection_refused', { client: addr, reason: total ? 'max_connections' : 'max_connections_per_client' });
-      logger.warn({ type: 'connection_refused', client: addr, connections, from_client: mine - 1 }, 'connection limit reached');
-      s.on('error', () => s.destroy());
-      writeRawError(s, overloaded(total ? `the proxy has reached its limit of ${limits.maxConnections} connections; retry later` : `this client has reached its limit of ${limits.maxConnectionsPerClient} connections; close some first`));
-      const kill = setTimeout(() => s.destroy(), 2000);
-      s.once('close', () => clearTimeout(kill));
-      return;
-    }
-    connections++;
-    perClient.set(addr, mine);
-    follow(s);
-    s.once('close', () => {
-      connections--;
-      const n = (perClient.get(addr) ?? 1) - 1;
-      if (n <= 0) perClient.delete(addr);
-      else perClient.set(addr, n);
-    });
-  });
+  // ---- the exchanges, and the listener -------------------------------------------------------
+  const node = createNodeExchange(dp);
+  const fastPath = opts.fastPath ?? process.env.KEYGATE_FAST_PATH !== '0';
+  const fastOptions = {
+    core,
+    limits,
+    plan: (facts: Parameters<typeof planIntercepted>[0], t: TunnelTarget, config: CompiledConfig) => dp.reportRefusal(planIntercepted(facts, t, config, limits)),
+    fallback: node.adopt,
+  };
+  const fast: Exchange | undefined = fastPath ? { name: 'fast', serve: (socket, t) => serveFast(socket, t, fastOptions) } : undefined;
+  const exchanges = { fast, node };
+  const front = createListener(dp, (client, head, host, port, clientAddr) => void intercept(dp, minter, exchanges, client, head, host, port, clientAddr));
 
   await new Promise<void>((resolve, reject) => {
     front.once('error', reject);
@@ -701,8 +241,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
         }
         for (const s of openSockets) s.destroy();
         await stopped;
-        // Stops the inner server's head-timeout clock (it never listened: the callback gets ERR_SERVER_NOT_RUNNING).
-        inner.close(() => undefined);
+        node.close();
         await upstream.close();
       })();
       return closed;

@@ -2,7 +2,7 @@ import type { OnReadOpts, Socket } from 'node:net';
 import type { Decision } from '../rules/compile.js';
 import type { ProxyCore, TunnelRecord } from './context.js';
 import { ProxyError, upstreamError, writeRawError } from './errors.js';
-import { accessLog } from './forward.js';
+import { accessLog } from './record.js';
 import { chunkRelayed } from './buffer-gc.js';
 
 export const CONNECT_OK = 'HTTP/1.1 200 Connection Established\r\n\r\n';

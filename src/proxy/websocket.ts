@@ -3,7 +3,8 @@ import { STATUS_CODES } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore } from './context.js';
-import { finishRecord, newRecord, type ForwardTarget } from './forward.js';
+import type { ForwardTarget } from './forward.js';
+import { finishRecord, newRecord } from './record.js';
 import { ProxyError, upstreamError, writeRawError } from './errors.js';
 import { filterRawResponseHeaders, upstreamRequestHeaders } from './headers.js';
 
@@ -18,7 +19,7 @@ function rawHead(status: number, message: string | undefined, headers: string[])
 
 export function refuseUpgrade(core: ProxyCore, req: IncomingMessage, socket: Duplex, t: Pick<UpgradeTarget, 'client' | 'host' | 'port' | 'decision'>, path: string, err: ProxyError): void {
   const started = performance.now();
-  const rec = newRecord(req, t, path);
+  const rec = newRecord(req.method ?? '', t, path);
   rec.status = err.status;
   rec.error = err.reason;
   writeRawError(socket, err);
@@ -42,7 +43,7 @@ export function relayUpgrade(core: ProxyCore, req: IncomingMessage, socket: Dupl
     (err: unknown) => {
       const perr = upstreamError(err, t.host);
       if (!(err instanceof ProxyError)) core.events.emit('upstream_error', { host: t.host, reason: perr.reason });
-      const rec = newRecord(req, t, t.logPath);
+      const rec = newRecord(req.method ?? '', t, t.logPath);
       rec.status = perr.status;
       rec.error = perr.reason;
       writeRawError(socket, perr);
@@ -52,7 +53,7 @@ export function relayUpgrade(core: ProxyCore, req: IncomingMessage, socket: Dupl
 }
 
 function relayTo(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Buffer, t: UpgradeTarget, address: string, started: number): void {
-  const rec = newRecord(req, t, t.logPath);
+  const rec = newRecord(req.method ?? '', t, t.logPath);
   rec.rule = t.rule?.name ?? null;
   rec.injected = t.rule?.headerNames ?? [];
   const headers = upstreamRequestHeaders(req.rawHeaders, { rule: t.rule, websocket: true });

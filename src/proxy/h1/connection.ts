@@ -1,12 +1,13 @@
 import { STATUS_CODES } from 'node:http';
 import type { TLSSocket } from 'node:tls';
-import type { CompiledRule } from '../../rules/compile.js';
+import type { CompiledConfig, CompiledRule } from '../../rules/compile.js';
 import { urlAuthority } from '../../rules/host.js';
 import type { ProxyCore, RequestRecord, TunnelTarget } from '../context.js';
-import { errorResponse, ProxyError, upstreamError } from '../errors.js';
-import { finishRecord } from '../forward.js';
+import { errorResponse, ProxyError, upstreamError, writeRawError } from '../errors.js';
+import type { InterceptPlan, RequestFacts } from '../plan.js';
+import { finishRecord, newRecord, refusedPath } from '../record.js';
 import { filterRawResponseHeaders, upstreamRequestHeaders } from '../headers.js';
-import { headTimeout, type ProxyLimits } from '../limits.js';
+import { headTimeout, idleCutsExchange, type ProxyLimits } from '../limits.js';
 import { chunkRelayed } from '../buffer-gc.js';
 import { ChunkedScanner } from './chunked.js';
 import { keepAliveHintMs, usable } from './pool.js';
@@ -18,14 +19,15 @@ import { parseRequestHead, parseResponseHead, type RequestHead, type ResponseHea
  * (IncomingMessage, ServerResponse) and undici's dispatcher. Profiles put those layers at
  * about three quarters of the proxy's CPU per small request (bench/README.md).
  *
- * It only takes what it can read beyond doubt (src/proxy/h1/head.ts). Any other request head,
- * and any request the proxy's checks would refuse (authority, path, egress by name), is handed
- * with its bytes untouched to the Node path (`fallback`), which then owns the connection: every
- * refusal and every unusual message keeps exactly the handling, tests and answers it has there.
- * Hand-over happens only between exchanges, with nothing in flight.
+ * It only takes what it can read beyond doubt (src/proxy/h1/head.ts). Any other request head
+ * is handed with its bytes untouched to the Node path (`fallback`), which then owns the
+ * connection. Every head it does take goes through the same plan step as the Node path's
+ * (src/proxy/plan.ts): a refusal is answered here, rendered by errors.ts, and closes the
+ * connection, so nothing pipelined behind it is acted on. Hand-over happens only between
+ * exchanges, with nothing in flight.
  *
  * What it keeps of the Node path's guarantees: the request goes to the CONNECT target only
- * (`check` compares Host with it), on the normalised path; the rule's headers replace every
+ * (the plan compares Host with it), on the normalised path; the rule's headers replace every
  * client header of the same names (upstreamRequestHeaders); hop-by-hop headers are dropped
  * both ways; framing toward each side is the proxy's own (Content-Length as counted, or
  * chunked relayed through a strict scanner), never a header the client or upstream could
@@ -36,12 +38,8 @@ import { parseRequestHead, parseResponseHead, type RequestHead, type ResponseHea
 export interface FastPathOptions {
   core: ProxyCore;
   limits: ProxyLimits;
-  /**
-   * The proxy's checks on a parsed head (authority against the CONNECT target, path
-   * normalisation, egress by name), without side effects: the path to use, or undefined to
-   * let the Node path handle (and answer) this request.
-   */
-  check(head: RequestHead, t: TunnelTarget): { pathAndQuery: string; path: string } | undefined;
+  /** The plan step (src/proxy/plan.ts): where the request goes and with which rule, or its refusal. */
+  plan(facts: RequestFacts, t: TunnelTarget, config: CompiledConfig): InterceptPlan | ProxyError;
   /** The Node path: takes over the socket, `bytes` being the first it reads. */
   fallback(socket: TLSSocket, bytes: Buffer): void;
 }
@@ -173,7 +171,7 @@ class FastConnection {
       if (this.pending.length === 0) this.socket.destroy();
       return;
     }
-    if (this.bodyLeft > 0 || (this.headersSent && this.socket.writableLength > 0)) this.socket.destroy();
+    if (idleCutsExchange(this.bodyLeft > 0, this.headersSent && this.socket.writableLength > 0)) this.socket.destroy();
   };
 
   private readonly onClientDrain = (): void => {
@@ -198,7 +196,7 @@ class FastConnection {
         // Answered and closing: nothing the client sends from here is acted on.
         this.phase = 'done';
         this.pending = EMPTY;
-        this.socket.end(errorResponse(headTimeout(), true));
+        writeRawError(this.socket, headTimeout());
       }, this.limits.headerTimeoutMs);
       return;
     }
@@ -206,17 +204,35 @@ class FastConnection {
     this.headTimer = undefined;
     if (head === 'fallback') return this.handOver('head');
     if (this.core.draining()) return this.handOver('draining');
-    const checked = this.o.check(head, this.t);
-    if (!checked) return this.handOver('check');
-    this.begin(head, checked);
+    const config = this.core.config(); // one snapshot for the whole request
+    const planned = this.o.plan({ method: head.method, target: head.target, version: 11, rawHeaders: head.rawHeaders }, this.t, config);
+    if (planned instanceof ProxyError) return this.refuse(head, planned);
+    this.begin(head, planned);
+  }
+
+  /**
+   * The plan refused this request: the proxy's own answer, one record, and the connection
+   * closes. Nothing read after it (a pipelined request) is acted on.
+   */
+  private refuse(head: RequestHead, err: ProxyError): void {
+    clearTimeout(this.headTimer);
+    this.phase = 'done';
+    this.pending = EMPTY;
+    this.returnKept();
+    const started = performance.now();
+    const rec = newRecord(head.method, { client: this.t.client, host: this.t.host, port: this.t.port, decision: 'intercept' }, refusedPath(head.target), 'fast');
+    rec.status = err.status;
+    rec.error = err.reason;
+    writeRawError(this.socket, err);
+    finishRecord(this.core, rec, started);
   }
 
   /**
    * Gives the connection to the Node path for good. `reason`: the head is not one the fast
-   * parser takes ('head'), a check would refuse the request ('check'), or the proxy is
-   * shutting down ('draining'). Counted, so an operator sees traffic that misses the fast path.
+   * parser takes ('head'), or the proxy is shutting down ('draining'). Counted, so an operator
+   * sees traffic that misses the fast path.
    */
-  private handOver(reason: 'head' | 'check' | 'draining'): void {
+  private handOver(reason: 'head' | 'draining'): void {
     this.handedOver = true;
     this.core.events.emit('fast_path_fallback', { reason });
     const s = this.socket;
@@ -234,32 +250,18 @@ class FastConnection {
 
   // ---- one exchange ---------------------------------------------------------------------------
 
-  private begin(head: RequestHead, checked: { pathAndQuery: string; path: string }): void {
+  private begin(head: RequestHead, planned: InterceptPlan): void {
     const t = this.t;
-    const config = this.core.config(); // one snapshot for the whole request
-    const rule = config.pickRule(t.host, t.port, checked.path);
+    const rule = planned.rule;
     this.started = performance.now();
-    this.rec = {
-      type: 'request',
-      client: t.client,
-      method: head.method,
-      host: t.host,
-      port: t.port,
-      path: checked.path,
-      decision: 'intercept',
-      via: 'fast',
-      rule: rule?.name ?? null,
-      injected: rule?.headerNames ?? [],
-      status: 0,
-      bytes_in: 0,
-      bytes_out: 0,
-      duration_ms: 0,
-    };
+    this.rec = newRecord(head.method, { client: t.client, host: t.host, port: t.port, decision: 'intercept' }, planned.path, 'fast');
+    this.rec.rule = rule?.name ?? null;
+    this.rec.injected = rule?.headerNames ?? [];
     t.inFlight++;
     this.phase = 'connecting';
     this.method = head.method;
     this.clientClose = head.close;
-    this.requestHead = requestHead(head, checked.pathAndQuery, this.authority, rule);
+    this.requestHead = requestHead(head, planned.pathAndQuery, this.authority, rule);
     this.retried = false;
     this.upstreamReusable = true;
     this.headersSent = false;

@@ -1,0 +1,139 @@
+import http, { type IncomingMessage } from 'node:http';
+import type { Socket } from 'node:net';
+import type { Duplex } from 'node:stream';
+import { formatAuthority } from '../rules/host.js';
+import type { ProxyCore, TunnelTarget } from './context.js';
+import { chunkExtensionsTooLarge, headTimeout, malformed, ProxyError, writeRawError } from './errors.js';
+import { HeadLines, type ProxyLimits } from './limits.js';
+import type { RequestFacts } from './plan.js';
+
+/**
+ * What the data-path steps share, built once by startProxy: the core (configuration snapshot,
+ * upstream, log, events), the limits, the intercepted tunnels by socket, and the boundary of
+ * Node's HTTP parser (below).
+ */
+export interface DataPath {
+  core: ProxyCore;
+  limits: ProxyLimits;
+  /** The CONNECT target of each intercepted (TLS) socket. */
+  tunnels: WeakMap<Duplex, TunnelTarget>;
+  /** Counts a socket as open until it closes (graceful close waits for them). */
+  track(s: Duplex): void;
+  /** The idle clock of a socket Node's server handed over (CONNECT, upgrade). */
+  idleGuard(s: Duplex): void;
+  /** An egress refusal from the plan step is logged and emitted (the plan itself has no side effects). */
+  reportRefusal<T>(planned: T | ProxyError): T | ProxyError;
+  boundary: NodeBoundary;
+}
+
+export function clientOf(socket: Socket): string {
+  return socket.remoteAddress ? formatAuthority(socket.remoteAddress.replace(/^::ffff:/, ''), socket.remotePort ?? 0) : 'unknown';
+}
+
+/**
+ * A request the proxy refuses closes its connection: after a framing or size error the
+ * connection's framing cannot be trusted, and after a refusal of the request's target, method
+ * or destination nothing pipelined behind it is acted on either (RFC 9110 15.5.20: a 421 is
+ * retried on another connection anyway).
+ */
+export const REFUSAL_CLOSES = true;
+
+/** What the plan step needs of a request Node's parser read. */
+export function factsOf(req: IncomingMessage): RequestFacts {
+  return { method: req.method ?? '', target: req.url ?? '', version: req.httpVersionMajor * 10 + req.httpVersionMinor, rawHeaders: req.rawHeaders };
+}
+
+/** Options for both HTTP servers: the parser strict whatever NODE_OPTIONS says, sizes and clocks from the limits. */
+export function serverOptions(l: ProxyLimits): http.ServerOptions {
+  return {
+    insecureHTTPParser: false,
+    // Node would answer a missing Host itself, outside the proxy's checks (no Proxy-Status, and a
+    // request pipelined behind it would still be acted on): the checks answer it instead.
+    requireHostHeader: false,
+    maxHeaderSize: l.maxHeaderBytes,
+    requestTimeout: 0, // uploads and streams may be long: only idle clocks apply to them
+    headersTimeout: l.headerTimeoutMs,
+    keepAliveTimeout: l.keepAliveTimeoutMs,
+    // Node checks head timeouts on this interval: a quarter of the timeout keeps the answer close to it.
+    connectionsCheckingInterval: Math.max(50, Math.min(1000, Math.floor(l.headerTimeoutMs / 4))),
+  };
+}
+
+type ParserError = NodeJS.ErrnoException & { rawPacket?: Buffer; bytesParsed?: number };
+
+/** The answer to a request Node's parser refused (or timed out). */
+function clientErrorResponse(err: ParserError, l: ProxyLimits, lines: HeadLines | undefined): ProxyError {
+  switch (err.code) {
+    case 'HPE_HEADER_OVERFLOW':
+      return (lines ?? new HeadLines()).answer(l, err.rawPacket, err.bytesParsed);
+    case 'ERR_HTTP_REQUEST_TIMEOUT':
+      return headTimeout();
+    case 'HPE_CHUNK_EXTENSIONS_OVERFLOW':
+      return chunkExtensionsTooLarge();
+    default:
+      return malformed(`malformed HTTP request (${/^HPE_[A-Z_]+$/.test(err.code ?? '') ? err.code : 'parse error'})`);
+  }
+}
+
+/**
+ * The boundary of Node's HTTP parser, shared by the listener's server and the Node exchange's:
+ * which connections the proxy has answered with a closing refusal (nothing they send from then
+ * on is acted on: a pipelined request, a CONNECT, an upgrade), the lines of each connection's
+ * heads (a 414 or 431 that does not depend on segmentation), and the answer to a parse error.
+ */
+export class NodeBoundary {
+  private readonly answered = new WeakSet<Duplex>();
+  private readonly lines = new WeakMap<Duplex, { lines: HeadLines; listener: (chunk: Buffer) => void }>();
+
+  constructor(
+    private readonly core: ProxyCore,
+    private readonly limits: ProxyLimits,
+    private readonly tunnels: WeakMap<Duplex, TunnelTarget>,
+  ) {}
+
+  /** The connection was answered with a closing refusal. */
+  answer(socket: Duplex): void {
+    this.answered.add(socket);
+  }
+
+  isAnswered(socket: Duplex): boolean {
+    return this.answered.has(socket);
+  }
+
+  /** A socket handed over (CONNECT, upgrade) after the proxy's closing answer: closed once that answer is out. */
+  closeAfterAnswer(socket: Duplex): void {
+    const s = socket as Socket;
+    if (typeof s.destroySoon === 'function') s.destroySoon();
+    else socket.destroy();
+  }
+
+  /** Follows a connection's lines from its first byte (a later 'data' listener than the parser's). */
+  follow(socket: Duplex): void {
+    const l = new HeadLines();
+    const listener = (chunk: Buffer) => l.feed(chunk);
+    this.lines.set(socket, { lines: l, listener });
+    socket.on('data', listener);
+  }
+
+  /** Node's parser no longer reads this socket (CONNECT, upgrade). */
+  stopFollowing(socket: Duplex): void {
+    const l = this.lines.get(socket);
+    if (!l) return;
+    socket.off('data', l.listener);
+    this.lines.delete(socket);
+  }
+
+  /** The servers' 'clientError': the proxy's answer to what the parser refused, once per connection. */
+  readonly onClientError = (err: ParserError, socket: Duplex): void => {
+    // Node's parser reports its error again for every chunk that follows: the first answer stands
+    // (destroying the socket here would drop that answer before it is flushed).
+    if (this.answered.has(socket)) return;
+    if (err.code === 'ECONNRESET' || !socket.writable) return void socket.destroy();
+    this.answered.add(socket);
+    const perr = clientErrorResponse(err, this.limits, this.lines.get(socket)?.lines);
+    const client = this.tunnels.get(socket)?.client ?? clientOf(socket as Socket);
+    this.core.events.emit('client_error', { client, code: err.code ?? 'UNKNOWN', status: perr.status });
+    this.core.logger.info({ type: 'client_error', client, code: err.code, status: perr.status }, 'refused a request the parser rejected');
+    writeRawError(socket, perr);
+  };
+}

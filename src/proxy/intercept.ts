@@ -1,0 +1,105 @@
+import type { Socket } from 'node:net';
+import tls from 'node:tls';
+import type { LeafMinter } from '../certs/leaf.js';
+import { formatAuthority } from '../rules/host.js';
+import type { DataPath } from './boundary.js';
+import { internal, malformed, refused, writeRawError } from './errors.js';
+import { ALPN_PROTOCOLS, chooseExchange, type Exchange } from './exchange.js';
+import { finishRecord, newRecord, refusedPath } from './record.js';
+import { CONNECT_OK } from './tunnel.js';
+
+/** The first bytes a client sends, or undefined if it closes or stays silent. */
+function firstChunk(socket: Socket, timeoutMs: number): Promise<Buffer | undefined> {
+  return new Promise((resolve) => {
+    const done = (chunk?: Buffer) => {
+      clearTimeout(timer);
+      socket.off('data', onData);
+      socket.off('close', onClose);
+      socket.pause();
+      resolve(chunk);
+    };
+    const onData = (chunk: Buffer) => done(chunk);
+    const onClose = () => done(undefined);
+    const timer = setTimeout(() => done(undefined), timeoutMs);
+    socket.on('data', onData);
+    socket.once('close', onClose);
+  });
+}
+
+/**
+ * The intercept step: a CONNECT to a rule host, answered 200, then TLS terminated with a leaf
+ * minted for the host, and the connection given to an exchange (the one switch point,
+ * exchange.ts). Cleartext HTTP sent into the tunnel is refused like `http://` to a rule host.
+ */
+export async function intercept(dp: DataPath, minter: LeafMinter, exchanges: { fast?: Exchange; node: Exchange }, client: Socket, head: Buffer, host: string, port: number, clientAddr: string): Promise<void> {
+  const { core } = dp;
+  // The upstream handshake (for an origin with no connection open) overlaps the client's.
+  core.upstream.prewarm(host, port);
+  let ctx: tls.SecureContext;
+  try {
+    ctx = await minter.secureContext(host);
+  } catch (err) {
+    core.logger.error({ host, err: (err as Error).message }, 'certificate minting failed');
+    writeRawError(client, internal('cannot issue a certificate for this host'));
+    return;
+  }
+  if (client.destroyed) return;
+  client.write(CONNECT_OK);
+  // The first byte tells TLS (a handshake record, 0x16) from cleartext HTTP sent through the
+  // tunnel (what some clients do for http:// URLs). Cleartext to a rule host is refused.
+  const first = head.length ? head : await firstChunk(client, core.timeouts.tlsHandshakeMs);
+  if (!first) {
+    client.destroy();
+    return;
+  }
+  client.unshift(first);
+  if (first[0] !== 0x16) {
+    refusePlaintextInTunnel(dp, client, first, host, port, clientAddr);
+    return;
+  }
+  const tlsSocket = new tls.TLSSocket(client, { isServer: true, secureContext: ctx, ALPNProtocols: ALPN_PROTOCOLS });
+  const t = { host, port, authority: formatAuthority(host, port), client: clientAddr, inFlight: 0 };
+  dp.tunnels.set(tlsSocket, t);
+  dp.track(tlsSocket);
+  let secured = false;
+  const handshakeTimer = setTimeout(() => tlsSocket.destroy(), core.timeouts.tlsHandshakeMs);
+  tlsSocket.once('secure', () => {
+    secured = true;
+    clearTimeout(handshakeTimer);
+    // From here the exchange's idle clock (on the TLS socket) applies, request-aware.
+    client.setTimeout(0);
+    core.events.emit('tls_handshake', { host, ok: true });
+  });
+  tlsSocket.on('error', (err: NodeJS.ErrnoException) => {
+    if (!secured) {
+      clearTimeout(handshakeTimer);
+      const reason = err.code ?? 'handshake failed';
+      core.events.emit('tls_handshake', { host, ok: false, reason });
+      core.logger.info({ type: 'tls_handshake', client: clientAddr, host, port, ok: false, reason }, 'client TLS handshake failed (does the client trust the keygate CA?)');
+    }
+    tlsSocket.destroy();
+  });
+  tlsSocket.once('close', () => {
+    clearTimeout(handshakeTimer);
+    client.destroy();
+  });
+  // Chosen now, with only HTTP/1.1 offered, so the first request is read the moment it arrives;
+  // with h2 offered the choice moves to 'secure', where the negotiated protocol is known.
+  chooseExchange(tlsSocket.alpnProtocol, exchanges).serve(tlsSocket, t);
+}
+
+/**
+ * Cleartext HTTP inside a CONNECT tunnel to a rule host: refused like absolute-form http://
+ * to it. The request line (already read) names method and path for the log.
+ */
+function refusePlaintextInTunnel(dp: DataPath, client: Socket, first: Buffer, host: string, port: number, clientAddr: string): void {
+  const started = performance.now();
+  const line = /^([A-Z]{1,16}) (\S+) HTTP\/1\.[01]\r?\n/.exec(first.subarray(0, 2048).toString('latin1'));
+  const rec = newRecord(line?.[1] ?? '', { client: clientAddr, host, port, decision: 'intercept' }, line ? refusedPath(line[2]) : '');
+  const err = line ? refused('credentials are injected only over HTTPS: use https:// for this host') : malformed('neither TLS nor HTTP inside the tunnel');
+  rec.status = err.status;
+  rec.error = err.reason;
+  client.resume();
+  writeRawError(client, err);
+  finishRecord(dp.core, rec, started);
+}

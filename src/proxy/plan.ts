@@ -1,0 +1,196 @@
+import type { CompiledConfig, CompiledRule, Decision } from '../rules/compile.js';
+import { formatAuthority, parseAuthority, RuleInputError } from '../rules/host.js';
+import { isPathRefusal, normalisePath } from '../rules/path.js';
+import { EgressDenied } from './egress.js';
+import { malformed, misdirected, ProxyError, reflecting, refused, tooLarge, uriTooLong } from './errors.js';
+import type { ProxyLimits } from './limits.js';
+
+/**
+ * The plan step of the data path: what to do with one request, decided from what an exchange
+ * read of it, the configuration snapshot the request took and the limits. Pure: no socket, no
+ * clock, no log line, no event (the caller reports an egress refusal: `EgressDenied`). Every
+ * exchange (Node's parser, the strict HTTP/1.1 fast path, HTTP/2 next) calls it, so every
+ * request meets the same checks in the same order, and a refusal is a value the exchange
+ * renders (errors.ts) and after which it closes the connection.
+ *
+ * Order: the head against the limits, its framing, the method, the destination (the egress
+ * policy by name, then the authority), the path; then the rule.
+ */
+
+/**
+ * One request as an exchange read it. HTTP/1.x fills it from the request line and the fields;
+ * HTTP/2 would fill `method` and `target` from `:method` and `:path`, and give `:authority` as
+ * the one `host` value (`version` 20).
+ */
+export interface RequestFacts {
+  method: string;
+  /** The request target as sent: origin form, absolute form, `*` or an authority. */
+  target: string;
+  /** 10 for HTTP/1.0, 11 for HTTP/1.1, 20 for HTTP/2. */
+  version: number;
+  /** `[name, value, ...]` as received. */
+  rawHeaders: readonly string[];
+}
+
+/** Where an intercepted request goes: the CONNECT target, always. */
+export interface TunnelDestination {
+  host: string;
+  port: number;
+  /** `host:port` as normalised (brackets for IPv6). */
+  authority: string;
+}
+
+/** An intercepted request that may go: the exact path and query to send, and the rule whose headers it gets. */
+export interface InterceptPlan {
+  pathAndQuery: string;
+  /** The normalised path (what the rules matched, what the log shows). */
+  path: string;
+  rule: CompiledRule | undefined;
+}
+
+/** A plain (absolute-form `http://`) request that may go: never with a rule's headers. */
+export interface PlainPlan {
+  host: string;
+  port: number;
+  pathAndQuery: string;
+  decision: Exclude<Decision, 'intercept'>;
+}
+
+const ABSOLUTE = /^([a-zA-Z][a-zA-Z0-9+.-]*):\/\/([^/?#]*)(.*)$/;
+
+/**
+ * The limits Node's parser does not enforce exactly: the request line (the parser only bounds
+ * line + fields together) and the number of fields (Node keeps one more than the limit so that
+ * going over is visible here).
+ */
+export function checkHead(req: RequestFacts, l: Pick<ProxyLimits, 'maxRequestLineBytes' | 'maxHeaderCount'>): ProxyError | undefined {
+  const line = req.method.length + 1 + req.target.length + 9;
+  if (line > l.maxRequestLineBytes) return uriTooLong(`request line longer than ${l.maxRequestLineBytes} bytes`);
+  if (req.rawHeaders.length / 2 > l.maxHeaderCount) return tooLarge(`more than ${l.maxHeaderCount} header fields`);
+  return undefined;
+}
+
+/**
+ * Message framing the proxy will not relay, because a next hop could read it differently
+ * (request smuggling): any Transfer-Encoding other than exactly one `chunked` on HTTP/1.1.
+ * Node's parser (strict, never lenient here) already refuses Content-Length with
+ * Transfer-Encoding, duplicate or malformed Content-Length, obs-fold, bare CR/LF and invalid
+ * bytes; transfer codings it passes through (`gzip, chunked`) are refused here, since the proxy
+ * re-frames the body and the coding would be lost.
+ */
+export function framingProblem(req: RequestFacts): ProxyError | undefined {
+  let te: string | undefined;
+  let count = 0;
+  for (let i = 0; i < req.rawHeaders.length; i += 2) {
+    const name = req.rawHeaders[i];
+    if (name.length === 17 && name.toLowerCase() === 'transfer-encoding') {
+      count++;
+      te = req.rawHeaders[i + 1];
+    }
+  }
+  if (count === 0) return undefined;
+  if (req.version !== 11) return malformed('Transfer-Encoding is not accepted on HTTP/1.0 requests');
+  if (count > 1 || te!.trim().toLowerCase() !== 'chunked') return malformed('only Transfer-Encoding: chunked is accepted');
+  return undefined;
+}
+
+/** The Host values of a request. */
+function hostValues(req: RequestFacts): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < req.rawHeaders.length; i += 2) {
+    if (req.rawHeaders[i].length === 4 && req.rawHeaders[i].toLowerCase() === 'host') out.push(req.rawHeaders[i + 1]);
+  }
+  return out;
+}
+
+/**
+ * Inside a tunnel the CONNECT target is the only destination: an absolute-form request target
+ * and the Host header must both name it (a missing Host is refused on HTTP/1.1), and the path
+ * must normalise. The path and query to forward, or the refusal.
+ */
+export function tunnelTarget(req: RequestFacts, t: TunnelDestination): { pathAndQuery: string; path: string } | ProxyError {
+  const hosts = hostValues(req);
+  if (hosts.length > 1) return malformed('more than one Host header');
+  let target = req.target;
+  if (!target.startsWith('/')) {
+    const m = ABSOLUTE.exec(target);
+    if (!m) return malformed('unsupported request target');
+    if (m[1].toLowerCase() !== 'https') return malformed('only https requests are accepted inside a tunnel');
+    let abs;
+    try {
+      abs = parseAuthority(m[2], 443);
+    } catch {
+      return malformed('invalid authority in request target');
+    }
+    if (abs.host !== t.host || abs.port !== t.port) return misdirected(`request names ${formatAuthority(abs.host, abs.port)} inside a tunnel to ${t.authority}`);
+    target = m[3] || '/';
+  }
+  if (hosts.length === 1) {
+    let h;
+    try {
+      h = parseAuthority(hosts[0], 443);
+    } catch {
+      return malformed('invalid Host header');
+    }
+    if (h.host !== t.host || h.port !== t.port) return misdirected(`Host ${formatAuthority(h.host, h.port)} does not match the tunnel to ${t.authority}`);
+  } else if (req.version >= 11) {
+    return malformed('missing Host header');
+  }
+  const n = normalisePath(target);
+  if (isPathRefusal(n)) return malformed(n.error);
+  return { pathAndQuery: n.path + n.query, path: n.path };
+}
+
+/** A request inside an intercepted tunnel to `t`: where it goes and with which rule, or why not. */
+export function planIntercepted(req: RequestFacts, t: TunnelDestination, config: CompiledConfig, limits: ProxyLimits): InterceptPlan | ProxyError {
+  const bad = checkHead(req, limits) ?? framingProblem(req);
+  if (bad) return bad;
+  // A method whose answer reflects the request would hand the injected value back.
+  if (req.method === 'TRACE') return reflecting();
+  const denied = config.egress.checkName(t.host, t.port);
+  if (denied) return new EgressDenied(denied, t.host, t.port);
+  const target = tunnelTarget(req, t);
+  if (target instanceof ProxyError) return target;
+  return { ...target, rule: config.pickRule(t.host, t.port, target.path) };
+}
+
+/**
+ * An absolute-form `http://` request on the plain listener: forwarded as is to a host no rule
+ * covers; a rule host is refused (credentials travel only over verified TLS). `isDenied` names
+ * the proxy's own listeners (a loop, or the admin API).
+ */
+export function planPlain(req: RequestFacts, config: CompiledConfig, limits: ProxyLimits, isDenied: (host: string, port: number) => boolean): PlainPlan | ProxyError {
+  const bad = checkHead(req, limits) ?? framingProblem(req);
+  if (bad) return bad;
+  const m = ABSOLUTE.exec(req.target);
+  if (!m) return malformed('this is a proxy: send absolute-form requests (http://host/path) or CONNECT');
+  const scheme = m[1].toLowerCase();
+  if (scheme !== 'http' && scheme !== 'ws') return malformed(`use CONNECT for ${scheme}:// targets`);
+  if (m[2].includes('@')) return malformed('credentials in the request target are not accepted');
+  let t;
+  try {
+    t = parseAuthority(m[2], 80);
+  } catch {
+    return malformed('invalid target host');
+  }
+  const pathAndQuery = m[3] || '/';
+  if (!pathAndQuery.startsWith('/')) return malformed('invalid request target');
+  if (req.version >= 11 && hostValues(req).length === 0) return malformed('missing Host header');
+  if (isDenied(t.host, t.port)) return refused(`${formatAuthority(t.host, t.port)} is not reachable through this proxy`);
+  const denied = config.egress.checkName(t.host, t.port);
+  if (denied) return new EgressDenied(denied, t.host, t.port);
+  const decision = config.decide(t.host, t.port);
+  if (decision === 'intercept') return refused('credentials are injected only over HTTPS: use https:// for this host');
+  return { ...t, pathAndQuery, decision };
+}
+
+/** A CONNECT request's target, or why it is refused (before any policy: the listener applies that). */
+export function connectTarget(req: RequestFacts, limits: ProxyLimits): { host: string; port: number } | ProxyError {
+  const bad = checkHead(req, limits);
+  if (bad) return bad;
+  try {
+    return parseAuthority(req.target, undefined);
+  } catch (err) {
+    return malformed(`invalid target host: ${err instanceof RuleInputError ? err.message : 'unparseable'}`);
+  }
+}

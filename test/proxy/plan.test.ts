@@ -1,0 +1,100 @@
+/**
+ * The plan step (src/proxy/plan.ts) without a socket: what every exchange calls for each request.
+ * Refusals are values with a status, an RFC 9209 type and a code; an allowed request carries the
+ * exact path to send and the rule whose headers it gets.
+ */
+import { describe, expect, it } from 'vitest';
+import { EgressDenied } from '../../src/proxy/egress.js';
+import { ProxyError } from '../../src/proxy/errors.js';
+import { DEFAULT_LIMITS } from '../../src/proxy/limits.js';
+import { connectTarget, planIntercepted, planPlain, type RequestFacts } from '../../src/proxy/plan.js';
+import { compileConfig } from '../../src/rules/index.js';
+
+const config = compileConfig({
+  no_proxy: ['bypass.test'],
+  rules: [
+    { name: 'repos', match_hosts: ['api.test'], match_paths: ['/repos/*'], headers: [{ name: 'Authorization', value: 'Bearer s1' }] },
+    { name: 'meta', match_hosts: ['meta.test'], headers: [{ name: 'X-Key', value: 's2' }] },
+  ],
+  access_control: { deny_hosts: ['denied.test'] },
+});
+const limits = { ...DEFAULT_LIMITS, maxRequestLineBytes: 256, maxHeaderCount: 4 };
+const t = { host: 'api.test', port: 443, authority: 'api.test:443' };
+const req = (method: string, target: string, headers: string[] = ['Host', 'api.test'], version = 11): RequestFacts => ({ method, target, version, rawHeaders: headers });
+
+function refusal(v: unknown): { status: number; code: string } {
+  expect(v).toBeInstanceOf(ProxyError);
+  const e = v as ProxyError;
+  return { status: e.status, code: e.code };
+}
+
+describe('planIntercepted', () => {
+  it('normalises the path, picks the rule on it, and sends exactly that path', () => {
+    expect(planIntercepted(req('GET', '/repos/%61/../b?x=1'), t, config, limits)).toEqual({ pathAndQuery: '/repos/b?x=1', path: '/repos/b', rule: config.rules[0] });
+    expect(planIntercepted(req('GET', '/repos/%2e%2e/admin'), t, config, limits)).toEqual({ pathAndQuery: '/admin', path: '/admin', rule: undefined });
+    expect(planIntercepted(req('GET', 'https://api.test/repos/x'), t, config, limits)).toMatchObject({ path: '/repos/x', rule: config.rules[0] });
+  });
+
+  it.each([
+    ['TRACE', req('TRACE', '/repos/x'), 403, 'KEYGATE_REFLECTING_METHOD'],
+    ['TRACE in absolute form', req('TRACE', 'https://api.test/'), 403, 'KEYGATE_REFLECTING_METHOD'],
+    ['a Host naming another authority', req('GET', '/', ['Host', 'other.test']), 421, 'KEYGATE_MISDIRECTED'],
+    ['an absolute target to another port', req('GET', 'https://api.test:8443/'), 421, 'KEYGATE_MISDIRECTED'],
+    ['two Host fields', req('GET', '/', ['Host', 'api.test', 'Host', 'api.test']), 400, 'KEYGATE_MALFORMED'],
+    ['no Host on HTTP/1.1', req('GET', '/', []), 400, 'KEYGATE_MALFORMED'],
+    ['http:// inside a tunnel', req('GET', 'http://api.test/'), 400, 'KEYGATE_MALFORMED'],
+    ['the asterisk form', req('OPTIONS', '*'), 400, 'KEYGATE_MALFORMED'],
+    ['a path above the root', req('GET', '/../x'), 400, 'KEYGATE_MALFORMED'],
+    ['an escape of an escape', req('GET', '/repos/%25%32%65%25%32%65/x'), 400, 'KEYGATE_MALFORMED'],
+    ['an encoded parameter after ..', req('GET', '/repos/a/..%3B/x'), 400, 'KEYGATE_MALFORMED'],
+    ['a request line over its limit', req('GET', `/${'a'.repeat(300)}`), 414, 'KEYGATE_URI_TOO_LONG'],
+    ['too many fields', req('GET', '/', ['Host', 'api.test', 'A', '1', 'B', '2', 'C', '3', 'D', '4']), 431, 'KEYGATE_HEAD_TOO_LARGE'],
+    ['Transfer-Encoding gzip', req('POST', '/', ['Host', 'api.test', 'Transfer-Encoding', 'gzip']), 400, 'KEYGATE_MALFORMED'],
+    ['Transfer-Encoding on HTTP/1.0', req('POST', '/', ['Host', 'api.test', 'Transfer-Encoding', 'chunked'], 10), 400, 'KEYGATE_MALFORMED'],
+  ])('refuses %s', (_name, facts, status, code) => {
+    expect(refusal(planIntercepted(facts, t, config, limits))).toEqual({ status, code });
+  });
+
+  it('refuses a destination the egress policy denies by name, as a value the caller reports', () => {
+    const d = { host: 'denied.test', port: 443, authority: 'denied.test:443' };
+    const r = planIntercepted(req('GET', '/', ['Host', 'denied.test']), d, config, limits);
+    expect(r).toBeInstanceOf(EgressDenied);
+    expect(refusal(r)).toEqual({ status: 403, code: 'KEYGATE_EGRESS_DENIED' });
+  });
+
+  it('the head limits come first, then framing, then the method', () => {
+    expect(refusal(planIntercepted(req('TRACE', `/${'a'.repeat(300)}`), t, config, limits)).status).toBe(414);
+    expect(refusal(planIntercepted(req('TRACE', '/', ['Host', 'api.test', 'Transfer-Encoding', 'gzip']), t, config, limits)).status).toBe(400);
+  });
+});
+
+describe('planPlain', () => {
+  const self = (host: string, port: number) => host === '127.0.0.1' && port === 3128;
+  it('forwards a host no rule covers, as is', () => {
+    expect(planPlain(req('GET', 'http://plain.test/a/../b?q', ['Host', 'plain.test']), config, limits, self)).toEqual({ host: 'plain.test', port: 80, pathAndQuery: '/a/../b?q', decision: 'tunnel' });
+    expect(planPlain(req('GET', 'http://bypass.test:8080/', ['Host', 'x']), config, limits, self)).toMatchObject({ decision: 'bypass', port: 8080 });
+  });
+  it.each([
+    ['a rule host in clear', req('GET', 'http://meta.test/'), 403, 'KEYGATE_REFUSED'],
+    ['TRACE to a rule host in clear', req('TRACE', 'http://meta.test/'), 403, 'KEYGATE_REFUSED'],
+    ['the proxy itself', req('GET', 'http://127.0.0.1:3128/'), 403, 'KEYGATE_REFUSED'],
+    ['an origin-form target', req('GET', '/x'), 400, 'KEYGATE_MALFORMED'],
+    ['https:// in clear', req('GET', 'https://plain.test/'), 400, 'KEYGATE_MALFORMED'],
+    ['credentials in the target', req('GET', 'http://u:p@plain.test/'), 400, 'KEYGATE_MALFORMED'],
+    ['no Host on HTTP/1.1', req('GET', 'http://plain.test/', []), 400, 'KEYGATE_MALFORMED'],
+    ['a denied name', req('GET', 'http://denied.test/'), 403, 'KEYGATE_EGRESS_DENIED'],
+  ])('refuses %s', (_name, facts, status, code) => {
+    expect(refusal(planPlain(facts, config, limits, self))).toEqual({ status, code });
+  });
+  it('accepts HTTP/1.0 without Host', () => {
+    expect(planPlain(req('GET', 'http://plain.test/', [], 10), config, limits, self)).toMatchObject({ host: 'plain.test' });
+  });
+});
+
+describe('connectTarget', () => {
+  it('parses the authority or refuses it', () => {
+    expect(connectTarget(req('CONNECT', 'API.test:443', []), limits)).toEqual({ host: 'api.test', port: 443 });
+    expect(refusal(connectTarget(req('CONNECT', 'api.test', []), limits))).toEqual({ status: 400, code: 'KEYGATE_MALFORMED' });
+    expect(refusal(connectTarget(req('CONNECT', `${'a'.repeat(300)}.test:443`, []), limits))).toEqual({ status: 414, code: 'KEYGATE_URI_TOO_LONG' });
+  });
+});
