@@ -2,7 +2,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Readable } from 'node:stream';
 import type { Logger } from '../log.js';
-import { downstreamResponseHeaders, upstreamRequestHeaders } from '../proxy/headers.js';
+import { filterResponseHeaderObject, upstreamRequestHeaders } from '../proxy/headers.js';
 import type { ErrorResponse } from '../server/errors.js';
 import { onClientError, writeErrorResponse } from '../server/http-errors.js';
 import type { ReplicaSet, Slot } from './supervisor.js';
@@ -189,7 +189,7 @@ export class FrontRouter {
           bodyTimeout: 0,
         });
         // The app's answer, 4xx included, goes back as it is, minus its hop-by-hop headers.
-        res.writeHead(up.statusCode, downstreamResponseHeaders(up.headers));
+        res.writeHead(up.statusCode, filterResponseHeaderObject(up.headers));
         res.flushHeaders();
         try {
           for await (const chunk of up.body) {

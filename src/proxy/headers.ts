@@ -75,3 +75,16 @@ export function filterRawResponseHeaders(raw: string[], keepUpgrade: boolean): s
   }
   return out;
 }
+
+/**
+ * The same filter for a header object (undici's `request()` answers with one): used by the
+ * deployment router, so that every hop in keygate drops the same hop-by-hop set.
+ */
+export function filterResponseHeaderObject(headers: Record<string, string | string[] | undefined>): string[] {
+  const raw: string[] = [];
+  for (const [name, value] of Object.entries(headers)) {
+    if (value === undefined) continue;
+    for (const v of Array.isArray(value) ? value : [value]) raw.push(name, v);
+  }
+  return filterRawResponseHeaders(raw, false);
+}
