@@ -124,14 +124,14 @@ function startProxy(how: Pick<SpawnProxyOptions, 'command' | 'cwd' | 'env' | 'ex
   return spawnProxy({ config: proxyConfig, resolve: [`${HOST}:${origin.port}:127.0.0.1`], upstreamCa: [pki.caPem], ...how });
 }
 
-/** The first request, then rounds of CONCURRENT concurrent ones on as many connections. */
-async function burst(proxy: SpawnedProxy): Promise<void> {
+/** The first request, then `rounds` of CONCURRENT concurrent ones on as many connections. */
+async function burst(proxy: SpawnedProxy, rounds = 5): Promise<void> {
   const warm = new ProxyAgent({ uri: proxy.url, requestTls: { ca: [proxy.caPem] } });
   const r = await request(`https://${HOST}:${origin.port}/warm`, { dispatcher: warm });
   await r.body.dump();
   await warm.close();
   const agents = Array.from({ length: CONCURRENT }, () => new ProxyAgent({ uri: proxy.url, requestTls: { ca: [proxy.caPem] } }));
-  for (let round = 0; round < 5; round++) {
+  for (let round = 0; round < rounds; round++) {
     await Promise.all(
       agents.map(async (a, i) => {
         const res = await request(`https://${HOST}:${origin.port}/r${round}-${i}`, { dispatcher: a });
@@ -232,7 +232,8 @@ describe.each(NODES)('$name: the heap flags however keygate proxy is started', (
     const peakMib = async (how: Pick<SpawnProxyOptions, 'command' | 'cwd' | 'env'>) => {
       const proxy = await startProxy(how);
       try {
-        await burst(proxy);
+        // Long enough for V8 to grow the young generation as far as it is allowed to.
+        await burst(proxy, 25);
         return { peak: memoryOf(proxy.pid).hwmKb / 1024, flags: keygateProcesses(proxy.pid)[0].nodeFlags };
       } finally {
         await proxy.stop();
