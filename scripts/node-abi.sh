@@ -24,8 +24,18 @@ cache=$tools/native/better-sqlite3-$version-abi$abi.node
 
 loads() { (cd "$root" && "$node" -e "new (require('better-sqlite3'))(':memory:').close()") 2>/dev/null; }
 
+# The ABI a compiled addon was built for, from the registration symbol Node looks up in it.
+abi_of() { grep -ao 'node_register_module_v[0-9]*' "$1" 2>/dev/null | head -n 1 | sed 's/.*_v//'; }
+
 if [ ! -f "$cache" ]; then
   if ! loads; then
+    # Keep the build in place for its own Node before compiling over it (npm ci built it for the
+    # machine's Node): switching back is then a copy too.
+    have=$(abi_of "$target")
+    if [ -n "$have" ] && [ ! -f "$tools/native/better-sqlite3-$version-abi$have.node" ]; then
+      mkdir -p "$tools/native"
+      cp "$target" "$tools/native/better-sqlite3-$version-abi$have.node.tmp.$$" && mv "$tools/native/better-sqlite3-$version-abi$have.node.tmp.$$" "$tools/native/better-sqlite3-$version-abi$have.node"
+    fi
     echo "node-abi: building better-sqlite3 $version for Node $("$node" --version) (ABI $abi)" >&2
     bindir=$(dirname "$node")
     headers=$(cd "$bindir/.." && pwd)
