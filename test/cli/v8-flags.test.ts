@@ -15,43 +15,21 @@
  * undici still carries every request the fast path hands over, plain HTTP and WebSockets, so
  * that burst is sent with the fast path off to exercise that parser.
  */
-import { execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, realpathSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, realpathSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { ProxyAgent, request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { missingServerFlags, SERVER_NODE_FLAGS } from '../../src/cli/v8-flags.js';
 import { startOrigin, type TestOrigin } from '../helpers/origin.js';
+import { machineNodes, type NodeBin } from '../helpers/nodes.js';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { CLI, memoryOf, REPO_ROOT, spawnProxy, type SpawnedProxy, type SpawnProxyOptions } from '../helpers/proxy.js';
 
 const HOST = 'api.test.local';
 const CONCURRENT = 48;
 
-interface NodeBin {
-  name: string;
-  bin: string;
-  major: number;
-  /** process.execve exists (Node >= 22.15): `node dist/cli/main.js` re-executes itself with the flags. */
-  execve: boolean;
-}
-
-/** Every Node binary on this machine worth checking, once each (by real path). */
-function machineNodes(): NodeBin[] {
-  const candidates = [process.execPath, '/usr/bin/node', '/usr/local/bin/node', path.join(REPO_ROOT, '.tools/node24/bin/node')];
-  const seen = new Set<string>();
-  const out: NodeBin[] = [];
-  for (const c of candidates) {
-    if (!existsSync(c)) continue;
-    const bin = realpathSync(c);
-    if (seen.has(bin)) continue;
-    seen.add(bin);
-    const [version, execve] = execFileSync(bin, ['-p', 'process.versions.node + " " + typeof process.execve'], { encoding: 'utf8' }).trim().split(' ');
-    out.push({ name: `Node ${version}`, bin, major: Number(version.split('.')[0]), execve: execve === 'function' });
-  }
-  return out;
-}
 const NODES = machineNodes();
 const RUNNING = NODES.find((n) => n.bin === realpathSync(process.execPath))!;
 
