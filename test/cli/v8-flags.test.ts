@@ -223,7 +223,9 @@ describe.each(NODES)('$name: the heap flags however keygate proxy is started', (
     console.log(why);
     expect(lean.flags).toEqual([...SERVER_NODE_FLAGS]);
     expect(plain.flags).toEqual([]);
-    expect(lean.peak, why).toBeLessThan(plain.peak - 5);
+    // Measured here, on a machine loaded by other jobs: 4.5 to 10 MiB lower (Node 20) and 5 to
+    // 9 MiB (Node 24); 2 MiB keeps the check clear of that noise.
+    expect(lean.peak, why).toBeLessThan(plain.peak - 2);
   }, 60_000);
 });
 
