@@ -7,7 +7,7 @@
 //
 //   node bench/serve-memory.mjs [--sandboxes N] [--node PATH] [--settle-ms MS]
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, realpathSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
@@ -42,6 +42,8 @@ try {
     if (!res.ok) throw new Error(`${method} ${url}: ${res.status} ${text}`);
     return JSON.parse(text);
   };
+  const running = realpathSync(`/proc/${child.pid}/exe`);
+  if (running !== realpathSync(o.node)) throw new Error(`the bin ran ${running}, not ${o.node}`);
   await sleep(settleMs);
   const before = rssMiB(child.pid);
   const proxyConfig = { rules: [{ name: 'api', match_hosts: ['api.example.test'], headers: [{ name: 'Authorization', type: 'plaintext', value: 'Bearer x' }] }] };
