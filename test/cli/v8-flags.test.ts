@@ -154,13 +154,27 @@ describe.each(NODES)('$name: the heap flags however keygate proxy is started', (
 
   it('npx keygate', async () => {
     const proxy = await startProxy({ command: ['npx', '--no', '--', 'keygate'], cwd: project, env });
+    const found = keygateProcesses(proxy.pid);
     try {
-      const found = keygateProcesses(proxy.pid);
       expect(found).toHaveLength(1);
       expect(realpathSync(found[0].exe)).toBe(node.bin);
       expect(found[0].nodeFlags).toEqual([...SERVER_NODE_FLAGS]);
     } finally {
+      // npx does not pass a SIGTERM on to the command it runs: stop keygate itself, as a
+      // supervisor stopping the process group would, and npx exits with it.
+      for (const p of found) process.kill(p.pid, 'SIGTERM');
+      const gone = (pid: number) => {
+        try {
+          process.kill(pid, 0);
+          return readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]?.startsWith('Z') ?? true;
+        } catch {
+          return true;
+        }
+      };
+      const deadline = Date.now() + 15_000;
+      while (!found.every((p) => gone(p.pid)) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
       await proxy.stop();
+      expect(found.filter((p) => !gone(p.pid))).toEqual([]); // none left behind
     }
   }, 30_000);
 
