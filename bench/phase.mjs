@@ -8,7 +8,8 @@
 //          [--host bench.test|plain.test] [--cpu-prof] [--strace FILE [--strace-raw]]
 //          [--repeats N (bulk)] [--perf FILE (perf record of keygate; add
 //          KEYGATE_NODE_ARGS=--perf-basic-prof for JS names)] [--keygate-arg ARG]...
-// env: KEYGATE_NODE_ARGS  extra node flags for keygate (space separated), e.g. --trace-gc
+// env: KEYGATE_NODE_ARGS  extra node flags for keygate (space separated, given as NODE_OPTIONS), e.g. --trace-gc
+//      BENCH_NODE         the node binary keygate's bin runs on (default: the one running this script)
 //      and any KEYGATE_* setting, passed through to keygate.
 //      BENCH_PROXY=squid|bare  measure squid, or the bare Node TLS pipe (bench/lib/bare-proxy.mjs,
 //      the ceiling of any Node proxy), instead of keygate: in bench/ab.mjs, a variant.
@@ -46,7 +47,7 @@ try {
   const which = process.env.BENCH_PROXY ?? 'keygate';
   if (which === 'squid') kg = await startSquid({ work: WORK, pki, token: 'phase-token', names });
   else if (which === 'bare') kg = await startBare({ work: WORK, pki, originPort: origin.port });
-  else kg = await startKeygate({ work: WORK, pki, token: 'phase-token', names, originPort: origin.port, extraArgs: o['keygate-arg'], nodeArgs });
+  else kg = await startKeygate({ work: WORK, pki, token: 'phase-token', names, originPort: origin.port, extraArgs: o['keygate-arg'], nodeArgs, node: process.env.BENCH_NODE ?? process.execPath });
   await new Promise((r) => setTimeout(r, 1500));
   const idle = rssMiB(kg.pid);
   const client = (spec) =>

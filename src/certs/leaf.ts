@@ -113,7 +113,7 @@ export class LeafMinter {
       const point = spki.subarray(spki.length - 65);
       const ski = createHash('sha1').update(point).digest();
       return {
-        caKey: KeyObject.from(this.ca.key),
+        caKey: this.ca.signingKey,
         issuer: this.ca.subjectDer,
         spki,
         head: Buffer.concat([

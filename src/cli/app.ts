@@ -3,6 +3,7 @@ import { createLogger } from '../log.js';
 import { AppConfigError, loadApp } from '../runtime/app.js';
 import { startAppServer } from '../runtime/server.js';
 import { CliError } from './errors.js';
+import { parseListen } from './listen.js';
 import { untilShutdown } from './shutdown.js';
 
 const USAGE = `usage: keygate app serve --app DIR [--listen HOST:PORT] [--api-key KEY] [--heartbeat-ms N] [--grace-ms N]
@@ -17,14 +18,6 @@ serve     load the application in DIR (its keygate.json) and serve the stateless
           --heartbeat-ms  silence before a ": heartbeat" comment on a stream (default 4000)
           --grace-ms      on SIGTERM/SIGINT, how long running runs may finish before they are cancelled (default 10000)
 validate  load the application and print its assistants (name, id) as JSON; exit 1 if keygate.json is invalid.`;
-
-/** `HOST:PORT`, `[v6]:PORT`. */
-export function parseListen(value: string): { host: string; port: number } {
-  const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:\s[\]]+)):(\d{1,5})$/.exec(value);
-  const port = m ? Number(m[3]) : NaN;
-  if (!m || port > 65535) throw new CliError(`--listen: expected HOST:PORT (e.g. 127.0.0.1:0), got '${value}'`, 2);
-  return { host: m[1] ?? m[2], port };
-}
 
 function positiveInt(name: string, value: string | undefined, fallback: number): number {
   if (value === undefined) return fallback;

@@ -1,10 +1,11 @@
-#!/usr/bin/env node
+#!/usr/bin/env -S node --max-semi-space-size=2 --heap-growing-percent=20
+// (The flags above are SERVER_NODE_FLAGS in v8-flags.ts, kept equal by test/cli/v8-flags.test.ts.)
 // The `keygate` binary: picks the sub-command and hands it the remaining arguments.
 // Each command lives in its own module and is imported lazily, so `keygate proxy` never loads
 // the database driver and `keygate deploy` never loads the TLS interception code.
 
 import { CliError } from './errors.js';
-import { leanServerFlags } from './v8-flags.js';
+import { ensureServerFlags, leanServerFlags } from './v8-flags.js';
 
 type CommandModule = { run(argv: string[]): Promise<number | void> };
 
@@ -43,7 +44,11 @@ async function main(argv: string[]): Promise<number> {
     process.stderr.write(`keygate: unknown command '${name}'\n\n${usage()}\n`);
     return 2;
   }
-  if (SERVERS.has(name)) leanServerFlags();
+  if (SERVERS.has(name)) {
+    // Does not return when the process re-executes itself with the heap flags.
+    ensureServerFlags();
+    leanServerFlags();
+  }
   const mod = await command.load();
   const code = await mod.run(rest);
   return typeof code === 'number' ? code : 0;

@@ -17,7 +17,7 @@ import type { Readable } from 'node:stream';
 import { pino } from 'pino';
 import { createLogger, type Logger } from '../log.js';
 import { formatAuthority } from '../rules/host.js';
-import type { PreparedStart, ProxyCliOptions, RunningProxy } from './proxy.js';
+import type { PreparedStart, ProxyCliOptions, RunningProxy } from './proxy-types.js';
 import { untilShutdown } from './shutdown.js';
 
 /** Unexpected worker exits tolerated within CRASH_WINDOW_MS; one more and the primary gives up. */

@@ -19,6 +19,8 @@ import { formatAuthority, normaliseHost, parseAuthority } from '../rules/host.js
 import { startProxy, type ProxyHandle } from '../proxy/server.js';
 import { LIMIT_KEYS, parseLimitFlag, type ProxyLimits } from '../proxy/limits.js';
 import { parseCliArgs } from './args.js';
+import { parseListen } from './listen.js';
+import type { PreparedStart, ProxyCliOptions, RunningProxy } from './proxy-types.js';
 import { CliError } from './errors.js';
 import { untilShutdown } from './shutdown.js';
 
@@ -50,31 +52,6 @@ const USAGE = `usage: keygate proxy --config FILE [--listen HOST:PORT] [--certs 
   --workers N|auto     worker processes sharing the listening port (default 1: one process; auto: one
                        per CPU). Each worker is a complete proxy with these flags; a crashed worker is
                        replaced. Not with --admin for now (each worker has its own config and metrics)`;
-
-export interface ProxyCliOptions {
-  config: string;
-  listen: { host: string; port: number };
-  certs: string;
-  secrets?: string;
-  resolve: Map<string, string>;
-  upstreamCa: string[];
-  graceMs: number;
-  data?: string;
-  secretsDir?: string;
-  workspace?: string;
-  admin?: ReturnType<typeof parseAdminListen>;
-  watch: boolean;
-  /** --limit flags (the rest keep their defaults). */
-  limits?: Partial<ProxyLimits>;
-  /** --workers: processes sharing the port (1 or absent: today's single process). */
-  workers?: number;
-}
-
-function parseListen(raw: string): { host: string; port: number } {
-  const m = /^(\[[^\]]+\]|[^:]+):([0-9]{1,5})$/.exec(raw);
-  if (!m || Number(m[2]) > 65535) throw new CliError(`--listen must be HOST:PORT (got '${raw}')`, 2);
-  return { host: m[1].replace(/^\[|\]$/g, ''), port: Number(m[2]) };
-}
 
 /** `HOST:PORT:ADDR` (ADDR may be a bracketed IPv6 address) -> map key `host:port`, address. */
 export function parseResolve(raw: string): [string, string] {
@@ -236,22 +213,6 @@ export async function loadAndCompile(opts: ProxyCliOptions, holder: ConfigHolder
     }
     throw err;
   }
-}
-
-export interface RunningProxy {
-  handle: ProxyHandle;
-  ca: Ca;
-  logger: Logger;
-  /** Holder, metrics, admin listener and reloader (SIGHUP, file changes). */
-  control: SidecarControl;
-}
-
-export interface PreparedStart {
-  store: SecretStore;
-  envelope: () => import('../secrets/envelope.js').Envelope;
-  initial: { config: ProxyConfig; compiled: CompiledConfig };
-  ca: Ca;
-  upstreamCa: string[];
 }
 
 /**

@@ -1,17 +1,72 @@
 import v8 from 'node:v8';
 
 /**
- * V8 settings for the long-running servers (`proxy`, `serve`, `start`), applied before their
- * first upstream connection.
+ * V8 settings for the long-running servers (`proxy`, `serve`, `start`) and how they reach the
+ * process however it was started.
  *
+ * Heap sizing: a sidecar's memory is mostly V8's young generation, which grows to 2 x 16 MiB
+ * semi-spaces under load by default; 2 MiB semi-spaces and a slower old-generation growth keep
+ * peak RSS near idle at a small CPU cost (bench/README.md). V8 sizes the heap when the isolate
+ * is created, so these are read only from node's command line: `v8.setFlagsFromString` after
+ * start-up changes the flag but not the heap (checked on Node 20 and 24).
+ */
+export const SERVER_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=2', '--heap-growing-percent=20'];
+
+/** The name of a node option (`--max_semi_space_size=4` -> `max-semi-space-size`). */
+function optionName(arg: string): string {
+  return arg.replace(/^--?/, '').split('=')[0].replace(/_/g, '-');
+}
+
+/**
+ * The server flags not already on node's command line or in NODE_OPTIONS: a value the user
+ * chose (say `--max-semi-space-size=8`) is kept rather than overridden.
+ */
+export function missingServerFlags(execArgv: readonly string[], nodeOptions = ''): string[] {
+  const given = new Set([...execArgv, ...nodeOptions.split(/\s+/).filter(Boolean)].map(optionName));
+  return SERVER_NODE_FLAGS.filter((f) => !given.has(optionName(f)));
+}
+
+export type ServerFlagsState = 'present' | 'disabled' | 'unavailable';
+
+/**
+ * Makes sure the heap flags are in effect before the server starts.
+ *
+ * The `keygate` bin carries them in its shebang (`#!/usr/bin/env -S node --max-semi...`), which
+ * covers `node_modules/.bin/keygate`, `npx keygate`, a global install and the `--workers`
+ * processes (node:cluster forks with the primary's execArgv). Started any other way
+ * (`node dist/cli/main.js proxy`), the process replaces itself with the same command plus the
+ * missing flags through `process.execve` (Node >= 22.15): same pid, same stdio and terminal,
+ * same environment (nothing from it is put into argv), so signals, exit codes and supervisors
+ * see one process. It runs before anything is read or written, and the new process has the
+ * flags on its command line, so it cannot loop. Node 20 has no execve: there the flags stay as
+ * started ('unavailable'); a second process just to hold the flags would cost more memory than
+ * they save.
+ *
+ * KEYGATE_NODE_FLAGS=0 keeps node's defaults (e.g. to compare, or under a profiler that must
+ * keep its own process).
+ */
+export function ensureServerFlags(env: NodeJS.ProcessEnv = process.env): ServerFlagsState {
+  if (env.KEYGATE_NODE_FLAGS === '0') return 'disabled';
+  const missing = missingServerFlags(process.execArgv, env.NODE_OPTIONS);
+  if (missing.length === 0) return 'present';
+  const execve = (process as { execve?: (file: string, args: string[], env: NodeJS.ProcessEnv) => never }).execve;
+  if (typeof execve !== 'function' || process.argv[1] === undefined) return 'unavailable';
+  try {
+    execve.call(process, process.execPath, [process.execPath, ...missing, ...process.execArgv, process.argv[1], ...process.argv.slice(2)], env);
+  } catch {
+    // The binary could not be executed again (removed, no permission): run as started.
+  }
+  return 'unavailable';
+}
+
+/**
  * undici parses HTTP/1.1 responses with llhttp compiled to WebAssembly. V8 runs it first as
  * baseline (Liftoff) code and, once hot, recompiles the parser function with TurboFan; that one
  * compilation took about 35 MiB of compiler memory for a moment (heaptrack: Zone::Expand under
  * wasm::CompileLazy), which alone set a sidecar's peak RSS under its first burst of requests and
  * left it 8 MiB larger afterwards. Baseline code only: no spike, and the proxy's CPU per request
  * measured the same within noise (bench/README.md). Wasm compiler flags are read when a module
- * is compiled, so this works at run time, unlike heap sizing flags (see the Dockerfile's
- * --max-semi-space-size).
+ * is compiled, so this one works at run time, unlike the heap sizing flags above.
  *
  * KEYGATE_V8_WASM_TIERUP=1 leaves V8's default.
  */

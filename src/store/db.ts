@@ -57,8 +57,21 @@ class Mutex {
   }
 }
 
+/**
+ * The SQLite driver for this Node. better-sqlite3 12 wraps its objects with Node's internal
+ * ObjectWrap, and on Node 24 its statement destructor aborts the process the first time the
+ * garbage collector frees a statement (node::RemoveEnvironmentCleanupHook: `(env) != nullptr`).
+ * better-sqlite3 13 uses Node-API instead and ships prebuilt binaries, but needs Node >= 22 (it
+ * crashes on Node 20). Both are installed (13 under the alias better-sqlite3-napi), with the same
+ * API; each Node loads the one that works on it.
+ */
+async function sqliteDriver(): Promise<typeof import('better-sqlite3')> {
+  if (Number(process.versions.node.split('.')[0]) >= 22) return (await import('better-sqlite3-napi')).default;
+  return (await import('better-sqlite3')).default;
+}
+
 export async function openSqlite(file: string): Promise<Db> {
-  const { default: Database } = await import('better-sqlite3');
+  const Database = await sqliteDriver();
   const sqlite = new Database(file);
   sqlite.pragma('journal_mode = WAL');
   sqlite.pragma('foreign_keys = ON');

@@ -1,12 +1,15 @@
+import { spawnSync } from 'node:child_process';
 import { X509Certificate } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync, chmodSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { pathToFileURL } from 'node:url';
 import tls from 'node:tls';
 import 'reflect-metadata';
 import * as x509 from '@peculiar/x509';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ensureCa, loadCa, LeafMinter, sandboxEnv, writeCaBundle, CaError } from '../../src/certs/index.js';
+import { REPO_ROOT } from '../helpers/cli.js';
 
 const dirs: string[] = [];
 function tmp(): string {
@@ -125,6 +128,25 @@ describe('LeafMinter', () => {
     } finally {
       server.close();
     }
+  });
+});
+
+describe('on every supported Node', () => {
+  // Node 24 deprecates KeyObject.from() of a non-extractable CryptoKey (DEP0204): converting the
+  // CA key that way printed a warning in every proxy's output at its first leaf. A fresh process,
+  // since a deprecation warning is printed once per process.
+  it('loading the CA and minting leaves prints no warning', () => {
+    const dir = tmp();
+    const script = `
+      const { ensureCa, LeafMinter } = await import(${JSON.stringify(pathToFileURL(path.join(REPO_ROOT, 'dist/certs/index.js')).href)});
+      await ensureCa(${JSON.stringify(dir)});
+      const minter = new LeafMinter(await ensureCa(${JSON.stringify(dir)}));
+      await minter.certificatePem('api.example.com');
+      await minter.certificatePem('127.0.0.1');
+      process.stdout.write('minted');`;
+    const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8' });
+    expect(r.stdout).toBe('minted');
+    expect(r.stderr).toBe('');
   });
 });
 

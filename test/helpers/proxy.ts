@@ -24,6 +24,10 @@ export interface SpawnProxyOptions {
   certsDir?: string;
   extraArgs?: string[];
   env?: NodeJS.ProcessEnv;
+  /** How keygate is started: the program and its arguments before `proxy` (default: `node dist/cli/main.js`). */
+  command?: [string, ...string[]];
+  /** Working directory (default: this process's). */
+  cwd?: string;
 }
 
 export interface SpawnedProxy {
@@ -80,7 +84,8 @@ export async function spawnProxy(opts: SpawnProxyOptions): Promise<SpawnedProxy>
   for (const r of opts.resolve ?? []) args.push('--resolve', r);
   (opts.upstreamCa ?? []).forEach((pem, i) => args.push('--upstream-ca', tempFile(dir, `upstream-ca-${i}.pem`, pem)));
   args.push(...(opts.extraArgs ?? []));
-  const child = spawn(process.execPath, [CLI, ...args], { env: { ...process.env, KEYGATE_LOG_LEVEL: 'info', ...opts.env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const [file, ...prefix] = opts.command ?? [process.execPath, CLI];
+  const child = spawn(file, [...prefix, ...args], { cwd: opts.cwd, env: { ...process.env, KEYGATE_LOG_LEVEL: 'info', ...opts.env }, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   child.stdout!.on('data', (d) => (out += d));
   child.stderr!.on('data', (d) => (out += d));

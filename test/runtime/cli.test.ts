@@ -217,7 +217,7 @@ describe('keygate app with an invalid application', () => {
   });
 
   it('bad flags and an empty key are refused', () => {
-    expect(runCli(['app', 'serve', '--app', ECHO_APP, '--listen', 'nowhere']).stderr).toMatch(/--listen: expected HOST:PORT/);
+    expect(runCli(['app', 'serve', '--app', ECHO_APP, '--listen', 'nowhere']).stderr).toMatch(/^keygate: --listen must be HOST:PORT or \[IPv6\]:PORT, e\.g\. 127\.0\.0\.1:8080 \(no port\), got 'nowhere'\n$/);
     const empty = runCli(['app', 'serve', '--app', ECHO_APP, '--listen', '127.0.0.1:0'], { env: { KEYGATE_API_KEY: '' } });
     expect(empty.status).not.toBe(0);
     expect(empty.stderr).toMatch(/KEYGATE_API_KEY is set but empty/);

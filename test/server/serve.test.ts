@@ -83,8 +83,8 @@ describe('keygate serve configuration', () => {
 
   it('rejects a malformed --listen with a one-line error', () => {
     const r = runCli(['serve', '--listen', 'nonsense', '--data', tmp()]);
-    expect(r.status).toBe(1);
-    expect(r.stderr.trim()).toBe("keygate: --listen must be HOST:PORT (e.g. 127.0.0.1:8080), got 'nonsense'");
+    expect(r.status).toBe(2);
+    expect(r.stderr.trim()).toBe("keygate: --listen must be HOST:PORT or [IPv6]:PORT, e.g. 127.0.0.1:8080 (no port), got 'nonsense'");
   });
 });
 
