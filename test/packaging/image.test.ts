@@ -1,6 +1,7 @@
 // The Dockerfile built on a real engine (base images from scripts/build-images.sh, nothing pulled)
 // and every role run from the image: non-root, with the V8 settings `npm start` uses, nothing
 // secret baked in.
+import http from 'node:http';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -98,9 +99,14 @@ describe.skipIf(skip)('the keygate image on a real engine', () => {
     });
     const logs = await untilLog(name, /listening on 0\.0\.0\.0:3128/);
     expect(logs).not.toContain('image-test-token');
-    // A plain-HTTP request for a host that a rule injects into is refused: credentials only go over TLS.
-    const res = await fetch(`http://127.0.0.1:${port}/`, { method: 'GET', headers: { host: 'api.github.com' } }).catch((e: unknown) => e);
-    expect(res).toBeInstanceOf(Response);
+    // A plain-HTTP request for a host that a rule injects into is refused by the proxy itself
+    // (credentials only go over TLS), without any connection to that host.
+    const res = await new Promise<http.IncomingMessage>((resolve, reject) =>
+      http.get({ host: '127.0.0.1', port, path: 'http://api.github.com/user', headers: { host: 'api.github.com' } }, resolve).once('error', reject),
+    );
+    res.resume();
+    expect(res.statusCode).toBe(403);
+    expect(String(res.headers['proxy-status'])).toMatch(/^keygate/);
     expect(mainProcess(name)).toEqual({ uid: '1000', argv: ['node', ...startFlags(), '/app/dist/cli/main.js', 'proxy', '--config=/app/config/compose/proxy.json', '--listen=0.0.0.0:3128', '--certs=/tmp/certs', '--secrets-dir=/run/keygate-secrets', '--data=/tmp/data'] });
   });
 
@@ -134,7 +140,7 @@ describe.skipIf(skip)('the keygate image on a real engine', () => {
     docker(['run', '--rm', '--name', `${prefix}-ca`, '-v', `${volume}:/certs`, KEYGATE_IMAGE, 'ca', 'init', '--certs', '/certs']);
     const modes = docker(['run', '--rm', '--name', `${prefix}-ca-stat`, '-v', `${volume}:/certs`, '--entrypoint', 'stat', KEYGATE_IMAGE, '-c', '%n %U %a', '/certs/ca.pem', '/certs/ca-key.pem']).stdout;
     expect(modes.trim().split('\n').sort()).toEqual(['/certs/ca-key.pem node 600', '/certs/ca.pem node 644']);
-    const pem = docker(['run', '--rm', '--name', `${prefix}-ca-show`, '-v', `${volume}:/certs`, KEYGATE_IMAGE, 'ca', 'env', '--certs', '/certs', '--format', 'dotenv']).stdout;
+    const pem = docker(['run', '--rm', '--name', `${prefix}-ca-show`, '-v', `${volume}:/certs`, KEYGATE_IMAGE, 'ca', 'env', '--certs', '/certs', '--proxy', 'http://keygate-proxy:3128', '--format', 'dotenv']).stdout;
     expect(pem).not.toContain('PRIVATE KEY');
   });
 });
