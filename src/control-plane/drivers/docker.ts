@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { readlinkSync } from 'node:fs';
-import { Client, request } from 'undici';
+import { Pool, request } from 'undici';
 import { LineSplitter } from '../logs.js';
 import { bootId, isSameProcess, readProcStat } from '../proc.js';
 import { BuildError, DeployError, type BuildContext, type BuildOutput, type ExitInfo, type Replica, type RuntimeDriver, type StartSpec } from './types.js';
@@ -67,14 +67,18 @@ export function ownerGone(owner: string | undefined, here: { boot: string | null
  */
 export class DockerDriver implements RuntimeDriver {
   readonly name = 'docker';
-  private readonly client: Client | null;
+  /**
+   * A pool, not a single Client: each replica holds two requests open for its whole life (the
+   * wait and the followed logs), and on one connection every later call would queue behind them.
+   */
+  private readonly client: Pool | null;
   private readonly where: string;
   private readonly owner = ownerIdentity() ?? 'unknown';
 
   constructor(env: NodeJS.ProcessEnv) {
     const socketPath = dockerSocketPath(env);
     this.where = socketPath ? `unix://${socketPath}` : String(env.DOCKER_HOST);
-    this.client = socketPath ? new Client('http://docker', { socketPath, connect: { timeout: 2000 } }) : null;
+    this.client = socketPath ? new Pool('http://docker', { socketPath, connect: { timeout: 2000 } }) : null;
   }
 
   private async call(method: 'GET' | 'POST' | 'DELETE', path: string, body?: unknown, timeoutMs = 30_000) {
