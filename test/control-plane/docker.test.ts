@@ -67,6 +67,18 @@ describe.skipIf(skip)('Docker driver and keygate deploy --build-image against a 
     server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir], { env: serveEnv, timeoutMs: 60_000 });
     return server;
   };
+  /** Starts serve again and asks the restored deployment until it answers `text` (or a minute passes). */
+  const restartAndAsk = async (text: string): Promise<string | undefined> => {
+    await startServe();
+    const dep = (await api(server!.url, KEY).call('GET', `/v2/deployments/${depId}`)).body;
+    const deadline = Date.now() + 60_000;
+    let reply: string | undefined;
+    while (Date.now() < deadline && !reply?.endsWith(text)) {
+      reply = replyOf(await runStream(dep.url, KEY, text).catch(() => ({ status: 0, events: [], text: '' })));
+      if (!reply) await new Promise((res) => setTimeout(res, 200));
+    }
+    return reply;
+  };
   /** The app image: the echo example (its replies prefixed) on the keygate image, listening where the driver expects it. */
   const writeApp = (prefix: string) => {
     const cfg = JSON.parse(readFileSync(path.join(appDir, 'keygate.json'), 'utf8'));
@@ -162,12 +174,7 @@ describe.skipIf(skip)('Docker driver and keygate deploy --build-image against a 
     expect(await server!.stop(), out.slice(-4000)).toBe(0);
     server = undefined;
     expect(containers()).toEqual([]);
-    await startServe();
-    const dep = (await api(server!.url, KEY).call('GET', `/v2/deployments/${depId}`)).body;
-    const deadline = Date.now() + 60_000;
-    let reply: string | undefined;
-    while (Date.now() < deadline && reply !== 'v2: back') reply = replyOf(await runStream(dep.url, KEY, 'back').catch(() => ({ status: 0, events: [], text: '' })));
-    expect(reply).toBe('v2: back');
+    expect(await restartAndAsk('back')).toBe('v2: back');
     expect(containers()).toHaveLength(1);
   });
 
@@ -179,12 +186,7 @@ describe.skipIf(skip)('Docker driver and keygate deploy --build-image against a 
     expect(containers(false)).toEqual([left]);
     const owner = docker(['inspect', '-f', `{{index .Config.Labels "${LABELS.owner}"}}`, left]).stdout.trim();
     expect(ownerGone(owner)).toBe(true);
-    await startServe();
-    const dep = (await api(server!.url, KEY).call('GET', `/v2/deployments/${depId}`)).body;
-    const deadline = Date.now() + 60_000;
-    let reply: string | undefined;
-    while (Date.now() < deadline && reply !== 'v2: again') reply = replyOf(await runStream(dep.url, KEY, 'again').catch(() => ({ status: 0, events: [], text: '' })));
-    expect(reply).toBe('v2: again');
+    expect(await restartAndAsk('again')).toBe('v2: again');
     const now = containers();
     expect(now).toHaveLength(1);
     expect(now).not.toContain(left);
