@@ -41,7 +41,14 @@ export function runAsync(cmd: string, args: string[], opts: { cwd?: string; env?
   });
 }
 
+let based: Promise<string> | undefined;
 let built: Promise<{ seconds: number; log: string }> | undefined;
+
+/** The local base images (scripts/build-images.sh: seconds when they are current). */
+export function ensureBaseImages(): Promise<string> {
+  based ??= runAsync(path.join(REPO_ROOT, 'scripts/build-images.sh'), [], { timeoutMs: 20 * 60_000 });
+  return based;
+}
 
 /**
  * The base images, then keygate's image from the Dockerfile as it is in the tree. A fresh machine
@@ -51,7 +58,7 @@ let built: Promise<{ seconds: number; log: string }> | undefined;
 export function ensureKeygateImage(): Promise<{ seconds: number; log: string }> {
   built ??= (async () => {
     const started = Date.now();
-    let log = await runAsync(path.join(REPO_ROOT, 'scripts/build-images.sh'), [], { timeoutMs: 20 * 60_000 });
+    let log = await ensureBaseImages();
     log += await runAsync('docker', ['build', '-t', KEYGATE_IMAGE, REPO_ROOT], { timeoutMs: 20 * 60_000 });
     return { seconds: Math.round((Date.now() - started) / 1000), log };
   })();
