@@ -83,6 +83,7 @@ describe.skipIf(skip)('docker-compose.yml on a real engine', () => {
           origin: {
             image: 'node:24-bookworm-slim',
             command: ['node', '/origin/server.mjs'],
+            init: true, // node as PID 1 ignores SIGTERM: down would wait 10 s
             volumes: [`${tmp}/origin:/origin:ro`],
             networks: { egress: { aliases: ['api.github.com'] } },
           },
@@ -112,9 +113,9 @@ describe.skipIf(skip)('docker-compose.yml on a real engine', () => {
   it('a direct request from the sandbox fails: its network has no route but the proxy', () => {
     const originIp = docker(['inspect', '-f', '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}', `${project}_origin_1`]).stdout.trim();
     expect(originIp).toMatch(/^\d+\.\d+\.\d+\.\d+$/);
-    const direct = inSandbox(`curl -sS --noproxy '*' --max-time 5 -k https://${originIp}/`);
+    const direct = inSandbox(`curl -sS --noproxy '*' --max-time 3 -k https://${originIp}/`);
     expect(direct.code).not.toBe(0);
-    const byName = inSandbox(`curl -sS --noproxy '*' --max-time 5 -k https://api.github.com/`);
+    const byName = inSandbox(`curl -sS --noproxy '*' --max-time 3 -k https://api.github.com/`);
     expect(byName.code).not.toBe(0);
     // The same request through the proxy works: the failure above is the missing route, nothing else.
     expect(inSandbox('curl -sS --max-time 20 -o /dev/null -w "%{http_code}" https://api.github.com/').out).toBe('200');
