@@ -88,6 +88,10 @@ case "${1:-}" in
 esac
 
 docker info >/dev/null 2>&1 || { echo "build-images: no Docker engine answers (scripts/dockerd.sh start)" >&2; exit 1; }
+# One build at a time on this machine (test files run in parallel): the second waits, then finds
+# the images current.
+exec 9>"${TMPDIR:-/tmp}/keygate-build-images.lock"
+flock 9
 work=$(mktemp -d /tmp/keygate-images.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 

@@ -3,6 +3,7 @@
 // cache). Both are built on first use and kept, so later test files and runs take seconds.
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import os from 'node:os';
 import path from 'node:path';
 import { REPO_ROOT } from './cli.js';
 
@@ -59,7 +60,8 @@ export function ensureKeygateImage(): Promise<{ seconds: number; log: string }> 
   built ??= (async () => {
     const started = Date.now();
     let log = await ensureBaseImages();
-    log += await runAsync('docker', ['build', '-t', KEYGATE_IMAGE, REPO_ROOT], { timeoutMs: 20 * 60_000 });
+    // One build of the image at a time on this machine: test files run in parallel.
+    log += await runAsync('flock', [path.join(os.tmpdir(), 'keygate-image-build.lock'), 'docker', 'build', '-t', KEYGATE_IMAGE, REPO_ROOT], { timeoutMs: 20 * 60_000 });
     return { seconds: Math.round((Date.now() - started) / 1000), log };
   })();
   return built;
