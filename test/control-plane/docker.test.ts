@@ -187,6 +187,7 @@ describe.skipIf(skip)('Docker driver and keygate deploy --build-image against a 
     const owner = docker(['inspect', '-f', `{{index .Config.Labels "${LABELS.owner}"}}`, left]).stdout.trim();
     expect(ownerGone(owner)).toBe(true);
     expect(await restartAndAsk('again')).toBe('v2: again');
+    expect(server!.output()).toContain('removing 1 replica container(s) left by a previous server');
     const now = containers();
     expect(now).toHaveLength(1);
     expect(now).not.toContain(left);

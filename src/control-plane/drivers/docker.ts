@@ -75,7 +75,10 @@ export class DockerDriver implements RuntimeDriver {
   private readonly where: string;
   private readonly owner = ownerIdentity() ?? 'unknown';
 
-  constructor(env: NodeJS.ProcessEnv) {
+  constructor(
+    env: NodeJS.ProcessEnv,
+    private readonly log: (level: 'info' | 'warn' | 'error', msg: string, fields?: Record<string, unknown>) => void = () => undefined,
+  ) {
     const socketPath = dockerSocketPath(env);
     this.where = socketPath ? `unix://${socketPath}` : String(env.DOCKER_HOST);
     this.client = socketPath ? new Pool('http://docker', { socketPath, connect: { timeout: 2000 } }) : null;
@@ -235,6 +238,7 @@ export class DockerDriver implements RuntimeDriver {
     if (list.status !== 200 || !Array.isArray(list.body)) throw new DeployError(`cannot list containers: engine answered ${list.status}`);
     const here = { boot: bootId(), ns: pidNamespace() };
     const orphans = list.body.filter((c) => ownerGone(c.Labels?.[LABELS.owner], here));
+    if (orphans.length) this.log('warn', `removing ${orphans.length} replica container(s) left by a previous server`, { containers: orphans.map((c) => c.Id.slice(0, 12)) });
     await Promise.all(orphans.map((c) => this.remove(c.Id, graceMs)));
     for (const c of orphans) removed.push((c.Names?.[0] ?? c.Id).replace(/^\//, ''));
     return { removed };
