@@ -17,9 +17,13 @@ COPY tsconfig.json tsconfig.build.json ./
 COPY scripts/build-validators.mjs ./scripts/
 COPY src ./src
 RUN npm run build && npm prune --omit=dev --no-audit --no-fund
+# Both stages carry it (here last, so that it costs no cached layer): a machine that rebuilds often
+# can remove its superseded, untagged images by this label.
+LABEL org.opencontainers.image.title=keygate
 
 # ---- runtime: slim, non-root ------------------------------------------------------------------
 FROM ${NODE_IMAGE}
+LABEL org.opencontainers.image.title=keygate
 ENV NODE_ENV=production \
     KEYGATE_DATA_DIR=/data
 WORKDIR /app

@@ -14,6 +14,10 @@
 # trusts; elsewhere nothing is added. These images are for this machine only: never pushed.
 #
 #   scripts/build-images.sh          build what is missing or stale (starts no engine: see dockerd.sh)
+#   scripts/build-images.sh --keygate  and then keygate:latest from the Dockerfile (what the tests
+#                                    and CI run); its build stage is tagged keygate-build:latest so
+#                                    that the layer cache survives, and the untagged images of
+#                                    earlier builds (labelled keygate) are removed
 #   scripts/build-images.sh --check  exit 0 when every image is present and current, 1 otherwise
 #   scripts/build-images.sh --remove remove the images this script tagged (only those)
 # Needs root (debootstrap), the Debian mirror of apt's sources and the npm registry.
@@ -83,8 +87,8 @@ case "${1:-}" in
     # Only images this script labelled: never someone's real pull of the same name.
     for img in "$NODE_IMAGE" "$DEBIAN_IMAGE"; do [ -z "$(label "$img")" ] || docker image rm "$img" >/dev/null; done
     exit 0 ;;
-  '') ;;
-  *) echo "usage: $0 [--check|--remove]" >&2; exit 2 ;;
+  ''|--keygate) ;;
+  *) echo "usage: $0 [--check|--remove|--keygate]" >&2; exit 2 ;;
 esac
 
 docker info >/dev/null 2>&1 || { echo "build-images: no Docker engine answers (scripts/dockerd.sh start)" >&2; exit 1; }
@@ -102,3 +106,13 @@ for step in debian node; do
   "build_$step" "$inputs"
   echo "build-images: $image built in $(( $(date +%s) - started )) s, $(docker image inspect --format '{{.Size}}' "$image" | awk '{printf "%.0f MB", $1/1e6}')"
 done
+
+if [ "${1:-}" = --keygate ]; then
+  started=$(date +%s)
+  repo=$(cd "$(dirname "$0")/.." && pwd)
+  docker build -q --target build -t keygate-build:latest "$repo" >/dev/null 2>"$work/build.err" || { cat "$work/build.err" >&2; exit 1; }
+  docker build -q -t keygate:latest "$repo" >/dev/null 2>"$work/build.err" || { cat "$work/build.err" >&2; exit 1; }
+  # Only untagged images with keygate's label: never anyone else's, never one that is tagged.
+  docker image prune -f --filter label=org.opencontainers.image.title=keygate >/dev/null
+  echo "build-images: keygate:latest built in $(( $(date +%s) - started )) s, $(docker image inspect --format '{{.Size}}' keygate:latest | awk '{printf "%.0f MB", $1/1e6}')"
+fi

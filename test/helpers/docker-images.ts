@@ -3,7 +3,6 @@
 // cache). Both are built on first use and kept, so later test files and runs take seconds.
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import os from 'node:os';
 import path from 'node:path';
 import { REPO_ROOT } from './cli.js';
 
@@ -52,16 +51,14 @@ export function ensureBaseImages(): Promise<string> {
 }
 
 /**
- * The base images, then keygate's image from the Dockerfile as it is in the tree. A fresh machine
- * pays for debootstrap, node, `npm ci` and the SQLite addon's compile once (minutes); afterwards
- * only changed layers are rebuilt.
+ * The base images, then keygate's image from the Dockerfile as it is in the tree
+ * (scripts/build-images.sh --keygate). A fresh machine pays for debootstrap, node, `npm ci` and the
+ * SQLite addon's compile once (minutes); afterwards only changed layers are rebuilt.
  */
 export function ensureKeygateImage(): Promise<{ seconds: number; log: string }> {
   built ??= (async () => {
     const started = Date.now();
-    let log = await ensureBaseImages();
-    // One build of the image at a time on this machine: test files run in parallel.
-    log += await runAsync('flock', [path.join(os.tmpdir(), 'keygate-image-build.lock'), 'docker', 'build', '-t', KEYGATE_IMAGE, REPO_ROOT], { timeoutMs: 20 * 60_000 });
+    const log = await runAsync(path.join(REPO_ROOT, 'scripts/build-images.sh'), ['--keygate'], { timeoutMs: 30 * 60_000 });
     return { seconds: Math.round((Date.now() - started) / 1000), log };
   })();
   return built;
