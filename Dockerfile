@@ -1,8 +1,11 @@
-# syntax=docker/dockerfile:1
 # keygate: one image for every role (proxy sidecar, serve, app runtime, CLI).
+# No `# syntax=` line: BuildKit would pull that frontend image, and the legacy builder ignores it.
+# The base is the public Node 24 image; NODE_IMAGE overrides it (e.g. a mirror, or the local
+# build of scripts/build-images.sh, which tags the same name where nothing can be pulled).
+ARG NODE_IMAGE=node:24-bookworm-slim
 
 # ---- build: compile TypeScript and the native SQLite addon ----------------------------------
-FROM node:22-bookworm-slim AS build
+FROM ${NODE_IMAGE} AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 make g++ \
  && rm -rf /var/lib/apt/lists/*
@@ -14,9 +17,13 @@ COPY tsconfig.json tsconfig.build.json ./
 COPY scripts/build-validators.mjs ./scripts/
 COPY src ./src
 RUN npm run build && npm prune --omit=dev --no-audit --no-fund
+# Both stages carry it (here last, so that it costs no cached layer): a machine that rebuilds often
+# can remove its superseded, untagged images by this label.
+LABEL org.opencontainers.image.title=keygate
 
 # ---- runtime: slim, non-root ------------------------------------------------------------------
-FROM node:22-bookworm-slim
+FROM ${NODE_IMAGE}
+LABEL org.opencontainers.image.title=keygate
 ENV NODE_ENV=production \
     KEYGATE_DATA_DIR=/data
 WORKDIR /app

@@ -33,7 +33,7 @@ export const controlPlaneArea: Area = {
           allowInstallScripts: env.KEYGATE_BUILD_INSTALL_SCRIPTS === '1',
           records: new ReplicaRecords(path.join(ctx.dataDir, 'run', 'replicas'), (level, msg, fields) => ctx.logger[level]({ ...fields }, msg)),
         }),
-        docker: new DockerDriver(env),
+        docker: new DockerDriver(env, (level, msg, fields) => ctx.logger[level]({ ...fields }, msg)),
       },
       {
         host: env.KEYGATE_DEPLOYMENT_HOST || '127.0.0.1',

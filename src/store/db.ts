@@ -1,3 +1,4 @@
+import type { Statement } from 'better-sqlite3';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { mkdirSync } from 'node:fs';
 import path from 'node:path';
@@ -73,14 +74,22 @@ async function sqliteDriver(): Promise<typeof import('better-sqlite3')> {
 export async function openSqlite(file: string): Promise<Db> {
   const Database = await sqliteDriver();
   const sqlite = new Database(file);
-  sqlite.pragma('journal_mode = WAL');
-  sqlite.pragma('foreign_keys = ON');
-  sqlite.pragma('busy_timeout = 5000');
+  // exec, not pragma(): pragma() prepares a statement that is then left to the garbage collector.
+  sqlite.exec('PRAGMA journal_mode = WAL; PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000');
   const mutex = new Mutex();
   const inTx = new AsyncLocalStorage<boolean>();
 
   const params = bindParams;
-  const stmt = (sql: string) => sqlite.prepare(sql);
+  // Each SQL text is prepared once and kept (the texts are the program's own, so the set is small).
+  // Statements must not be left to the garbage collector: on Node >= 24.19 better-sqlite3 12's
+  // Statement destructor aborts the process when a GC runs outside a JS context (an idle GC), the
+  // `RemoveEnvironmentCleanupHook: (env) != nullptr` crash. Reuse is also cheaper than re-preparing.
+  const prepared = new Map<string, Statement<unknown[]>>();
+  const stmt = (sql: string) => {
+    let s = prepared.get(sql);
+    if (!s) prepared.set(sql, (s = sqlite.prepare(sql)));
+    return s;
+  };
   // Outside a transaction a statement waits for any running transaction to finish first.
   const guarded = async <T>(fn: () => T): Promise<T> => {
     if (inTx.getStore()) return fn();

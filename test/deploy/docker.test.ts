@@ -3,10 +3,12 @@
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CliError } from '../../src/cli/errors.js';
-import { buildArgs, buildImage, checkBuildContext, dockerEnv, pushImage, runDocker } from '../../src/deploy/docker.js';
+import { buildArgs, buildImage, checkBuildContext, checkContainerRuntime, dockerEnv, localImagePlatform, pushImage, runDocker } from '../../src/deploy/docker.js';
 import { parseImageTag } from '../../src/deploy/image-ref.js';
+import { announceSkip, engineUnavailableReason } from '../helpers/docker-engine.js';
+import { DEBIAN_IMAGE, docker, ensureBaseImages, uniqueName } from '../helpers/docker-images.js';
 import { fakeDocker } from './helpers.js';
 
 const dirs: string[] = [];
@@ -164,5 +166,36 @@ const w = (s) => new Promise((r) => process.stdout.write(s, () => setTimeout(r, 
       'z',
       'tail',
     ]);
+  });
+});
+
+// The same functions against the real engine: what the stand-in above cannot tell (that docker
+// really accepts these arguments, streams its build, and reports the platform deploy checks).
+const noEngine = announceSkip('the image build tests on a real engine', await engineUnavailableReason());
+
+describe.skipIf(noEngine)('docker build on a real engine', () => {
+  const tag = `${uniqueName('deploy')}:1`;
+  beforeAll(() => ensureBaseImages(), 30 * 60_000);
+  afterAll(() => {
+    docker(['image', 'rm', '-f', tag], { allowFail: true });
+  });
+
+  it('finds the runtime, builds a Dockerfile streaming its output, and reports the image linux/amd64', async () => {
+    expect(checkContainerRuntime()).toMatch(/^\d+\.\d+/);
+    const d = tmp();
+    writeFileSync(path.join(d, 'Dockerfile'), `FROM ${DEBIAN_IMAGE}\nRUN echo built-marker-$((6*7))\n`);
+    const lines: string[] = [];
+    await buildImage({ tag, dir: d, onLine: (l) => lines.push(l) });
+    expect(lines.some((l) => l.includes('built-marker-42'))).toBe(true);
+    expect(localImagePlatform(tag)).toBe('linux/amd64');
+    expect(localImagePlatform(`${uniqueName('absent')}:never`)).toBeUndefined();
+  });
+
+  it('a Dockerfile step that fails is one line naming the exit status', async () => {
+    const d = tmp();
+    writeFileSync(path.join(d, 'Dockerfile'), `FROM ${DEBIAN_IMAGE}\nRUN exit 3\n`);
+    const lines: string[] = [];
+    await expect(buildImage({ tag, dir: d, onLine: (l) => lines.push(l) })).rejects.toThrow('the image build failed: docker build exited with status 3 (its output is above)');
+    expect(lines.join('\n')).toMatch(/returned a non-zero code: 3/);
   });
 });

@@ -1,6 +1,8 @@
 import { randomBytes } from 'node:crypto';
-import { Client, request } from 'undici';
+import { readlinkSync } from 'node:fs';
+import { Pool, request } from 'undici';
 import { LineSplitter } from '../logs.js';
+import { bootId, isSameProcess, readProcStat } from '../proc.js';
 import { BuildError, DeployError, type BuildContext, type BuildOutput, type ExitInfo, type Replica, type RuntimeDriver, type StartSpec } from './types.js';
 
 /** The port the image's `keygate app serve` listens on inside the container (`PORT` is set to it). */
@@ -18,6 +20,46 @@ interface DockerReplica extends Replica {
   containerId: string;
 }
 
+/** Labels on every replica container: whose it is, so that a later server can tell orphans apart. */
+export const LABELS = {
+  deployment: 'keygate.deployment',
+  revision: 'keygate.revision',
+  /**
+   * `<boot id>/<pid namespace>/<pid>/<start time>` of the `keygate serve` that started it (see
+   * proc.ts). The namespace matters: a server in a container sees other pids than one on the host.
+   */
+  owner: 'keygate.owner',
+} as const;
+
+function pidNamespace(): string | null {
+  try {
+    return /\[(\d+)\]/.exec(readlinkSync('/proc/self/ns/pid'))?.[1] ?? null;
+  } catch {
+    return null;
+  }
+}
+
+/** The identity of this process, as recorded in {@link LABELS.owner}; null where /proc cannot give one. */
+export function ownerIdentity(): string | null {
+  const me = readProcStat('self');
+  const boot = bootId();
+  const ns = pidNamespace();
+  return me && boot && ns ? `${boot}/${ns}/${me.pid}/${me.startTime}` : null;
+}
+
+/**
+ * Whether the container's server is provably gone: another boot, or no process with its pid and
+ * start time in our pid namespace. A server in another namespace (or an unreadable label) cannot be
+ * judged from here, so its containers are left alone: never stop what might be live.
+ */
+export function ownerGone(owner: string | undefined, here: { boot: string | null; ns: string | null } = { boot: bootId(), ns: pidNamespace() }): boolean {
+  const m = /^([0-9a-f-]+)\/(\d+)\/(\d+)\/(\d+)$/.exec(owner ?? '');
+  if (!m || !here.boot) return false;
+  if (m[1] !== here.boot) return true; // a reboot ended its server
+  if (m[2] !== here.ns) return false;
+  return !isSameProcess(Number(m[3]), m[4]);
+}
+
 /**
  * Runs `external_docker` / `internal_docker` images through the Docker Engine API on a unix socket:
  * pull (build step), create + start with the secrets as environment and a loopback port binding,
@@ -25,13 +67,21 @@ interface DockerReplica extends Replica {
  */
 export class DockerDriver implements RuntimeDriver {
   readonly name = 'docker';
-  private readonly client: Client | null;
+  /**
+   * A pool, not a single Client: each replica holds two requests open for its whole life (the
+   * wait and the followed logs), and on one connection every later call would queue behind them.
+   */
+  private readonly client: Pool | null;
   private readonly where: string;
+  private readonly owner = ownerIdentity() ?? 'unknown';
 
-  constructor(env: NodeJS.ProcessEnv) {
+  constructor(
+    env: NodeJS.ProcessEnv,
+    private readonly log: (level: 'info' | 'warn' | 'error', msg: string, fields?: Record<string, unknown>) => void = () => undefined,
+  ) {
     const socketPath = dockerSocketPath(env);
     this.where = socketPath ? `unix://${socketPath}` : String(env.DOCKER_HOST);
-    this.client = socketPath ? new Client('http://docker', { socketPath, connect: { timeout: 2000 } }) : null;
+    this.client = socketPath ? new Pool('http://docker', { socketPath, connect: { timeout: 2000 } }) : null;
   }
 
   private async call(method: 'GET' | 'POST' | 'DELETE', path: string, body?: unknown, timeoutMs = 30_000) {
@@ -106,7 +156,7 @@ export class DockerDriver implements RuntimeDriver {
       Image: spec.artifact,
       Env: env,
       ExposedPorts: { [`${CONTAINER_PORT}/tcp`]: {} },
-      Labels: { 'keygate.deployment': spec.deploymentId, 'keygate.revision': spec.revisionId },
+      Labels: { [LABELS.deployment]: spec.deploymentId, [LABELS.revision]: spec.revisionId, [LABELS.owner]: this.owner },
       HostConfig: { PortBindings: { [`${CONTAINER_PORT}/tcp`]: [{ HostIp: '127.0.0.1', HostPort: '' }] }, RestartPolicy: { Name: 'no' } },
     });
     if (created.status !== 201 || !created.body.Id) throw new DeployError(`cannot create a container from ${spec.artifact}: ${created.body?.message ?? created.status}`);
@@ -166,8 +216,31 @@ export class DockerDriver implements RuntimeDriver {
   }
 
   async stop(replica: Replica, graceMs: number): Promise<void> {
-    const id = (replica as DockerReplica).containerId;
+    await this.remove((replica as DockerReplica).containerId, graceMs);
+  }
+
+  private async remove(id: string, graceMs: number): Promise<void> {
     await this.json('POST', `/containers/${id}/stop?t=${Math.ceil(graceMs / 1000)}`, undefined, graceMs + 10_000).catch(() => undefined);
     await this.json('DELETE', `/containers/${id}?force=1`).catch(() => undefined);
+  }
+
+  /**
+   * Removes the replica containers of servers that no longer run (killed before they could stop
+   * them: SIGKILL, the OOM killer, a crash), running or not. A container is ours when it carries the
+   * deployment label; its server is gone when the owner label names no live process. Containers of
+   * a live server (another `keygate serve` on this engine) are left alone. No engine: nothing to do.
+   */
+  async reapOrphans(graceMs: number): Promise<{ removed: string[] }> {
+    const removed: string[] = [];
+    if (!this.client || (await this.unavailableReason())) return { removed };
+    const filters = encodeURIComponent(JSON.stringify({ label: [LABELS.deployment] }));
+    const list = await this.json<{ Id: string; Names?: string[]; Labels?: Record<string, string> }[]>('GET', `/containers/json?all=1&filters=${filters}`);
+    if (list.status !== 200 || !Array.isArray(list.body)) throw new DeployError(`cannot list containers: engine answered ${list.status}`);
+    const here = { boot: bootId(), ns: pidNamespace() };
+    const orphans = list.body.filter((c) => ownerGone(c.Labels?.[LABELS.owner], here));
+    if (orphans.length) this.log('warn', `removing ${orphans.length} replica container(s) left by a previous server`, { containers: orphans.map((c) => c.Id.slice(0, 12)) });
+    await Promise.all(orphans.map((c) => this.remove(c.Id, graceMs)));
+    for (const c of orphans) removed.push((c.Names?.[0] ?? c.Id).replace(/^\//, ''));
+    return { removed };
   }
 }
