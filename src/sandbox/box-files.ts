@@ -24,13 +24,14 @@ exec 3<"$f" || exit ${FAILED}
 stat -L -c %s /dev/fd/3 || exit ${FAILED}
 exec cat <&3`;
 
-// $1 path, $2 temporary name in the same directory. Writes the temporary, renames it only once whole.
+// $1 path, $2 temporary name in the same directory. Writes the temporary only: the rename is a
+// separate step, taken once keygate has counted the whole upload (stdin ending is no proof of that).
 const WRITE = `f=$1
 t="\${f%/*}/$2"
 [ -d "\${f%/*}/" ] || exit ${NOT_FOUND}
 [ ! -d "$f" ] || exit ${NOT_A_FILE}
-cat >"$t" || { rm -f -- "$t"; exit ${FAILED}; }
-mv -f -- "$t" "$f" || { rm -f -- "$t"; exit ${FAILED}; }`;
+cat >"$t" || { rm -f -- "$t"; exit ${FAILED}; }`;
+const COMMIT = `mv -f -- "\${1%/*}/$2" "$1" || { rm -f -- "\${1%/*}/$2"; exit ${FAILED}; }`;
 
 /** An absolute box path with no NUL; anything else is the caller's mistake. */
 export function checkBoxPath(p: string): string {
@@ -141,18 +142,20 @@ export async function writeBoxFile(exec: Exec, boxPath: string, body: Readable, 
     p.kill('SIGKILL');
   }
   const r = await p.done;
-  if (streamErr || r.exitCode !== 0) {
-    // Whatever was written stays under the temporary name only; remove it.
-    const dir = boxPath.slice(0, boxPath.lastIndexOf('/') + 1);
-    const rm = await exec({ command: ['rm', '-f', '--', `${dir}${tmp}`], cwd: '/', timeoutMs: 30_000 }).catch(() => null);
-    if (rm) {
-      rm.stdout.resume();
-      rm.stderr.resume();
-      await rm.done;
-    }
-    if (tooLarge) throw new BoxFileError('too_large', `upload is larger than ${maxBytes} bytes`);
-    if (streamErr && r.exitCode === 0) throw streamErr;
-    throw failure(r.exitCode, stderr(), 'write');
-  }
-  return { size };
+  const committed = !streamErr && r.exitCode === 0 ? await runQuiet(exec, ['/bin/sh', '-c', COMMIT, 'sh', boxPath, tmp]) : null;
+  if (committed?.exitCode === 0) return { size };
+  // Whatever was written stays under the temporary name only; remove it.
+  const dir = boxPath.slice(0, boxPath.lastIndexOf('/') + 1);
+  await runQuiet(exec, ['rm', '-f', '--', `${dir}${tmp}`]).catch(() => null);
+  if (tooLarge) throw new BoxFileError('too_large', `upload is larger than ${maxBytes} bytes`);
+  if (streamErr && r.exitCode === 0) throw streamErr;
+  throw failure(committed ? committed.exitCode : r.exitCode, committed ? committed.stderr : stderr(), 'write');
+}
+
+async function runQuiet(exec: Exec, command: string[]): Promise<{ exitCode: number | null; stderr: string }> {
+  const p = await exec({ command, cwd: '/', timeoutMs: 30_000 });
+  p.stdout.resume();
+  const stderr = collect(p.stderr);
+  const r = await p.done;
+  return { exitCode: r.exitCode, stderr: stderr() };
 }
