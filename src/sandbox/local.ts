@@ -10,7 +10,7 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import type { Readable } from 'node:stream';
+import { PassThrough, type Readable } from 'node:stream';
 import {
   BoxFileError,
   BoxStartError,
@@ -40,6 +40,8 @@ export interface LocalDriverOptions {
 /** Host directories the `host` template shares, read-only, when they exist. */
 const HOST_ROOT = ['usr', 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32'];
 const START_TIMEOUT_MS = 15_000;
+/** How long an execution's output may stay open after the command itself has exited. */
+const OUTPUT_GRACE_MS = 250;
 /** Runs on the host before anything else: joins the cgroups named before `--`, then becomes the rest. */
 const JOIN_CGROUP = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"';
 const ID_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
@@ -517,22 +519,53 @@ class LocalBox implements Box {
       : null;
     const stopper = () => killTree('SIGKILL');
     this.execs.add(stopper);
+    // Processes the command left running in the background may hold its output open: once the
+    // command itself has exited, its output ends after a short grace instead of waiting for them
+    // (they go on writing to a closed pipe; stop, a timeout or kill() still takes them down).
+    const stdout = new PassThrough();
+    const stderr = new PassThrough();
+    child.stdout!.pipe(stdout);
+    child.stderr!.pipe(stderr);
     const done = new Promise<ExecResult>((resolve) => {
       let exit: { code: number | null; signal: NodeJS.Signals | null } | null = null;
-      child.on('error', () => {
-        exit ??= { code: 127, signal: null };
-      });
-      child.on('close', (code, signal) => {
-        exit ??= { code, signal };
+      let grace: NodeJS.Timeout | null = null;
+      const finish = () => {
+        if (grace) clearTimeout(grace);
         if (timer) clearTimeout(timer);
         this.execs.delete(stopper);
         if (cg) removeCgroup(cg);
-        resolve({ exitCode: exit.signal ? null : exit.code, signal: exit.signal, timedOut });
+        const e = exit ?? { code: 127, signal: null };
+        resolve({ exitCode: e.signal ? null : e.code, signal: e.signal, timedOut });
+      };
+      let ended = 0;
+      for (const [from, to] of [[child.stdout!, stdout], [child.stderr!, stderr]] as const) {
+        to.on('end', () => {
+          if (++ended === 2 && exit) finish();
+        });
+        from.on('error', () => to.end());
+      }
+      child.on('error', () => {
+        exit ??= { code: 127, signal: null };
+        stdout.end();
+        stderr.end();
+      });
+      child.on('exit', (code, signal) => {
+        exit ??= { code, signal };
+        if (ended === 2) return finish();
+        grace = setTimeout(() => {
+          for (const [from, to] of [[child.stdout!, stdout], [child.stderr!, stderr]] as const) {
+            if (!to.writableEnded) {
+              from.unpipe(to);
+              from.destroy();
+              to.end();
+            }
+          }
+        }, OUTPUT_GRACE_MS);
       });
     });
     return {
-      stdout: child.stdout as Readable,
-      stderr: child.stderr as Readable,
+      stdout,
+      stderr,
       stdin: child.stdin ?? null,
       kill: (signal: NodeJS.Signals = 'SIGKILL') => void killTree(signal),
       done,
