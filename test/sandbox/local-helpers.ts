@@ -22,7 +22,7 @@ export async function localProbe(): Promise<{ ok: boolean; why: string }> {
 }
 
 let n = 0;
-export function spec(over: Partial<BoxSpec> & { proxyPort?: number; resources?: Partial<BoxResources> } = {}): BoxSpec {
+export function spec(over: Omit<Partial<BoxSpec>, 'resources'> & { proxyPort?: number; resources?: Partial<BoxResources> } = {}): BoxSpec {
   const id = over.id ?? `t${process.pid}-${++n}`;
   return {
     id,
