@@ -168,6 +168,17 @@ export function removeCgroup(cg: Cgroup): void {
   for (const d of cg.dirs) rm(d);
 }
 
+/** Removes this server's parent cgroup directories once no box is left in them. */
+export function removeLayoutIfEmpty(layout: CgroupLayout): void {
+  for (const b of layout.bases) {
+    try {
+      rmdirSync(b.dir);
+    } catch {
+      /* boxes still there, or gone already */
+    }
+  }
+}
+
 /** `prlimit` arguments when no cgroup can be made: address space, processes, and CPU seconds per process. */
 export function rlimitArgs(res: BoxResources): string[] {
   const as = Math.max(16, Math.floor(res.memory_mb)) * 1024 * 1024;

@@ -24,7 +24,7 @@ import {
 } from './driver.js';
 import { BOX_MAIN, bwrapArgs, enterArgs, HOST_ETC_SHARED, hostEtc, type RootEntry } from './bwrap.js';
 import { readBoxFile, writeBoxFile } from './box-files.js';
-import { cgroupLayout, createCgroup, existingCgroup, killCgroup, listBoxCgroups, procsFiles, removeCgroup, rlimitArgs, type Cgroup, type CgroupLayout } from './limits.js';
+import { cgroupLayout, createCgroup, existingCgroup, killCgroup, listBoxCgroups, procsFiles, removeCgroup, removeLayoutIfEmpty, rlimitArgs, type Cgroup, type CgroupLayout } from './limits.js';
 import { openRelay, type Relay } from './relay.js';
 
 export interface LocalDriverOptions {
@@ -176,6 +176,7 @@ export class LocalDriver implements SandboxDriver {
     } finally {
       rmSync(dir, { recursive: true, force: true });
       rmSync(path.join(this.runDir, `probe-${process.pid}.json`), { force: true });
+      if (cg && this.boxes.size === 0) this.dropLayout(cg);
     }
     const limits = cg ? `cgroup v${cg.version}` : `rlimits (${this.layout && !this.layout.ok ? this.layout.why : ''})`;
     return { ok: true, detail: `bubblewrap ${bwrap}: new user, pid, ipc, uts, mount, cgroup and network namespaces; limits through ${limits}` };
@@ -330,10 +331,19 @@ export class LocalDriver implements SandboxDriver {
     const layout = this.cgroups();
     if (layout) for (const id of listBoxCgroups(layout)) ids.add(id);
     for (const id of ids) if (!this.boxes.has(id) && (ID_RE.test(id) || id.startsWith('probe-'))) await this.reapOne(id);
+    if (layout && this.boxes.size === 0) this.dropLayout(layout);
+  }
+
+  /** Removes the (empty) parent cgroups; the next box makes them again. */
+  private dropLayout(layout: CgroupLayout): void {
+    removeLayoutIfEmpty(layout);
+    this.layout = null;
   }
 
   async close(): Promise<void> {
     await Promise.all([...this.boxes.values()].map((b) => b.stop()));
+    const layout = this.layout?.ok ? this.layout.layout : null;
+    if (layout && this.boxes.size === 0) this.dropLayout(layout);
   }
 }
 
@@ -356,6 +366,9 @@ export function namespaceTrouble(stderr: string): { reason: string; hint: string
   const said = bwrapSaid(stderr);
   if (readSysctl('/proc/sys/user/max_user_namespaces') === '0') {
     return { reason: `user namespaces are disabled (sysctl user.max_user_namespaces = 0)${said ? `: ${said}` : ''}`, hint: 'sysctl -w user.max_user_namespaces=15000' };
+  }
+  if (/ENOSPC/.test(stderr)) {
+    return { reason: `no user namespace can be made here: the nesting depth or sysctl user.max_user_namespaces limit is reached: ${said}`, hint: 'raise sysctl user.max_user_namespaces, or run keygate outside a nested sandbox' };
   }
   const uid = process.getuid?.() ?? 0;
   if (uid !== 0 && readSysctl('/proc/sys/kernel/unprivileged_userns_clone') === '0') {
