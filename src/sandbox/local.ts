@@ -44,6 +44,8 @@ const START_TIMEOUT_MS = 15_000;
 const OUTPUT_GRACE_MS = 250;
 /** Runs on the host before anything else: joins the cgroups named before `--`, then becomes the rest. */
 const JOIN_CGROUP = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"';
+/** The whole environment of the host-side helpers an execution goes through. */
+const HOST_HELPER_ENV = { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' };
 const ID_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
 
 interface RunRecord {
@@ -247,7 +249,7 @@ export class LocalDriver implements SandboxDriver {
     // The arguments go through a pipe (`--args`): the box reads pid 1's command line, and host
     // paths of the data directory have no business there.
     const cmd = [...prefix, tools.bwrap, '--args', '4', '--', ...BOX_MAIN];
-    const child = spawn(cmd[0], cmd.slice(1), { env: { PATH: '/usr/local/bin:/usr/bin:/bin' }, stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe'] });
+    const child = spawn(cmd[0], cmd.slice(1), { env: HOST_HELPER_ENV, stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe'] });
     const argsPipe = child.stdio[4] as NodeJS.WritableStream;
     argsPipe.on('error', () => undefined);
     argsPipe.end(args.map((a) => `${a}\0`).join(''));
@@ -493,10 +495,17 @@ class LocalBox implements Box {
     if (argv.length === 0) throw new Error('empty command');
     const cwd = opts.cwd ?? '/workspace';
     if (!cwd.startsWith('/') || cwd.includes('\0')) throw new Error('cwd must be an absolute path in the box');
+    // The box's environment is applied only once inside (`env -i` in the box): the helpers that run
+    // on the host first (sh, prlimit, setpriv, nsenter, as this server's user) must never see
+    // LD_PRELOAD or the like from a request, which could name a host path the box wrote to.
+    const env = Object.entries(this.env(opts.env));
+    if (env.some(([k, v]) => !/^[^=\0]+$/.test(k) || v.includes('\0'))) throw new Error('environment names must not hold "=" or NUL, nor values NUL');
+    if (argv[0].includes('=')) throw new Error('the program name must not hold "="');
+    const inBox = ['/usr/bin/env', '-i', ...env.map(([k, v]) => `${k}=${v}`), ...argv];
     const cg = this.driver.execCgroup(this.id, ++execCounter);
-    const cmd = this.driver.enterCommand(this, cwd, argv, cg, this.spec.resources);
+    const cmd = this.driver.enterCommand(this, cwd, inBox, cg, this.spec.resources);
     const child = spawn(cmd[0], cmd.slice(1), {
-      env: this.env(opts.env),
+      env: HOST_HELPER_ENV,
       stdio: [opts.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe'],
       // Its own process group: without cgroups, that group is what a kill reaches.
       detached: true,

@@ -132,6 +132,17 @@ describe.skipIf(!probe.ok)(`local driver: processes stay in the box (${probe.why
     await box.stop();
   });
 
+  it("a request's environment reaches the command in the box only, never the host-side helpers", async () => {
+    const box = await driver.start(spec({ env: { FROM_SPEC: 'spec' } }));
+    // LD_DEBUG makes every dynamically linked program it reaches say so: only `true`, in the box.
+    const r = await run(box, ['true'], { env: { LD_DEBUG: 'libs', FROM_EXEC: 'exec' } });
+    expect(r.stderr).toMatch(/initialize program: true/);
+    expect(r.stderr).not.toMatch(/initialize program: (\S*\/)?(sh|dash|setpriv|nsenter|prlimit|env)\b/);
+    const e = await run(box, ['sh', '-c', 'echo "$FROM_SPEC $FROM_EXEC $HOME"'], { env: { FROM_EXEC: 'exec' } });
+    expect(e.stdout).toBe('spec exec /workspace\n');
+    await box.stop();
+  });
+
   it('resource limits: a fork bomb hits the process limit, a memory hog is killed, CPU is capped', async () => {
     const forks = await driver.start(spec({ resources: { pids: 40 } }));
     const bomb = await run(forks, ['python3', '-c', FORK_BOMB], { timeoutMs: 20_000 });
