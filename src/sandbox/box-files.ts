@@ -79,12 +79,15 @@ export async function readBoxFile(exec: Exec, boxPath: string, maxBytes: number)
     const onEnd = () => resolve(null);
     p.stdout.on('data', onData).on('end', onEnd);
   });
+  // From here on, a refusal drains what is left (the execution ends only once its output is read).
   if (!head || !Number.isSafeInteger(head.size)) {
+    p.stdout.resume();
     p.kill('SIGKILL');
     const r = await p.done;
     throw failure(r.exitCode, stderr(), 'read');
   }
   if (head.size > maxBytes) {
+    p.stdout.resume();
     p.kill('SIGKILL');
     await p.done;
     throw new BoxFileError('too_large', `file is larger than ${maxBytes} bytes`);

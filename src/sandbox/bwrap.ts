@@ -74,7 +74,24 @@ export function hostEtc(): Record<string, string> {
 /** Host /etc entries the `host` template shares (program lookup only; nothing about this machine). */
 export const HOST_ETC_SHARED = ['alternatives', 'ld.so.cache', 'ld.so.conf', 'ld.so.conf.d'];
 
-/** The `nsenter` options that put a process into every namespace of the box whose pid 1 is `pid`. */
-export function enterArgs(pid: number, cwd: string): string[] {
-  return ['-t', String(pid), '-U', '-m', '-p', '-n', '-i', '-u', '-C', '--root', `--wdns=${cwd}`, '--preserve-credentials', '--'];
+/**
+ * The namespaces of a box, in the order their descriptors are handed to `nsenter` (from fd 3 on),
+ * with nsenter's option for each. Entering through descriptors the server opened while the box's
+ * pid 1 was verified, never through `-t PID`, means a reused pid can never send a command into
+ * some other process's namespaces.
+ */
+export const BOX_NAMESPACES = [
+  ['user', '--user'],
+  ['mnt', '--mount'],
+  ['pid', '--pid'],
+  ['net', '--net'],
+  ['ipc', '--ipc'],
+  ['uts', '--uts'],
+  ['cgroup', '--cgroup'],
+] as const;
+
+/** nsenter options entering every namespace (fds `first`..) and the root (the next fd), then `cwd` inside. */
+export function enterArgs(first: number, cwd: string): string[] {
+  const a: string[] = BOX_NAMESPACES.map(([, opt], i) => `${opt}=/proc/self/fd/${first + i}`);
+  return [...a, `--root=/proc/self/fd/${first + BOX_NAMESPACES.length}`, `--wdns=${cwd}`, '--preserve-credentials', '--'];
 }

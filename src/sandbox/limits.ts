@@ -133,6 +133,10 @@ function pidsIn(dir: string): number[] {
   return out;
 }
 
+export function cgroupHasProcesses(cg: Cgroup): boolean {
+  return pidsIn(cg.dirs[0]).length > 0;
+}
+
 /**
  * SIGKILLs every process in the cgroup and its children until none is left. A process forked
  * between a read and the kills is the child of one just killed and shows up on the next read, so

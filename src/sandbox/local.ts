@@ -8,7 +8,7 @@
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, lstatSync, openSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { PassThrough, type Readable } from 'node:stream';
 import {
@@ -22,9 +22,9 @@ import {
   type ExecResult,
   type SandboxDriver,
 } from './driver.js';
-import { BOX_MAIN, bwrapArgs, enterArgs, HOST_ETC_SHARED, hostEtc, type RootEntry } from './bwrap.js';
+import { BOX_MAIN, BOX_NAMESPACES, bwrapArgs, enterArgs, HOST_ETC_SHARED, hostEtc, type RootEntry } from './bwrap.js';
 import { readBoxFile, writeBoxFile } from './box-files.js';
-import { cgroupLayout, createCgroup, existingCgroup, killCgroup, listBoxCgroups, procsFiles, removeCgroup, removeLayoutIfEmpty, rlimitArgs, type Cgroup, type CgroupLayout } from './limits.js';
+import { cgroupLayout, createCgroup, existingCgroup, cgroupHasProcesses, killCgroup, listBoxCgroups, procsFiles, removeCgroup, removeLayoutIfEmpty, rlimitArgs, type Cgroup, type CgroupLayout } from './limits.js';
 import { openRelay, type Relay } from './relay.js';
 
 export interface LocalDriverOptions {
@@ -80,6 +80,14 @@ function readSysctl(p: string): string | null {
     return readFileSync(p, 'utf8').trim();
   } catch {
     return null;
+  }
+}
+
+function readFileSafe(p: string): string {
+  try {
+    return readFileSync(p, 'utf8');
+  } catch {
+    return '';
   }
 }
 
@@ -276,12 +284,12 @@ export class LocalDriver implements SandboxDriver {
   enterCommand(box: LocalBox, cwd: string, argv: string[], cg: Cgroup | null, res: BoxSpec['resources']): string[] {
     const t = this.tools!;
     const join = cg ? ['/bin/sh', '-c', JOIN_CGROUP, 'sh', ...procsFiles(cg), '--'] : [t.prlimit!, ...rlimitArgs(res), '--'];
-    return [...join, t.setpriv, '--no-new-privs', t.nsenter, ...enterArgs(box.pid1, cwd), ...argv];
+    return [...join, t.setpriv, '--no-new-privs', t.nsenter, ...enterArgs(3, cwd), ...argv];
   }
 
   /** @internal */
-  netEnter(pid1: number): string[] {
-    return [this.tools!.nsenter, '-t', String(pid1), '-U', '-n', '--preserve-credentials', '--'];
+  netEnter(userFd: number, netFd: number): string[] {
+    return [this.tools!.nsenter, `--user=/proc/self/fd/${userFd}`, `--net=/proc/self/fd/${netFd}`, '--preserve-credentials', '--'];
   }
 
   /** @internal */
@@ -394,6 +402,8 @@ class LocalBox implements Box {
   readonly id: string;
   pid1 = 0;
   pid1Start = '';
+  /** The box's namespaces and root, held open from start to stop (see BOX_NAMESPACES). */
+  private nsFds: number[] = [];
   private relay: Relay | null = null;
   private stopped = false;
   private stopping: Promise<void> | null = null;
@@ -442,7 +452,24 @@ class LocalBox implements Box {
     this.pid1 = pid;
     this.pid1Start = startTime(pid) ?? '';
     if (!this.pid1Start) throw new BoxStartError(`the box exited at once: ${bwrapSaid(err)}`);
+    // bwrap reports pid 1 before it has built the box's root; it forks the box's main process only
+    // once the root is in place, so the root is taken when pid 1 has a child.
+    const until = Date.now() + START_TIMEOUT_MS;
+    while (!readFileSafe(`/proc/${pid}/task/${pid}/children`).trim()) {
+      if (startTime(pid) !== this.pid1Start) throw new BoxStartError(`the box exited at once: ${bwrapSaid(err)}`);
+      if (Date.now() > until) throw new BoxStartError('bubblewrap did not finish building the box in time');
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    try {
+      this.nsFds = [...BOX_NAMESPACES.map(([kind]) => openSync(`/proc/${pid}/ns/${kind}`, 'r')), openSync(`/proc/${pid}/root`, 'r')];
+    } catch (e) {
+      throw new BoxStartError(`cannot hold the box's namespaces: ${(e as NodeJS.ErrnoException).code ?? 'error'}`);
+    }
+    // Opened from the right process: it still is the box's pid 1.
+    if (startTime(pid) !== this.pid1Start) throw new BoxStartError('the box exited while starting');
     this.assertIsolated();
+    // pid 1 gone (stopped, or killed from outside): the box is over; its descriptors stay until stop.
+    this.child.once('exit', () => void this.stop());
   }
 
   /** Fail closed: a box whose network namespace is the host's, or has any interface but lo, never runs. */
@@ -471,7 +498,8 @@ class LocalBox implements Box {
 
   async openRelay(): Promise<void> {
     try {
-      this.relay = await openRelay(this.driver.netEnter(this.pid1), this.spec.proxy);
+      const fd = (kind: string) => this.nsFds[BOX_NAMESPACES.findIndex(([k]) => k === kind)];
+      this.relay = await openRelay(this.driver.netEnter(4, 5), [fd('user'), fd('net')], this.spec.proxy);
     } catch (e) {
       throw new BoxStartError(`the relay to the proxy could not be set up: ${(e as Error).message}`);
     }
@@ -506,7 +534,7 @@ class LocalBox implements Box {
     const cmd = this.driver.enterCommand(this, cwd, inBox, cg, this.spec.resources);
     const child = spawn(cmd[0], cmd.slice(1), {
       env: HOST_HELPER_ENV,
-      stdio: [opts.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe'],
+      stdio: [opts.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe', ...this.nsFds],
       // Its own process group: without cgroups, that group is what a kill reaches.
       detached: true,
     });
@@ -574,6 +602,9 @@ class LocalBox implements Box {
       child.on('exit', (code, signal) => {
         exit ??= { code, signal };
         if (ended === 2) return finish();
+        // Only processes left behind can keep the output open (with none left, it ends once read,
+        // at the reader's pace); cut it then, after a grace.
+        if (cg && !cgroupHasProcesses(cg)) return;
         grace = setTimeout(() => {
           for (const [from, to] of [[child.stdout!, stdout], [child.stderr!, stderr]] as const) {
             if (!to.writableEnded) {
@@ -629,6 +660,8 @@ class LocalBox implements Box {
     await this.exited;
     if (this.pid1) await waitGone(this.pid1, this.pid1Start, 5000);
     if (this.cg) removeCgroup(this.cg);
+    for (const fd of this.nsFds) closeSync(fd);
+    this.nsFds = [];
     this.driver.forget(this);
   }
 }

@@ -2,7 +2,7 @@
  * The relay (sandbox.md, property 1): `127.0.0.1:3128` inside a box answers and forwards to the
  * box's own proxy on the host, and to nothing else.
  *
- * How: a short-lived helper enters only the box's user and network namespaces (`nsenter -U -n`),
+ * How: a short-lived helper enters only the box's user and network namespaces (`nsenter --user --net`),
  * opens a listening socket on 127.0.0.1:3128 there, hands the listening socket to this server over
  * the Node IPC channel, and exits. A socket stays in the namespace it was created in, so this server
  * then accepts the box's connections itself and pipes each one to `proxy.host:port` from the host's
@@ -30,14 +30,15 @@ export interface Relay {
 
 /**
  * Opens the box's relay. `enterNet` is the command line that enters the box's user and network
- * namespaces and runs what follows it. Rejects with the reason when the socket cannot be opened.
+ * namespaces (given as `nsFds`, seen by it from fd 4 on) and runs what follows it. Rejects with the reason when the socket cannot be opened.
  */
-export async function openRelay(enterNet: string[], proxy: { host: string; port: number }): Promise<Relay> {
+export async function openRelay(enterNet: string[], nsFds: number[], proxy: { host: string; port: number }): Promise<Relay> {
   const listener = await new Promise<net.Server>((resolve, reject) => {
     const child = spawn(enterNet[0], [...enterNet.slice(1), process.execPath, '--max-old-space-size=16', '-e', HELPER], {
       // No environment of this server reaches the helper (it runs as the box's user).
       env: {},
-      stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
+      // fd 3 is the IPC channel; the namespace descriptors follow it (as `enterNet` names them).
+      stdio: ['ignore', 'ignore', 'pipe', 'ipc', ...nsFds],
     });
     let err = '';
     child.stderr!.on('data', (d: Buffer) => (err = (err + d.toString()).slice(-500)));

@@ -49,13 +49,16 @@ describe.skipIf(!probe.ok)(`local driver: processes stay in the box (${probe.why
     const ns = await pidNamespace(box);
     await run(box, 'echo kept > /workspace/kept.txt');
     expect((await run(box, SCATTER)).stdout).toBe('started\n');
-    const long = await box.exec({ command: 'sleep 1005' });
-    long.stdout.resume();
+    const long = await box.exec({ command: 'echo up; exec sleep 1005' });
+    let up = '';
+    long.stdout.on('data', (d: Buffer) => (up += d));
     long.stderr.resume();
+    expect(await eventually(() => up === 'up\n')).toBe(true);
     expect(await eventually(() => hostProcessesOf(ns, s.id).length >= 7)).toBe(true);
     await box.stop();
     expect(hostProcessesOf(ns, s.id)).toEqual([]);
-    expect((await long.done).signal).toBe('SIGKILL');
+    const longDone = await long.done;
+    expect(longDone.signal, JSON.stringify(longDone)).toBe('SIGKILL');
     await expect(box.exec({ command: 'true' })).rejects.toThrow(/not running/);
 
     const again = await driver.start(s);
