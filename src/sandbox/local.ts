@@ -42,8 +42,17 @@ const HOST_ROOT = ['usr', 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32'];
 const START_TIMEOUT_MS = 15_000;
 /** How long an execution's output may stay open after the command itself has exited. */
 const OUTPUT_GRACE_MS = 250;
-/** Runs on the host before anything else: joins the cgroups named before `--`, then becomes the rest. */
-const JOIN_CGROUP = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"';
+/**
+ * Runs on the host before anything else (bash: it can close any descriptor): closes every
+ * descriptor above $1 that this server inherited without close-on-exec (whatever its own parent
+ * left open must not reach a box), joins the cgroups named before `--`, then becomes the rest.
+ */
+const ENTER_WRAPPER = [
+  'keep=$1; shift',
+  'for f in /proc/$$/fd/*; do n=${f##*/}; if [ "$n" -gt "$keep" ] 2>/dev/null; then eval "exec $n>&-" 2>/dev/null; fi; done',
+  'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift',
+  'exec "$@"',
+].join('\n');
 /** The whole environment of the host-side helpers an execution goes through. */
 const HOST_HELPER_ENV = { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' };
 const ID_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
@@ -134,7 +143,7 @@ export class LocalDriver implements SandboxDriver {
   private readonly bwrapCmd: string;
   private readonly boxes = new Map<string, LocalBox>();
   private probed: Promise<DriverProbe> | null = null;
-  private tools: { bwrap: string; nsenter: string; setpriv: string; prlimit: string | null } | null = null;
+  private tools: { bwrap: string; nsenter: string; setpriv: string; bash: string; prlimit: string | null } | null = null;
   private layout: { ok: true; layout: CgroupLayout } | { ok: false; why: string } | null = null;
 
   constructor(opts: LocalDriverOptions) {
@@ -159,7 +168,9 @@ export class LocalDriver implements SandboxDriver {
     const nsenter = which('nsenter');
     const setpriv = which('setpriv');
     if (!nsenter || !setpriv) return { ok: false, reason: 'nsenter or setpriv is missing', hint: 'install util-linux (apt-get install util-linux)' };
-    this.tools = { bwrap, nsenter, setpriv, prlimit: which('prlimit') };
+    const bash = which('bash');
+    if (!bash) return { ok: false, reason: 'bash is missing', hint: 'install bash (apt-get install bash)' };
+    this.tools = { bwrap, nsenter, setpriv, bash, prlimit: which('prlimit') };
     const tried = spawnSync(bwrap, ['--unshare-all', '--unshare-user', '--die-with-parent', '--disable-userns', '--ro-bind', '/', '/', '--', 'true'], {
       encoding: 'utf8',
       timeout: 10_000,
@@ -244,12 +255,9 @@ export class LocalDriver implements SandboxDriver {
     let cg: Cgroup | null = null;
     let prefix: string[];
     try {
-      if (layout) {
-        cg = createCgroup(layout, spec.id, spec.resources);
-        prefix = ['/bin/sh', '-c', JOIN_CGROUP, 'sh', ...procsFiles(cg), '--'];
-      } else {
-        prefix = [tools.prlimit!, ...rlimitArgs(spec.resources), '--'];
-      }
+      if (layout) cg = createCgroup(layout, spec.id, spec.resources);
+      // bwrap keeps fd 3 (its info) and 4 (its arguments).
+      prefix = this.wrap(4, cg, spec.resources);
     } catch (e) {
       throw new BoxStartError(`could not apply resource limits: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
     }
@@ -283,8 +291,16 @@ export class LocalDriver implements SandboxDriver {
   /** @internal The command line that runs `argv` inside the box (namespaces, cgroup or rlimits, no privileges). */
   enterCommand(box: LocalBox, cwd: string, argv: string[], cg: Cgroup | null, res: BoxSpec['resources']): string[] {
     const t = this.tools!;
-    const join = cg ? ['/bin/sh', '-c', JOIN_CGROUP, 'sh', ...procsFiles(cg), '--'] : [t.prlimit!, ...rlimitArgs(res), '--'];
+    // nsenter keeps fds 3.. (the box's namespaces and root).
+    const join = this.wrap(3 + BOX_NAMESPACES.length, cg, res);
     return [...join, t.setpriv, '--no-new-privs', t.nsenter, ...enterArgs(3, cwd), ...argv];
+  }
+
+  /** The host-side start of every command line that ends in a box: clean descriptors, then cgroup or rlimits. */
+  private wrap(keepFd: number, cg: Cgroup | null, res: BoxSpec['resources']): string[] {
+    const t = this.tools!;
+    const w = [t.bash, '-c', ENTER_WRAPPER, 'keygate-box', String(keepFd), ...(cg ? procsFiles(cg) : []), '--'];
+    return cg ? w : [...w, t.prlimit!, ...rlimitArgs(res), '--'];
   }
 
   /** @internal */

@@ -7,7 +7,7 @@
 import { spawn } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it, onTestFinished } from 'vitest';
 import { LocalDriver } from '../../src/sandbox/local.js';
 import { REPO_ROOT } from '../helpers/proxy.js';
 import { cleanupTmp, eventually, hostProcessesOf, localProbe, pidNamespace, run, RUN_DIR, spec } from './local-helpers.js';
@@ -39,15 +39,25 @@ function cgroupDirsNamed(id: string): string[] {
 describe.skipIf(!probe.ok)(`local driver: orphans after a crash (${probe.why})`, () => {
   afterAll(() => cleanupTmp());
 
-  it('a SIGKILLed server leaves no process, record or cgroup once reapOrphans ran; /workspace is kept', async () => {
-    const s = spec({ id: 'crashed' });
+  it('a SIGKILLed server leaves no process, record or cgroup once reapOrphans ran; /workspace is kept; nothing it inherited reached the box', async () => {
+    const s = spec({ id: `crashed-${process.pid}` });
     const child = spawn(process.execPath, [path.join(REPO_ROOT, 'test/sandbox/fixtures/box-server.mjs'), path.join(REPO_ROOT, 'dist/sandbox/local.js'), RUN_DIR, s.id, s.stateDir], {
-      stdio: ['ignore', 'pipe', 'inherit'],
+      // fd 20: a socket the "server" inherits without close-on-exec, as from a careless parent (above
+      // the descriptors the driver hands its own children).
+      stdio: ['ignore', 'pipe', 'inherit', ...Array<'ignore'>(17).fill('ignore'), 'pipe'],
     });
+    // Whatever fails below, the stand-in server does not outlive the test.
+    onTestFinished(() => void child.kill('SIGKILL'));
     let out = '';
     child.stdout!.on('data', (d: Buffer) => (out += d));
     expect(await eventually(() => out.includes('READY'), 30_000)).toBe(true);
+    expect(await eventually(() => out.trim().split('\n').length === 2, 10_000)).toBe(true);
     const ns = /READY (pid:\[\d+\])/.exec(out)![1];
+    // Nothing the server inherited reaches the box's processes.
+    const { inherited, seen } = JSON.parse(out.trim().split('\n')[1]) as { inherited: number; seen: string[] };
+    expect(seen.length).toBeGreaterThan(5);
+    expect(seen).not.toContain(`socket:[${inherited}]`);
+    expect(seen).not.toContain(`pipe:[${inherited}]`);
     expect(hostProcessesOf(ns, s.id).length).toBeGreaterThanOrEqual(3);
     expect(existsSync(path.join(RUN_DIR, `${s.id}.json`))).toBe(true);
     child.kill('SIGKILL');
@@ -67,8 +77,8 @@ describe.skipIf(!probe.ok)(`local driver: orphans after a crash (${probe.why})`,
 
   it('reaping finds boxes from the run directory alone and kills them, known or not', async () => {
     const first = new LocalDriver({ runDir: RUN_DIR });
-    const known = spec({ id: 'known' });
-    const unknown = spec({ id: 'unknown' });
+    const known = spec({ id: `known-${process.pid}` });
+    const unknown = spec({ id: `unknown-${process.pid}` });
     const [k, u] = await Promise.all([first.start(known), first.start(unknown)]);
     const nsK = await pidNamespace(k);
     const nsU = await pidNamespace(u);
