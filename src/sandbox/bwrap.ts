@@ -23,7 +23,11 @@ export interface BwrapPlan {
   workspace: string;
   /** bwrap writes `{"child-pid": N, ...}` to this fd once the box's namespaces exist. */
   infoFd: number;
+  /** `--disable-userns` (a root server only: see bwrapArgs). */
+  disableUserns: boolean;
 }
+
+const DEVICES = ['null', 'zero', 'full', 'random', 'urandom'];
 
 /** Names never taken from a root file system: made fresh for every box. */
 const OWN = new Set(['proc', 'dev', 'tmp', 'workspace', 'etc', 'run', 'sys']);
@@ -37,7 +41,10 @@ export function bwrapArgs(plan: BwrapPlan): string[] {
     '--new-session',
     '--cap-drop',
     'ALL',
-    '--disable-userns',
+    // No user namespaces inside the box (less kernel to attack). bwrap does it with a nested user
+    // namespace that owns none of the others, which only a root server can still enter them across;
+    // without it, a box can still make namespaces, all nested inside its own.
+    ...(plan.disableUserns ? ['--disable-userns'] : []),
     '--uid',
     String(BOX_UID),
     '--gid',
@@ -50,7 +57,12 @@ export function bwrapArgs(plan: BwrapPlan): string[] {
     if (e.kind === 'symlink') a.push('--symlink', e.target, `/${e.name}`);
     else a.push('--ro-bind', `${plan.rootDir}/${e.name}`, `/${e.name}`);
   }
-  a.push('--proc', '/proc', '--dev', '/dev', '--tmpfs', '/tmp', '--dir', '/run', '--dir', '/etc');
+  // The device nodes a program needs, bound one by one: bwrap's `--dev` mounts a devpts, which makes
+  // an unprivileged bwrap nest a second user namespace that nsenter could not cross.
+  a.push('--proc', '/proc', '--tmpfs', '/dev');
+  for (const d of DEVICES) a.push('--dev-bind', `/dev/${d}`, `/dev/${d}`);
+  a.push('--symlink', '/proc/self/fd', '/dev/fd', '--symlink', '/proc/self/fd/0', '/dev/stdin', '--symlink', '/proc/self/fd/1', '/dev/stdout');
+  a.push('--symlink', '/proc/self/fd/2', '/dev/stderr', '--tmpfs', '/dev/shm', '--tmpfs', '/tmp', '--dir', '/run', '--dir', '/etc');
   for (const name of plan.etcEntries) if (name !== 'keygate') a.push('--ro-bind', `${plan.rootDir}/etc/${name}`, `/etc/${name}`);
   for (const [boxPath, hostFile] of Object.entries(plan.files)) a.push('--ro-bind', hostFile, boxPath);
   a.push('--bind', plan.workspace, '/workspace', '--chdir', '/workspace');

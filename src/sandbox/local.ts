@@ -171,7 +171,7 @@ export class LocalDriver implements SandboxDriver {
     const bash = which('bash');
     if (!bash) return { ok: false, reason: 'bash is missing', hint: 'install bash (apt-get install bash)' };
     this.tools = { bwrap, nsenter, setpriv, bash, prlimit: which('prlimit') };
-    const tried = spawnSync(bwrap, ['--unshare-all', '--unshare-user', '--die-with-parent', '--disable-userns', '--ro-bind', '/', '/', '--', 'true'], {
+    const tried = spawnSync(bwrap, ['--unshare-all', '--unshare-user', '--die-with-parent', '--ro-bind', '/', '/', '--', 'true'], {
       encoding: 'utf8',
       timeout: 10_000,
       env: {},
@@ -250,6 +250,7 @@ export class LocalDriver implements SandboxDriver {
       files,
       workspace,
       infoFd: 3,
+      disableUserns: process.getuid?.() === 0,
     });
     const layout = this.cgroups();
     let cg: Cgroup | null = null;
