@@ -1,0 +1,164 @@
+/**
+ * The files API of a box, done from inside the box (sandbox.md, property 4): the path is resolved by
+ * a shell running in the box's own namespaces, so a symlink or `..` planted in the box resolves
+ * against the box's root and can never name a host path. Keygate only moves bytes over pipes, counts
+ * them, and stops at the bound. Needs `/bin/sh`, `cat`, `stat`, `mv` and `rm` in the box's root.
+ */
+import { randomBytes } from 'node:crypto';
+import { PassThrough, Readable, Transform } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import { BoxFileError, type ExecOptions, type ExecProcess } from './driver.js';
+
+type Exec = (opts: ExecOptions) => Promise<ExecProcess>;
+
+const NOT_FOUND = 10;
+const NOT_A_FILE = 11;
+const FAILED = 12;
+const FILE_TIMEOUT_MS = 10 * 60_000;
+
+// $1 path, $2 limit. Opens the file once, prints its size on the first line, then its bytes.
+const READ = `f=$1
+[ -e "$f" ] || exit ${NOT_FOUND}
+[ -f "$f" ] || exit ${NOT_A_FILE}
+exec 3<"$f" || exit ${FAILED}
+stat -L -c %s /dev/fd/3 || exit ${FAILED}
+exec cat <&3`;
+
+// $1 path, $2 temporary name in the same directory. Writes the temporary only: the rename is a
+// separate step, taken once keygate has counted the whole upload (stdin ending is no proof of that).
+const WRITE = `f=$1
+t="\${f%/*}/$2"
+[ -d "\${f%/*}/" ] || exit ${NOT_FOUND}
+[ ! -d "$f" ] || exit ${NOT_A_FILE}
+cat >"$t" || { rm -f -- "$t"; exit ${FAILED}; }`;
+const COMMIT = `mv -f -- "\${1%/*}/$2" "$1" || { rm -f -- "\${1%/*}/$2"; exit ${FAILED}; }`;
+
+/** An absolute box path with no NUL; anything else is the caller's mistake. */
+export function checkBoxPath(p: string): string {
+  if (typeof p !== 'string' || !p.startsWith('/') || p.includes('\0') || p.length > 4096 || p.endsWith('/')) {
+    throw new BoxFileError('bad_path', 'path must be an absolute file path inside the box');
+  }
+  return p;
+}
+
+function failure(code: number | null, stderr: string, what: string): BoxFileError | Error {
+  if (code === NOT_FOUND) return new BoxFileError('not_found', `${what}: no such file or directory in the box`);
+  if (code === NOT_A_FILE) return new BoxFileError('not_a_file', `${what}: not a regular file`);
+  // The message is the box's own shell speaking about a box path; it never names a host path.
+  return new Error(`${what} failed in the box${stderr ? `: ${stderr.trim().slice(0, 300)}` : ''}`);
+}
+
+function collect(s: Readable, limit = 2000): () => string {
+  let out = '';
+  s.on('data', (d: Buffer) => {
+    if (out.length < limit) out += d.toString('utf8');
+  });
+  return () => out;
+}
+
+/** Streams a box file of at most `maxBytes`; the stream errors if the file grows past the size it had. */
+export async function readBoxFile(exec: Exec, boxPath: string, maxBytes: number): Promise<{ size: number; stream: Readable }> {
+  checkBoxPath(boxPath);
+  const p = await exec({ command: ['/bin/sh', '-c', READ, 'sh', boxPath], cwd: '/', timeoutMs: FILE_TIMEOUT_MS });
+  const stderr = collect(p.stderr);
+  // Read the size line without consuming more of the body than the chunk it came with.
+  const head = await new Promise<{ size: number; rest: Buffer } | null>((resolve) => {
+    let buf = Buffer.alloc(0);
+    const onData = (d: Buffer) => {
+      buf = Buffer.concat([buf, d]);
+      const nl = buf.indexOf(10);
+      if (nl >= 0) {
+        p.stdout.off('data', onData).off('end', onEnd);
+        p.stdout.pause();
+        resolve({ size: Number(buf.subarray(0, nl).toString()), rest: buf.subarray(nl + 1) });
+      } else if (buf.length > 32) {
+        p.stdout.off('data', onData).off('end', onEnd);
+        resolve(null);
+      }
+    };
+    const onEnd = () => resolve(null);
+    p.stdout.on('data', onData).on('end', onEnd);
+  });
+  // From here on, a refusal drains what is left (the execution ends only once its output is read).
+  if (!head || !Number.isSafeInteger(head.size)) {
+    p.stdout.resume();
+    p.kill('SIGKILL');
+    const r = await p.done;
+    throw failure(r.exitCode, stderr(), 'read');
+  }
+  if (head.size > maxBytes) {
+    p.stdout.resume();
+    p.kill('SIGKILL');
+    await p.done;
+    throw new BoxFileError('too_large', `file is larger than ${maxBytes} bytes`);
+  }
+  let sent = 0;
+  const cap = new Transform({
+    transform(chunk: Buffer, _enc, cb) {
+      sent += chunk.length;
+      if (sent > head.size) cb(new BoxFileError('too_large', 'file grew while being read'));
+      else cb(null, chunk);
+    },
+  });
+  const out = new PassThrough();
+  cap.pipe(out);
+  cap.on('error', (e) => {
+    p.kill('SIGKILL');
+    out.destroy(e);
+  });
+  if (head.rest.length) cap.write(head.rest);
+  p.stdout.pipe(cap);
+  p.stdout.resume();
+  // The consumer going away early stops the reader in the box.
+  out.on('close', () => {
+    if (!out.readableEnded) p.kill('SIGKILL');
+  });
+  void p.done.then((r) => {
+    if (r.exitCode !== 0 && !out.destroyed) out.destroy(failure(r.exitCode, stderr(), 'read'));
+  });
+  return { size: head.size, stream: out };
+}
+
+/** Streams `body` into a box file; more than `maxBytes` rejects `too_large` and leaves no file behind. */
+export async function writeBoxFile(exec: Exec, boxPath: string, body: Readable, maxBytes: number): Promise<{ size: number }> {
+  checkBoxPath(boxPath);
+  const tmp = `.kg-upload-${randomBytes(8).toString('hex')}`;
+  const p = await exec({ command: ['/bin/sh', '-c', WRITE, 'sh', boxPath, tmp], cwd: '/', stdin: true, timeoutMs: FILE_TIMEOUT_MS });
+  const stderr = collect(p.stderr);
+  p.stdout.resume();
+  let size = 0;
+  let tooLarge = false;
+  const count = new Transform({
+    transform(chunk: Buffer, _enc, cb) {
+      size += chunk.length;
+      if (size > maxBytes) {
+        tooLarge = true;
+        cb(new BoxFileError('too_large', `upload is larger than ${maxBytes} bytes`));
+      } else cb(null, chunk);
+    },
+  });
+  let streamErr: unknown = null;
+  try {
+    await pipeline(body, count, p.stdin!);
+  } catch (e) {
+    streamErr = e;
+    p.kill('SIGKILL');
+  }
+  const r = await p.done;
+  const committed = !streamErr && r.exitCode === 0 ? await runQuiet(exec, ['/bin/sh', '-c', COMMIT, 'sh', boxPath, tmp]) : null;
+  if (committed?.exitCode === 0) return { size };
+  // Whatever was written stays under the temporary name only; remove it.
+  const dir = boxPath.slice(0, boxPath.lastIndexOf('/') + 1);
+  await runQuiet(exec, ['rm', '-f', '--', `${dir}${tmp}`]).catch(() => null);
+  if (tooLarge) throw new BoxFileError('too_large', `upload is larger than ${maxBytes} bytes`);
+  if (streamErr && r.exitCode === 0) throw streamErr;
+  throw failure(committed ? committed.exitCode : r.exitCode, committed ? committed.stderr : stderr(), 'write');
+}
+
+async function runQuiet(exec: Exec, command: string[]): Promise<{ exitCode: number | null; stderr: string }> {
+  const p = await exec({ command, cwd: '/', timeoutMs: 30_000 });
+  p.stdout.resume();
+  const stderr = collect(p.stderr);
+  const r = await p.done;
+  return { exitCode: r.exitCode, stderr: stderr() };
+}

@@ -1,0 +1,109 @@
+/**
+ * The bubblewrap command line of a local box (pure: the caller reads the file system and passes
+ * what it found). Every namespace is new (`--unshare-all`, never `--share-net`), the root is a
+ * fresh tmpfs holding only what is bound in here, and the box's one process is `sleep infinity`
+ * under bwrap's own init (pid 1 in the box, which reaps orphans and takes the box down with it).
+ */
+
+/** The uid and gid every process in a box has (mapped to the server's own uid outside). */
+export const BOX_UID = 1000;
+
+/** A top-level entry of a root file system: bound read-only, or recreated as the same symlink. */
+export type RootEntry = { name: string; kind: 'dir' } | { name: string; kind: 'symlink'; target: string };
+
+export interface BwrapPlan {
+  /** Host directory of each root entry (the host's `/` for the `host` template, else the rootfs). */
+  rootDir: string;
+  entries: RootEntry[];
+  /** Names under `<rootDir>/etc` to bind (a rootfs template); for `host`, only `etcFiles`. */
+  etcEntries: string[];
+  /** Box path -> host file, bound read-only (minimal /etc, /etc/keygate/*.pem). */
+  files: Record<string, string>;
+  /** Host directory seen read-write at /workspace. */
+  workspace: string;
+  /** bwrap writes `{"child-pid": N, ...}` to this fd once the box's namespaces exist. */
+  infoFd: number;
+  /** `--disable-userns` (a root server only: see bwrapArgs). */
+  disableUserns: boolean;
+}
+
+const DEVICES = ['null', 'zero', 'full', 'random', 'urandom'];
+
+/** Names never taken from a root file system: made fresh for every box. */
+const OWN = new Set(['proc', 'dev', 'tmp', 'workspace', 'etc', 'run', 'sys']);
+
+export function bwrapArgs(plan: BwrapPlan): string[] {
+  const a = [
+    '--unshare-all',
+    // --unshare-all only tries a user namespace; a box must have one.
+    '--unshare-user',
+    '--die-with-parent',
+    '--new-session',
+    '--cap-drop',
+    'ALL',
+    // No user namespaces inside the box (less kernel to attack). bwrap does it with a nested user
+    // namespace that owns none of the others, which only a root server can still enter them across;
+    // without it, a box can still make namespaces, all nested inside its own.
+    ...(plan.disableUserns ? ['--disable-userns'] : []),
+    '--uid',
+    String(BOX_UID),
+    '--gid',
+    String(BOX_UID),
+    '--hostname',
+    'box',
+  ];
+  for (const e of plan.entries) {
+    if (OWN.has(e.name)) continue;
+    if (e.kind === 'symlink') a.push('--symlink', e.target, `/${e.name}`);
+    else a.push('--ro-bind', `${plan.rootDir}/${e.name}`, `/${e.name}`);
+  }
+  // The device nodes a program needs, bound one by one: bwrap's `--dev` mounts a devpts, which makes
+  // an unprivileged bwrap nest a second user namespace that nsenter could not cross.
+  a.push('--proc', '/proc', '--tmpfs', '/dev');
+  for (const d of DEVICES) a.push('--dev-bind', `/dev/${d}`, `/dev/${d}`);
+  a.push('--symlink', '/proc/self/fd', '/dev/fd', '--symlink', '/proc/self/fd/0', '/dev/stdin', '--symlink', '/proc/self/fd/1', '/dev/stdout');
+  a.push('--symlink', '/proc/self/fd/2', '/dev/stderr', '--tmpfs', '/dev/shm', '--tmpfs', '/tmp', '--dir', '/run', '--dir', '/etc');
+  for (const name of plan.etcEntries) if (name !== 'keygate') a.push('--ro-bind', `${plan.rootDir}/etc/${name}`, `/etc/${name}`);
+  for (const [boxPath, hostFile] of Object.entries(plan.files)) a.push('--ro-bind', hostFile, boxPath);
+  a.push('--bind', plan.workspace, '/workspace', '--chdir', '/workspace');
+  a.push('--info-fd', String(plan.infoFd));
+  return a;
+}
+
+/** The box's one long-lived process (after `--`, on bwrap's own command line: `--args` cannot carry it). */
+export const BOX_MAIN = ['sleep', 'infinity'];
+
+/** The `host` template's /etc: who the box's user is, localhost, and no resolver at all. */
+export function hostEtc(): Record<string, string> {
+  return {
+    passwd: `root:x:0:0:root:/root:/usr/sbin/nologin\nbox:x:${BOX_UID}:${BOX_UID}:box:/workspace:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n`,
+    group: `root:x:0:\nbox:x:${BOX_UID}:\nnogroup:x:65534:\n`,
+    hosts: '127.0.0.1\tlocalhost\n::1\tlocalhost\n',
+    'nsswitch.conf': 'passwd: files\ngroup: files\nshadow: files\nhosts: files\n',
+  };
+}
+
+/** Host /etc entries the `host` template shares (program lookup only; nothing about this machine). */
+export const HOST_ETC_SHARED = ['alternatives', 'ld.so.cache', 'ld.so.conf', 'ld.so.conf.d'];
+
+/**
+ * The namespaces of a box, in the order their descriptors are handed to `nsenter` (from fd 3 on),
+ * with nsenter's option for each. Entering through descriptors the server opened while the box's
+ * pid 1 was verified, never through `-t PID`, means a reused pid can never send a command into
+ * some other process's namespaces.
+ */
+export const BOX_NAMESPACES = [
+  ['user', '--user'],
+  ['mnt', '--mount'],
+  ['pid', '--pid'],
+  ['net', '--net'],
+  ['ipc', '--ipc'],
+  ['uts', '--uts'],
+  ['cgroup', '--cgroup'],
+] as const;
+
+/** nsenter options entering every namespace (fds `first`..) and the root (the next fd), then `cwd` inside. */
+export function enterArgs(first: number, cwd: string): string[] {
+  const a: string[] = BOX_NAMESPACES.map(([, opt], i) => `${opt}=/proc/self/fd/${first + i}`);
+  return [...a, `--root=/proc/self/fd/${first + BOX_NAMESPACES.length}`, `--wdns=${cwd}`, '--preserve-credentials', '--'];
+}

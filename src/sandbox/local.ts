@@ -1,0 +1,684 @@
+/**
+ * The `local` driver (sandbox.md, "Drivers"): a box is a bubblewrap sandbox on this machine with
+ * new user, PID, IPC, UTS, mount, cgroup and network namespaces, whose only way out is the relay to
+ * its own proxy (relay.ts). A box is long-lived: bwrap's init is pid 1 in the box, and every
+ * execution enters the box's namespaces with `nsenter`, as the box's unprivileged user, without
+ * capabilities and with no_new_privs. Every process of a box is in the box's cgroup (limits.ts),
+ * which is how stop, timeouts and reaping find all of them.
+ */
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { closeSync, existsSync, lstatSync, openSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { PassThrough, type Readable } from 'node:stream';
+import {
+  BoxFileError,
+  BoxStartError,
+  type Box,
+  type BoxSpec,
+  type DriverProbe,
+  type ExecOptions,
+  type ExecProcess,
+  type ExecResult,
+  type SandboxDriver,
+} from './driver.js';
+import { BOX_MAIN, BOX_NAMESPACES, bwrapArgs, enterArgs, HOST_ETC_SHARED, hostEtc, type RootEntry } from './bwrap.js';
+import { readBoxFile, writeBoxFile } from './box-files.js';
+import { cgroupLayout, createCgroup, existingCgroup, cgroupHasProcesses, killCgroup, listBoxCgroups, procsFiles, removeCgroup, removeLayoutIfEmpty, rlimitArgs, type Cgroup, type CgroupLayout } from './limits.js';
+import { openRelay, type Relay } from './relay.js';
+
+export interface LocalDriverOptions {
+  /**
+   * A directory of this server's own (under the data directory, never inside a box) where the
+   * driver records the boxes it runs, so that a server restarted after a SIGKILL finds them again.
+   */
+  runDir: string;
+  /** bubblewrap; default `bwrap` on PATH. */
+  bwrap?: string;
+}
+
+/** Host directories the `host` template shares, read-only, when they exist. */
+const HOST_ROOT = ['usr', 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32'];
+const START_TIMEOUT_MS = 15_000;
+/** How long an execution's output may stay open after the command itself has exited. */
+const OUTPUT_GRACE_MS = 250;
+/**
+ * Runs on the host before anything else (bash: it can close any descriptor): closes every
+ * descriptor above $1 that this server inherited without close-on-exec (whatever its own parent
+ * left open must not reach a box), joins the cgroups named before `--`, then becomes the rest.
+ */
+const ENTER_WRAPPER = [
+  'keep=$1; shift',
+  'for f in /proc/$$/fd/*; do n=${f##*/}; if [ "$n" -gt "$keep" ] 2>/dev/null; then eval "exec $n>&-" 2>/dev/null; fi; done',
+  'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift',
+  'exec "$@"',
+].join('\n');
+/** The whole environment of the host-side helpers an execution goes through. */
+const HOST_HELPER_ENV = { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' };
+const ID_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
+
+interface RunRecord {
+  id: string;
+  stateDir: string;
+  /** bwrap's init (pid 1 in the box) and its start time, so a reused pid is never killed. */
+  pid1: number;
+  pid1Start: string;
+}
+
+/** Field 22 of /proc/PID/stat: the start time, which tells a pid from a later reuse of it. */
+function startTime(pid: number): string | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19] ?? null;
+  } catch {
+    return null;
+  }
+}
+
+function which(cmd: string): string | null {
+  if (cmd.includes('/')) return existsSync(cmd) ? cmd : null;
+  for (const dir of (process.env.PATH ?? '/usr/bin:/bin').split(':')) {
+    const p = path.join(dir || '.', cmd);
+    if (existsSync(p)) return p;
+  }
+  return null;
+}
+
+function readSysctl(p: string): string | null {
+  try {
+    return readFileSync(p, 'utf8').trim();
+  } catch {
+    return null;
+  }
+}
+
+function readFileSafe(p: string): string {
+  try {
+    return readFileSync(p, 'utf8');
+  } catch {
+    return '';
+  }
+}
+
+/** Top-level entries of a root directory, as bwrap must recreate them. */
+function rootEntries(dir: string, only?: string[]): RootEntry[] {
+  const names = only ?? readdirSync(dir);
+  const out: RootEntry[] = [];
+  for (const name of names) {
+    const p = path.join(dir, name);
+    let st;
+    try {
+      st = lstatSync(p);
+    } catch {
+      continue;
+    }
+    if (st.isSymbolicLink()) out.push({ name, kind: 'symlink', target: readlinkSync(p) });
+    else if (st.isDirectory()) out.push({ name, kind: 'dir' });
+  }
+  return out;
+}
+
+async function waitGone(pid: number, start: string | null, ms: number): Promise<boolean> {
+  const until = Date.now() + ms;
+  while (start !== null && startTime(pid) === start) {
+    if (Date.now() > until) return false;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  return true;
+}
+
+function killIfSame(pid: number, start: string | null): void {
+  if (start !== null && startTime(pid) === start) {
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      /* gone */
+    }
+  }
+}
+
+export class LocalDriver implements SandboxDriver {
+  readonly name = 'local' as const;
+  private readonly runDir: string;
+  private readonly bwrapCmd: string;
+  private readonly boxes = new Map<string, LocalBox>();
+  private probed: Promise<DriverProbe> | null = null;
+  private tools: { bwrap: string; nsenter: string; setpriv: string; bash: string; prlimit: string | null } | null = null;
+  private layout: { ok: true; layout: CgroupLayout } | { ok: false; why: string } | null = null;
+
+  constructor(opts: LocalDriverOptions) {
+    this.runDir = path.resolve(opts.runDir);
+    this.bwrapCmd = opts.bwrap ?? 'bwrap';
+  }
+
+  probe(): Promise<DriverProbe> {
+    this.probed ??= this.doProbe();
+    return this.probed;
+  }
+
+  private cgroups(): CgroupLayout | null {
+    this.layout ??= cgroupLayout(createHash('sha256').update(this.runDir).digest('hex').slice(0, 12));
+    return this.layout.ok ? this.layout.layout : null;
+  }
+
+  private async doProbe(): Promise<DriverProbe> {
+    if (process.platform !== 'linux') return { ok: false, reason: 'the local driver needs Linux namespaces', hint: 'use --sandbox-driver docker' };
+    const bwrap = which(this.bwrapCmd);
+    if (!bwrap) return { ok: false, reason: 'bubblewrap (bwrap) is not installed', hint: 'install bubblewrap (apt-get install bubblewrap)' };
+    const nsenter = which('nsenter');
+    const setpriv = which('setpriv');
+    if (!nsenter || !setpriv) return { ok: false, reason: 'nsenter or setpriv is missing', hint: 'install util-linux (apt-get install util-linux)' };
+    const bash = which('bash');
+    if (!bash) return { ok: false, reason: 'bash is missing', hint: 'install bash (apt-get install bash)' };
+    this.tools = { bwrap, nsenter, setpriv, bash, prlimit: which('prlimit') };
+    const tried = spawnSync(bwrap, ['--unshare-all', '--unshare-user', '--die-with-parent', '--ro-bind', '/', '/', '--', 'true'], {
+      encoding: 'utf8',
+      timeout: 10_000,
+      env: {},
+    });
+    if (tried.status !== 0) return { ok: false, ...namespaceTrouble((tried.stderr || tried.error?.message || '').trim()) };
+    const cg = this.cgroups();
+    if (!cg && !this.tools.prlimit) return { ok: false, reason: `no cgroups (${this.layout && !this.layout.ok ? this.layout.why : ''}) and no prlimit for resource limits`, hint: 'install util-linux, or run where cgroups can be created' };
+    // The real thing, end to end: a box, an execution in it, its relay, then gone again.
+    const dir = path.join(this.runDir, `probe-${process.pid}`);
+    try {
+      const box = await this.startBox(probeSpec(dir), true);
+      try {
+        const p = await box.exec({ command: ['true'], timeoutMs: 10_000 });
+        p.stdout.resume();
+        p.stderr.resume();
+        const r = await p.done;
+        if (r.exitCode !== 0) return { ok: false, reason: 'a command could not run inside a box (nsenter refused)', hint: 'run keygate as root, or allow unprivileged user namespaces' };
+      } finally {
+        await box.stop();
+      }
+    } catch (e) {
+      return { ok: false, reason: (e as Error).message, hint: 'see the reason; the docker driver is the alternative' };
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+      rmSync(path.join(this.runDir, `probe-${process.pid}.json`), { force: true });
+      if (cg && this.boxes.size === 0) this.dropLayout(cg);
+    }
+    const limits = cg ? `cgroup v${cg.version}` : `rlimits (${this.layout && !this.layout.ok ? this.layout.why : ''})`;
+    return { ok: true, detail: `bubblewrap ${bwrap}: new user, pid, ipc, uts, mount, cgroup and network namespaces; limits through ${limits}` };
+  }
+
+  async start(spec: BoxSpec): Promise<Box> {
+    const probe = await this.probe();
+    if (!probe.ok) throw new BoxStartError(`${probe.reason}; ${probe.hint}`);
+    return this.startBox(spec);
+  }
+
+  private async startBox(spec: BoxSpec, probing = false): Promise<LocalBox> {
+    if (!ID_RE.test(spec.id) || spec.id.startsWith('probe-') !== probing) throw new BoxStartError('box id must be 1-128 letters, digits, "_", "." or "-"');
+    const running = this.boxes.get(spec.id);
+    if (running) return running;
+    const tools = this.tools!;
+    const root = spec.template.rootfs ?? 'host';
+    if (root !== 'host' && (!path.isAbsolute(root) || !existsSync(path.join(root, 'bin/sh')))) {
+      throw new BoxStartError(`template ${spec.template.name}: root filesystem must be "host" or an absolute directory holding bin/sh`);
+    }
+    // Whatever a previous run of this box left behind goes first.
+    await this.reapOne(spec.id);
+
+    mkdirSync(spec.stateDir, { recursive: true, mode: 0o700 });
+    const workspace = path.join(spec.stateDir, 'workspace');
+    mkdirSync(workspace, { recursive: true, mode: 0o755 });
+    const filesDir = path.join(spec.stateDir, 'box-files');
+    rmSync(filesDir, { recursive: true, force: true });
+    mkdirSync(filesDir, { mode: 0o755 });
+    const files: Record<string, string> = {};
+    const put = (boxPath: string, content: string) => {
+      const f = path.join(filesDir, boxPath.slice(1).replaceAll('/', '_'));
+      writeFileSync(f, content, { mode: 0o644 });
+      files[boxPath] = f;
+    };
+    let etcEntries: string[];
+    if (root === 'host') {
+      for (const [name, content] of Object.entries(hostEtc())) put(`/etc/${name}`, content);
+      etcEntries = HOST_ETC_SHARED.filter((n) => existsSync(path.join('/etc', n)));
+    } else {
+      etcEntries = existsSync(path.join(root, 'etc')) ? readdirSync(path.join(root, 'etc')) : [];
+    }
+    put('/etc/keygate/ca.pem', spec.caPem);
+    put('/etc/keygate/ca-bundle.pem', spec.caBundlePem);
+
+    const args = bwrapArgs({
+      rootDir: root === 'host' ? '' : root,
+      entries: root === 'host' ? rootEntries('/', HOST_ROOT) : rootEntries(root),
+      etcEntries,
+      files,
+      workspace,
+      infoFd: 3,
+      disableUserns: process.getuid?.() === 0,
+    });
+    const layout = this.cgroups();
+    let cg: Cgroup | null = null;
+    let prefix: string[];
+    try {
+      if (layout) cg = createCgroup(layout, spec.id, spec.resources);
+      // bwrap keeps fd 3 (its info) and 4 (its arguments).
+      prefix = this.wrap(4, cg, spec.resources);
+    } catch (e) {
+      throw new BoxStartError(`could not apply resource limits: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+    }
+
+    // The arguments go through a pipe (`--args`): the box reads pid 1's command line, and host
+    // paths of the data directory have no business there.
+    const cmd = [...prefix, tools.bwrap, '--args', '4', '--', ...BOX_MAIN];
+    const child = spawn(cmd[0], cmd.slice(1), { env: HOST_HELPER_ENV, stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe'] });
+    const argsPipe = child.stdio[4] as NodeJS.WritableStream;
+    argsPipe.on('error', () => undefined);
+    argsPipe.end(args.map((a) => `${a}\0`).join(''));
+    const box = new LocalBox(this, spec, child, cg);
+    try {
+      await box.boot();
+      this.boxes.set(spec.id, box);
+      mkdirSync(this.runDir, { recursive: true, mode: 0o700 });
+      const rec: RunRecord = { id: spec.id, stateDir: spec.stateDir, pid1: box.pid1, pid1Start: box.pid1Start };
+      writeFileSync(this.recordPath(spec.id), JSON.stringify(rec), { mode: 0o600 });
+      await box.openRelay();
+      return box;
+    } catch (e) {
+      await box.stop();
+      throw e instanceof BoxStartError ? e : new BoxStartError((e as Error).message);
+    }
+  }
+
+  private recordPath(id: string): string {
+    return path.join(this.runDir, `${id}.json`);
+  }
+
+  /** @internal The command line that runs `argv` inside the box (namespaces, cgroup or rlimits, no privileges). */
+  enterCommand(box: LocalBox, cwd: string, argv: string[], cg: Cgroup | null, res: BoxSpec['resources']): string[] {
+    const t = this.tools!;
+    // nsenter keeps fds 3.. (the box's namespaces and root).
+    const join = this.wrap(3 + BOX_NAMESPACES.length, cg, res);
+    return [...join, t.setpriv, '--no-new-privs', t.nsenter, ...enterArgs(3, cwd), ...argv];
+  }
+
+  /** The host-side start of every command line that ends in a box: clean descriptors, then cgroup or rlimits. */
+  private wrap(keepFd: number, cg: Cgroup | null, res: BoxSpec['resources']): string[] {
+    const t = this.tools!;
+    const w = [t.bash, '-c', ENTER_WRAPPER, 'keygate-box', String(keepFd), ...(cg ? procsFiles(cg) : []), '--'];
+    return cg ? w : [...w, t.prlimit!, ...rlimitArgs(res), '--'];
+  }
+
+  /** @internal */
+  netEnter(userFd: number, netFd: number): string[] {
+    return [this.tools!.nsenter, `--user=/proc/self/fd/${userFd}`, `--net=/proc/self/fd/${netFd}`, '--preserve-credentials', '--'];
+  }
+
+  /** @internal */
+  execCgroup(id: string, n: number): Cgroup | null {
+    const layout = this.cgroups();
+    return layout ? createCgroup(layout, id, undefined, `exec-${n}`) : null;
+  }
+
+  /** @internal Called by a box once it is stopped. */
+  forget(box: LocalBox): void {
+    if (this.boxes.get(box.id) === box) this.boxes.delete(box.id);
+    rmSync(this.recordPath(box.id), { force: true });
+  }
+
+  /** Kills a box this server does not run (any more), from its record and its cgroup. */
+  private async reapOne(id: string): Promise<void> {
+    let rec: RunRecord | null = null;
+    try {
+      rec = JSON.parse(readFileSync(this.recordPath(id), 'utf8')) as RunRecord;
+    } catch {
+      /* none */
+    }
+    if (rec) killIfSame(rec.pid1, rec.pid1Start);
+    const layout = this.cgroups();
+    const cg = layout ? existingCgroup(layout, id) : null;
+    if (cg) {
+      await killCgroup(cg);
+      removeCgroup(cg);
+    }
+    if (rec) await waitGone(rec.pid1, rec.pid1Start, 5000);
+    rmSync(this.recordPath(id), { force: true });
+  }
+
+  async destroy(id: string, stateDir: string): Promise<void> {
+    const box = this.boxes.get(id);
+    if (box) await box.stop();
+    else if (ID_RE.test(id)) await this.reapOne(id);
+    rmSync(stateDir, { recursive: true, force: true });
+  }
+
+  async reapOrphans(knownIds: ReadonlySet<string>): Promise<void> {
+    void knownIds; // Known or not, a box this server does not run is stopped; the service starts known ones again.
+    const ids = new Set<string>();
+    try {
+      for (const f of readdirSync(this.runDir)) if (f.endsWith('.json')) ids.add(f.slice(0, -5));
+    } catch {
+      /* no run directory yet */
+    }
+    const layout = this.cgroups();
+    if (layout) for (const id of listBoxCgroups(layout)) ids.add(id);
+    for (const id of ids) if (!this.boxes.has(id) && (ID_RE.test(id) || id.startsWith('probe-'))) await this.reapOne(id);
+    if (layout && this.boxes.size === 0) this.dropLayout(layout);
+  }
+
+  /** Removes the (empty) parent cgroups; the next box makes them again. */
+  private dropLayout(layout: CgroupLayout): void {
+    removeLayoutIfEmpty(layout);
+    this.layout = null;
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([...this.boxes.values()].map((b) => b.stop()));
+    const layout = this.layout?.ok ? this.layout.layout : null;
+    if (layout && this.boxes.size === 0) this.dropLayout(layout);
+  }
+}
+
+function probeSpec(dir: string): BoxSpec {
+  return {
+    id: `probe-${process.pid}`,
+    template: { name: 'probe', rootfs: 'host', environment: {} },
+    resources: { memory_mb: 64, cpus: 0.5, pids: 32 },
+    env: {},
+    caPem: '',
+    caBundlePem: '',
+    // Nothing listens on port 9 (discard) for the probe's relay; it is never used.
+    proxy: { host: '127.0.0.1', port: 9 },
+    stateDir: dir,
+  };
+}
+
+/** Turns bwrap's complaint into what is missing and how to allow it. */
+export function namespaceTrouble(stderr: string): { reason: string; hint: string } {
+  const said = bwrapSaid(stderr);
+  if (readSysctl('/proc/sys/user/max_user_namespaces') === '0') {
+    return { reason: `user namespaces are disabled (sysctl user.max_user_namespaces = 0)${said ? `: ${said}` : ''}`, hint: 'sysctl -w user.max_user_namespaces=15000' };
+  }
+  if (/ENOSPC/.test(stderr)) {
+    return { reason: `no user namespace can be made here: the nesting depth or sysctl user.max_user_namespaces limit is reached: ${said}`, hint: 'raise sysctl user.max_user_namespaces, or run keygate outside a nested sandbox' };
+  }
+  const uid = process.getuid?.() ?? 0;
+  if (uid !== 0 && readSysctl('/proc/sys/kernel/unprivileged_userns_clone') === '0') {
+    return { reason: `unprivileged user namespaces are disabled (sysctl kernel.unprivileged_userns_clone = 0)${said ? `: ${said}` : ''}`, hint: 'sysctl -w kernel.unprivileged_userns_clone=1' };
+  }
+  if (uid !== 0 && readSysctl('/proc/sys/kernel/apparmor_restrict_unprivileged_userns') === '1') {
+    return { reason: `AppArmor restricts unprivileged user namespaces (sysctl kernel.apparmor_restrict_unprivileged_userns = 1)${said ? `: ${said}` : ''}`, hint: 'allow bwrap in an AppArmor profile, or sysctl -w kernel.apparmor_restrict_unprivileged_userns=0' };
+  }
+  return { reason: `bubblewrap cannot create namespaces here${said ? `: ${said}` : ''}`, hint: 'run keygate as root, or where unprivileged user namespaces are allowed (not inside an unprivileged container)' };
+}
+
+/** bwrap's own error line (not its usage text). */
+function bwrapSaid(stderr: string): string {
+  const lines = stderr.trim().split('\n');
+  return (lines.find((l) => l.startsWith('bwrap:')) ?? lines[0] ?? '').slice(0, 300) || 'no reason given';
+}
+
+let execCounter = 0;
+
+class LocalBox implements Box {
+  readonly id: string;
+  pid1 = 0;
+  pid1Start = '';
+  /** The box's namespaces and root, held open from start to stop (see BOX_NAMESPACES). */
+  private nsFds: number[] = [];
+  private relay: Relay | null = null;
+  private stopped = false;
+  private stopping: Promise<void> | null = null;
+  private readonly exited: Promise<void>;
+  private readonly execs = new Set<() => Promise<void>>();
+
+  constructor(
+    private readonly driver: LocalDriver,
+    private readonly spec: BoxSpec,
+    private readonly child: ChildProcess,
+    private readonly cg: Cgroup | null,
+  ) {
+    this.id = spec.id;
+    this.exited = new Promise((r) => {
+      if (child.exitCode !== null || child.signalCode !== null) r();
+      else child.once('exit', () => r());
+    });
+    child.on('error', () => undefined);
+  }
+
+  /** Waits for bwrap to report the box's pid 1, then checks the isolation it must have. */
+  async boot(): Promise<void> {
+    let err = '';
+    this.child.stderr!.on('data', (d: Buffer) => (err = (err + d.toString()).slice(0, 4000)));
+    const info = await new Promise<string>((resolve, reject) => {
+      let buf = '';
+      const timer = setTimeout(() => reject(new BoxStartError('bubblewrap did not start the box in time')), START_TIMEOUT_MS);
+      this.child.stdio[3]!.on('data', (d: Buffer) => (buf += d.toString()));
+      this.child.stdio[3]!.on('end', () => {
+        clearTimeout(timer);
+        resolve(buf);
+      });
+      this.child.once('error', (e) => {
+        clearTimeout(timer);
+        reject(new BoxStartError(`bubblewrap: ${e.message}`));
+      });
+    });
+    let pid: unknown;
+    try {
+      pid = (JSON.parse(info) as Record<string, unknown>)['child-pid'];
+    } catch {
+      await this.exited;
+      throw new BoxStartError(`bubblewrap could not start the box: ${bwrapSaid(err)}`);
+    }
+    if (typeof pid !== 'number') throw new BoxStartError('bubblewrap did not report the box');
+    this.pid1 = pid;
+    this.pid1Start = startTime(pid) ?? '';
+    if (!this.pid1Start) throw new BoxStartError(`the box exited at once: ${bwrapSaid(err)}`);
+    // bwrap reports pid 1 before it has built the box's root; it forks the box's main process only
+    // once the root is in place, so the root is taken when pid 1 has a child.
+    const until = Date.now() + START_TIMEOUT_MS;
+    while (!readFileSafe(`/proc/${pid}/task/${pid}/children`).trim()) {
+      if (startTime(pid) !== this.pid1Start) throw new BoxStartError(`the box exited at once: ${bwrapSaid(err)}`);
+      if (Date.now() > until) throw new BoxStartError('bubblewrap did not finish building the box in time');
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    try {
+      this.nsFds = [...BOX_NAMESPACES.map(([kind]) => openSync(`/proc/${pid}/ns/${kind}`, 'r')), openSync(`/proc/${pid}/root`, 'r')];
+    } catch (e) {
+      throw new BoxStartError(`cannot hold the box's namespaces: ${(e as NodeJS.ErrnoException).code ?? 'error'}`);
+    }
+    // Opened from the right process: it still is the box's pid 1.
+    if (startTime(pid) !== this.pid1Start) throw new BoxStartError('the box exited while starting');
+    this.assertIsolated();
+    // pid 1 gone (stopped, or killed from outside): the box is over; its descriptors stay until stop.
+    this.child.once('exit', () => void this.stop());
+  }
+
+  /** Fail closed: a box whose network namespace is the host's, or has any interface but lo, never runs. */
+  private assertIsolated(): void {
+    const ns = (p: string) => {
+      try {
+        return readlinkSync(p);
+      } catch {
+        return null;
+      }
+    };
+    for (const kind of ['net', 'pid', 'mnt', 'user', 'ipc', 'uts']) {
+      const mine = ns(`/proc/self/ns/${kind}`);
+      const its = ns(`/proc/${this.pid1}/ns/${kind}`);
+      if (!its || its === mine) throw new BoxStartError(`the box did not get its own ${kind} namespace`);
+    }
+    let dev: string;
+    try {
+      dev = readFileSync(`/proc/${this.pid1}/net/dev`, 'utf8');
+    } catch {
+      throw new BoxStartError('cannot inspect the box network namespace');
+    }
+    const ifaces = dev.split('\n').slice(2).map((l) => l.split(':')[0].trim()).filter(Boolean);
+    if (ifaces.length !== 1 || ifaces[0] !== 'lo') throw new BoxStartError(`the box network namespace has interfaces other than lo: ${ifaces.join(', ')}`);
+  }
+
+  async openRelay(): Promise<void> {
+    try {
+      const fd = (kind: string) => this.nsFds[BOX_NAMESPACES.findIndex(([k]) => k === kind)];
+      this.relay = await openRelay(this.driver.netEnter(4, 5), [fd('user'), fd('net')], this.spec.proxy);
+    } catch (e) {
+      throw new BoxStartError(`the relay to the proxy could not be set up: ${(e as Error).message}`);
+    }
+  }
+
+  private env(extra?: Record<string, string>): Record<string, string> {
+    return {
+      PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+      HOME: '/workspace',
+      USER: 'box',
+      LOGNAME: 'box',
+      ...this.spec.template.environment,
+      ...this.spec.env,
+      ...extra,
+    };
+  }
+
+  async exec(opts: ExecOptions): Promise<ExecProcess> {
+    if (this.stopped) throw new Error('box is not running');
+    const argv = typeof opts.command === 'string' ? ['/bin/sh', '-c', opts.command] : opts.command;
+    if (argv.length === 0) throw new Error('empty command');
+    const cwd = opts.cwd ?? '/workspace';
+    if (!cwd.startsWith('/') || cwd.includes('\0')) throw new Error('cwd must be an absolute path in the box');
+    // The box's environment is applied only once inside (`env -i` in the box): the helpers that run
+    // on the host first (sh, prlimit, setpriv, nsenter, as this server's user) must never see
+    // LD_PRELOAD or the like from a request, which could name a host path the box wrote to.
+    const env = Object.entries(this.env(opts.env));
+    if (env.some(([k, v]) => !/^[^=\0]+$/.test(k) || v.includes('\0'))) throw new Error('environment names must not hold "=" or NUL, nor values NUL');
+    if (argv[0].includes('=')) throw new Error('the program name must not hold "="');
+    const inBox = ['/usr/bin/env', '-i', ...env.map(([k, v]) => `${k}=${v}`), ...argv];
+    const cg = this.driver.execCgroup(this.id, ++execCounter);
+    const cmd = this.driver.enterCommand(this, cwd, inBox, cg, this.spec.resources);
+    const child = spawn(cmd[0], cmd.slice(1), {
+      env: HOST_HELPER_ENV,
+      stdio: [opts.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe', ...this.nsFds],
+      // Its own process group: without cgroups, that group is what a kill reaches.
+      detached: true,
+    });
+    let timedOut = false;
+    const killTree = async (signal: NodeJS.Signals) => {
+      if (cg && signal === 'SIGKILL') {
+        await killCgroup(cg);
+        return;
+      }
+      try {
+        if (child.pid) process.kill(-child.pid, signal);
+      } catch {
+        /* gone */
+      }
+      if (cg) {
+        for (const f of procsFiles(cg).slice(0, 1)) {
+          for (const p of readFileSync(f, 'utf8').split('\n').filter(Boolean)) {
+            try {
+              process.kill(Number(p), signal);
+            } catch {
+              /* gone */
+            }
+          }
+        }
+      }
+    };
+    const timer = opts.timeoutMs
+      ? setTimeout(() => {
+          timedOut = true;
+          void killTree('SIGKILL');
+        }, opts.timeoutMs)
+      : null;
+    const stopper = () => killTree('SIGKILL');
+    this.execs.add(stopper);
+    // Processes the command left running in the background may hold its output open: once the
+    // command itself has exited, its output ends after a short grace instead of waiting for them
+    // (they go on writing to a closed pipe; stop, a timeout or kill() still takes them down).
+    const stdout = new PassThrough();
+    const stderr = new PassThrough();
+    child.stdout!.pipe(stdout);
+    child.stderr!.pipe(stderr);
+    const done = new Promise<ExecResult>((resolve) => {
+      let exit: { code: number | null; signal: NodeJS.Signals | null } | null = null;
+      let grace: NodeJS.Timeout | null = null;
+      const finish = () => {
+        if (grace) clearTimeout(grace);
+        if (timer) clearTimeout(timer);
+        this.execs.delete(stopper);
+        if (cg) removeCgroup(cg);
+        const e = exit ?? { code: 127, signal: null };
+        resolve({ exitCode: e.signal ? null : e.code, signal: e.signal, timedOut });
+      };
+      let ended = 0;
+      for (const [from, to] of [[child.stdout!, stdout], [child.stderr!, stderr]] as const) {
+        to.on('end', () => {
+          if (++ended === 2 && exit) finish();
+        });
+        from.on('error', () => to.end());
+      }
+      child.on('error', () => {
+        exit ??= { code: 127, signal: null };
+        stdout.end();
+        stderr.end();
+      });
+      child.on('exit', (code, signal) => {
+        exit ??= { code, signal };
+        if (ended === 2) return finish();
+        // Only processes left behind can keep the output open (with none left, it ends once read,
+        // at the reader's pace); cut it then, after a grace.
+        if (cg && !cgroupHasProcesses(cg)) return;
+        grace = setTimeout(() => {
+          for (const [from, to] of [[child.stdout!, stdout], [child.stderr!, stderr]] as const) {
+            if (!to.writableEnded) {
+              from.unpipe(to);
+              from.destroy();
+              to.end();
+            }
+          }
+        }, OUTPUT_GRACE_MS);
+      });
+    });
+    return {
+      stdout,
+      stderr,
+      stdin: child.stdin ?? null,
+      kill: (signal: NodeJS.Signals = 'SIGKILL') => void killTree(signal),
+      done,
+    };
+  }
+
+  private running(): void {
+    if (this.stopped) throw new BoxFileError('not_running', 'box is not running');
+  }
+
+  async readFile(boxPath: string, maxBytes: number): Promise<{ size: number; stream: Readable }> {
+    this.running();
+    return readBoxFile((o) => this.exec(o), boxPath, maxBytes);
+  }
+
+  async writeFile(boxPath: string, body: Readable, maxBytes: number): Promise<{ size: number }> {
+    this.running();
+    return writeBoxFile((o) => this.exec(o), boxPath, body, maxBytes);
+  }
+
+  stop(): Promise<void> {
+    this.stopping ??= this.doStop();
+    return this.stopping;
+  }
+
+  private async doStop(): Promise<void> {
+    this.stopped = true;
+    this.relay?.close();
+    // pid 1 gone takes every process of the box's PID namespace with it; the cgroup catches the
+    // rest (executions' nsenter parents on the host side).
+    if (this.pid1) killIfSame(this.pid1, this.pid1Start);
+    try {
+      if (this.child.pid) process.kill(this.child.pid, 'SIGKILL');
+    } catch {
+      /* gone */
+    }
+    await Promise.all([...this.execs].map((k) => k()));
+    if (this.cg) await killCgroup(this.cg);
+    await this.exited;
+    if (this.pid1) await waitGone(this.pid1, this.pid1Start, 5000);
+    if (this.cg) removeCgroup(this.cg);
+    for (const fd of this.nsFds) closeSync(fd);
+    this.nsFds = [];
+    this.driver.forget(this);
+  }
+}

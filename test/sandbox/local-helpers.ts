@@ -1,0 +1,92 @@
+/**
+ * Shared by the local driver's tests: real boxes only. `localProbe` is checked once per file; when
+ * the kernel refuses namespaces the files skip and print why (never silently).
+ */
+import { mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import type { Box, BoxResources, BoxSpec, ExecOptions, ExecResult } from '../../src/sandbox/driver.js';
+import { LocalDriver } from '../../src/sandbox/local.js';
+
+export const TMP = mkdtempSync(path.join(os.tmpdir(), 'kg-box-test-'));
+/** Where the driver's records live: like the data directory's `sandboxes/run`. */
+export const RUN_DIR = path.join(TMP, 'data', 'run');
+
+export async function localProbe(): Promise<{ ok: boolean; why: string }> {
+  const p = await new LocalDriver({ runDir: path.join(TMP, 'probe-run') }).probe();
+  if (!p.ok) {
+    console.warn(`SKIPPING local driver tests: ${p.reason} (${p.hint})`);
+    return { ok: false, why: p.reason };
+  }
+  return { ok: true, why: p.detail };
+}
+
+let n = 0;
+export function spec(over: Omit<Partial<BoxSpec>, 'resources'> & { proxyPort?: number; resources?: Partial<BoxResources> } = {}): BoxSpec {
+  const id = over.id ?? `t${process.pid}-${++n}`;
+  return {
+    id,
+    template: { name: 'host', rootfs: 'host', environment: {} },
+    env: {},
+    caPem: '-----BEGIN CERTIFICATE-----\nTEST\n-----END CERTIFICATE-----\n',
+    caBundlePem: '-----BEGIN CERTIFICATE-----\nBUNDLE\n-----END CERTIFICATE-----\n',
+    stateDir: path.join(TMP, 'data', 'sandboxes', id),
+    ...over,
+    proxy: over.proxy ?? { host: '127.0.0.1', port: over.proxyPort ?? 9 },
+    resources: { memory_mb: 256, cpus: 1, pids: 128, ...over.resources },
+  };
+}
+
+export interface Ran extends ExecResult {
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs a command to the end and collects its output. */
+export async function run(box: Box, command: string | string[], opts: Omit<ExecOptions, 'command'> = {}): Promise<Ran> {
+  const p = await box.exec({ timeoutMs: 30_000, ...opts, command });
+  let stdout = '';
+  let stderr = '';
+  p.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+  p.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  const r = await p.done;
+  return { ...r, stdout, stderr };
+}
+
+/** The inode of the box's PID namespace, as the box itself sees it. */
+export async function pidNamespace(box: Box): Promise<string> {
+  const r = await run(box, ['readlink', '/proc/self/ns/pid']);
+  const ns = r.stdout.trim();
+  if (!/^pid:\[\d+\]$/.test(ns)) throw new Error(`no pid namespace: ${JSON.stringify(r)}`);
+  return ns;
+}
+
+/** Host pids of every process in that PID namespace, or in a cgroup of the box `id`. */
+export function hostProcessesOf(pidNs: string, id: string): number[] {
+  const out: number[] = [];
+  const inBoxCgroup = new RegExp(`/keygate-[0-9a-f]+/${id.replace(/[.]/g, '\\.')}(/|$)`);
+  for (const e of readdirSync('/proc')) {
+    if (!/^\d+$/.test(e)) continue;
+    try {
+      const ns = readlinkSync(`/proc/${e}/ns/pid`);
+      const cg = readFileSync(`/proc/${e}/cgroup`, 'utf8');
+      if (ns === pidNs || cg.split('\n').some((l) => inBoxCgroup.test(l))) out.push(Number(e));
+    } catch {
+      /* exited meanwhile */
+    }
+  }
+  return out;
+}
+
+export async function eventually(check: () => boolean, ms = 5000): Promise<boolean> {
+  const until = Date.now() + ms;
+  while (!check()) {
+    if (Date.now() > until) return false;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return true;
+}
+
+export function cleanupTmp(): void {
+  rmSync(TMP, { recursive: true, force: true });
+}

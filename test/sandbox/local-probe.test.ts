@@ -1,0 +1,63 @@
+/**
+ * Local driver, fail closed (sandbox.md property 2): when bubblewrap is missing or the kernel refuses
+ * user namespaces, probe() says precisely what is missing and how to get it, and start() rejects with
+ * BoxStartError: never a box with open network. The refused kernel is real: the driver runs inside a
+ * user namespace where no further one may be made (bwrap --disable-userns).
+ */
+import { spawnSync } from 'node:child_process';
+import path from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { BoxStartError } from '../../src/sandbox/driver.js';
+import { LocalDriver } from '../../src/sandbox/local.js';
+import { REPO_ROOT } from '../helpers/proxy.js';
+import { cleanupTmp, localProbe, spec, TMP } from './local-helpers.js';
+
+const outer = await localProbe();
+afterAll(() => cleanupTmp());
+
+describe('local driver: fail closed', () => {
+  it('no bubblewrap: says to install it, and start rejects', async () => {
+    const driver = new LocalDriver({ runDir: path.join(TMP, 'nobwrap'), bwrap: path.join(TMP, 'no-such-bwrap') });
+    const p = await driver.probe();
+    expect(p).toEqual({ ok: false, reason: 'bubblewrap (bwrap) is not installed', hint: 'install bubblewrap (apt-get install bubblewrap)' });
+    const e = await driver.start(spec()).catch((err: unknown) => err);
+    expect(e).toBeInstanceOf(BoxStartError);
+    expect((e as Error).message).toMatch(/apt-get install bubblewrap/);
+  });
+
+  /** Runs the built driver's probe and a start under `wrapper` (a real, more confined environment). */
+  function probeUnder(wrapper: string[], runDir: string) {
+    const r = spawnSync(wrapper[0], [...wrapper.slice(1), process.execPath, path.join(REPO_ROOT, 'test/sandbox/fixtures/probe.mjs'), path.join(REPO_ROOT, 'dist/sandbox/local.js'), runDir], {
+      encoding: 'utf8',
+      timeout: 60_000,
+    });
+    expect(r.status, r.stderr).toBe(0);
+    return JSON.parse(r.stdout) as { probe: { ok: boolean; reason: string; hint: string }; start: { started: boolean; name: string; message: string } };
+  }
+
+  it.skipIf(!outer.ok)('user namespaces disabled by sysctl: names the sysctl, and start rejects', () => {
+    // A user namespace of our own whose user.max_user_namespaces is 0: the kernel refuses any more.
+    const { probe, start } = probeUnder(['unshare', '-U', '-r', 'sh', '-c', 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"', 'sh'], path.join(TMP, 'sysctl0'));
+    expect(probe.ok).toBe(false);
+    expect(probe.reason).toMatch(/^user namespaces are disabled \(sysctl user\.max_user_namespaces = 0\)/);
+    expect(probe.hint).toBe('sysctl -w user.max_user_namespaces=15000');
+    expect(start).toMatchObject({ started: false, name: 'BoxStartError' });
+    expect(start.message).toMatch(/max_user_namespaces = 0/);
+  });
+
+  it.skipIf(!outer.ok)('inside a sandbox that allows no nested user namespace: says so, and start rejects', () => {
+    const { probe, start } = probeUnder(['bwrap', '--unshare-user', '--disable-userns', '--die-with-parent', '--dev-bind', '/', '/', '--proc', '/proc', '--'], path.join(TMP, 'nested'));
+    expect(probe.ok).toBe(false);
+    expect(probe.reason).toMatch(/no user namespace can be made here: the nesting depth or sysctl user\.max_user_namespaces limit is reached/);
+    expect(start).toMatchObject({ started: false, name: 'BoxStartError' });
+  });
+
+  it.skipIf(!outer.ok)('a template whose root file system is not there: BoxStartError, nothing left running', async () => {
+    const driver = new LocalDriver({ runDir: path.join(TMP, 'badroot') });
+    const s = spec({ template: { name: 'ghost', rootfs: path.join(TMP, 'no-such-root'), environment: {} } });
+    await expect(driver.start(s)).rejects.toThrow(BoxStartError);
+    await expect(driver.start(spec({ template: { name: 'rel', rootfs: 'relative/root', environment: {} } }))).rejects.toThrow(/absolute directory/);
+    await expect(driver.start(spec({ id: '../escape' }))).rejects.toThrow(BoxStartError);
+    await driver.close();
+  });
+});
