@@ -164,7 +164,10 @@ describe.skipIf(skip)('Docker driver and keygate deploy --build-image against a 
     const replies = new Set(results.map((x) => x.reply));
     expect(replies).toEqual(new Set(['v1: x', 'v2: x']));
     expect(results.length).toBeGreaterThan(5);
-    const after = containers();
+    // The replaced revision's container goes once its requests have drained: wait for it
+    // (bounded), rather than sample the moment the new one starts serving.
+    let after = containers();
+    for (const until = Date.now() + 30_000; after.length > 1 && Date.now() < until; after = containers()) await new Promise((res) => setTimeout(res, 250));
     expect(after).toHaveLength(1);
     expect(after).not.toContain(before);
   });
@@ -187,8 +190,10 @@ describe.skipIf(skip)('Docker driver and keygate deploy --build-image against a 
     const owner = docker(['inspect', '-f', `{{index .Config.Labels "${LABELS.owner}"}}`, left]).stdout.trim();
     expect(ownerGone(owner)).toBe(true);
     expect(await restartAndAsk('again')).toBe('v2: again');
+    // Reaping runs beside the restore: wait (bounded) for it instead of sampling one moment.
+    let now = containers();
+    for (const until = Date.now() + 30_000; (now.length !== 1 || now.includes(left)) && Date.now() < until; now = containers()) await new Promise((res) => setTimeout(res, 250));
     expect(server!.output()).toContain('removing 1 replica container(s) left by a previous server');
-    const now = containers();
     expect(now).toHaveLength(1);
     expect(now).not.toContain(left);
     expect(await server!.stop()).toBe(0);

@@ -137,7 +137,11 @@ describe('an origin closing after a response the client reads slowly', () => {
     const hinted = await growth({});
     const unhinted = await growth({ KEYGATE_RELAY_GC: '0' });
     const why = `peak RSS growth over 64 MiB: ${hinted.toFixed(1)} MiB with collection hints, ${unhinted.toFixed(1)} without`;
-    expect(hinted, why).toBeLessThan(unhinted);
-    expect(unhinted - hinted, why).toBeGreaterThan(8);
+    // What the hints are for: growth stays small (without them Node 20 grew by about 35 MiB).
+    expect(hinted, why).toBeLessThan(8);
+    // Where V8 lets dead chunks pile up (Node 20), the hints must be what prevents it. Node 24
+    // collects external memory sooner by itself (about 5 MiB without hints), so there the
+    // comparison would measure noise.
+    if (unhinted > 16) expect(unhinted - hinted, why).toBeGreaterThan(8);
   }, 60_000);
 });
