@@ -1,0 +1,170 @@
+import { randomBytes } from 'node:crypto';
+import { createReadStream, createWriteStream, rmSync } from 'node:fs';
+import path from 'node:path';
+import { PassThrough, Readable, Transform } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import * as tar from 'tar';
+import type { DockerEngine } from '../docker/engine.js';
+import { BoxFileError } from './driver.js';
+
+/**
+ * Files of a docker box through the engine's archive API (`HEAD/GET/PUT /containers/{id}/archive`).
+ * The engine resolves every path inside the container's own root (symlinks and `..` included), so
+ * nothing planted in the box can make keygate read or write a host path (sandbox.md, property 4).
+ * Reads stream the one entry of the engine's tar; writes spool the body (bounded) to the box's
+ * state directory, because a tar header needs the size first, then stream one tar entry.
+ * The engine cannot see tmpfs mounts: /tmp of a box is not reachable through this API.
+ */
+
+/** Go's os.FileMode bits, as the engine reports them in X-Docker-Container-Path-Stat. */
+const MODE_DIR = 2 ** 31;
+const MODE_SYMLINK = 2 ** 27;
+const MODE_TYPE = MODE_DIR | 2 ** 30 | 2 ** 29 | MODE_SYMLINK | 2 ** 26 | 2 ** 25 | 2 ** 24 | 2 ** 23 | 2 ** 21 | 2 ** 19;
+
+interface PathStat {
+  name: string;
+  size: number;
+  mode: number;
+  linkTarget: string;
+}
+
+export interface FilesContext {
+  engine: DockerEngine;
+  containerId: string;
+  /** Host directory for upload spools (the box's state directory, never inside the box). */
+  spoolDir: string;
+  /** Numeric owner given to written files (the box's user). */
+  uid: number;
+  gid: number;
+}
+
+function checkPath(boxPath: string): string {
+  if (typeof boxPath !== 'string' || !boxPath.startsWith('/') || boxPath.includes('\0') || Buffer.byteLength(boxPath) > 4096) {
+    throw new BoxFileError('bad_path', 'the path must be absolute');
+  }
+  return path.posix.normalize(boxPath);
+}
+
+async function stat(ctx: FilesContext, boxPath: string): Promise<PathStat | null> {
+  const res = await ctx.engine.request('HEAD', `/containers/${ctx.containerId}/archive?path=${encodeURIComponent(boxPath)}`);
+  await res.body.dump();
+  if (res.statusCode === 404) return null;
+  if (res.statusCode === 400) throw new BoxFileError('bad_path', 'the path is not valid in the box');
+  const header = res.headers['x-docker-container-path-stat'];
+  if (res.statusCode !== 200 || typeof header !== 'string') throw new Error(`the engine answered ${res.statusCode} to a file stat`);
+  const s = JSON.parse(Buffer.from(header, 'base64').toString('utf8')) as Partial<PathStat>;
+  return { name: String(s.name ?? ''), size: Number(s.size ?? 0), mode: Number(s.mode ?? 0), linkTarget: String(s.linkTarget ?? '') };
+}
+
+/** Follows symlinks the way the box sees them (the engine resolves link targets in the box's root). */
+async function statFollow(ctx: FilesContext, boxPath: string): Promise<{ path: string; stat: PathStat } | null> {
+  let p = boxPath;
+  for (let hops = 0; hops < 16; hops++) {
+    const s = await stat(ctx, p);
+    if (!s) return null;
+    if ((s.mode & MODE_SYMLINK) === 0) return { path: p, stat: s };
+    p = path.posix.resolve(path.posix.dirname(p), s.linkTarget);
+  }
+  throw new BoxFileError('bad_path', 'too many symbolic links');
+}
+
+const isRegular = (s: PathStat) => (s.mode & MODE_TYPE) === 0;
+
+export async function readBoxFile(ctx: FilesContext, boxPath: string, maxBytes: number): Promise<{ size: number; stream: Readable }> {
+  const found = await statFollow(ctx, checkPath(boxPath));
+  if (!found) throw new BoxFileError('not_found', 'no such file in the box');
+  if (!isRegular(found.stat)) throw new BoxFileError('not_a_file', 'not a regular file');
+  if (found.stat.size > maxBytes) throw new BoxFileError('too_large', `the file is larger than ${maxBytes} bytes`);
+  const res = await ctx.engine.request('GET', `/containers/${ctx.containerId}/archive?path=${encodeURIComponent(found.path)}`, { timeoutMs: 0 });
+  if (res.statusCode !== 200) {
+    await res.body.dump();
+    if (res.statusCode === 404) throw new BoxFileError('not_found', 'no such file in the box');
+    throw new Error(`the engine refused a file read (${res.statusCode})`);
+  }
+  const out = new PassThrough();
+  let sent = 0;
+  let seen = false;
+  const parser = new tar.Parser({
+    onReadEntry: (entry) => {
+      if (seen || entry.type !== 'File') {
+        entry.resume();
+        return;
+      }
+      seen = true;
+      entry.on('data', (c: Buffer) => {
+        sent += c.length;
+        // The file may have grown since the stat: never more than the bound.
+        if (sent > maxBytes) {
+          out.destroy(new BoxFileError('too_large', `the file is larger than ${maxBytes} bytes`));
+          res.body.destroy();
+          return;
+        }
+        if (!out.write(c)) {
+          entry.pause();
+          out.once('drain', () => entry.resume());
+        }
+      });
+    },
+  });
+  void pipeline(res.body, parser)
+    .then(() => out.end())
+    .catch((err: Error) => out.destroy(err instanceof BoxFileError ? err : new Error('the file read was cut')));
+  return { size: found.stat.size, stream: out };
+}
+
+/** Counts bytes and fails past the bound, so an upload never spools more than allowed. */
+function bounded(maxBytes: number, counter: { n: number }): Transform {
+  return new Transform({
+    transform(chunk: Buffer, _enc, cb) {
+      counter.n += chunk.length;
+      if (counter.n > maxBytes) cb(new BoxFileError('too_large', `the body is larger than ${maxBytes} bytes`));
+      else cb(null, chunk);
+    },
+  });
+}
+
+/** One tar entry streamed from a file, then the tar end. */
+async function* tarOf(name: string, file: string, size: number, uid: number, gid: number): AsyncGenerator<Buffer> {
+  const header = Buffer.alloc(512);
+  new tar.Header({ path: name, mode: 0o644, uid, gid, size, mtime: new Date(), type: 'File' }).encode(header, 0);
+  yield header;
+  for await (const c of createReadStream(file)) yield c as Buffer;
+  const pad = (512 - (size % 512)) % 512;
+  yield Buffer.alloc(pad + 1024);
+}
+
+export async function writeBoxFile(ctx: FilesContext, boxPath: string, body: Readable, maxBytes: number): Promise<{ size: number }> {
+  const p = checkPath(boxPath);
+  const dir = path.posix.dirname(p);
+  const name = path.posix.basename(p);
+  if (!name || name === '..' || name === '.' || p === '/' || Buffer.byteLength(name) > 100) throw new BoxFileError('bad_path', 'not a file path');
+  const parent = await statFollow(ctx, dir);
+  if (!parent) throw new BoxFileError('not_found', 'the directory does not exist in the box');
+  if ((parent.stat.mode & MODE_DIR) === 0) throw new BoxFileError('bad_path', 'the parent is not a directory');
+  const existing = await stat(ctx, path.posix.join(parent.path, name));
+  if (existing && (existing.mode & MODE_DIR) !== 0) throw new BoxFileError('not_a_file', 'a directory is at that path');
+
+  const spool = path.join(ctx.spoolDir, `upload-${randomBytes(8).toString('hex')}`);
+  const counter = { n: 0 };
+  try {
+    try {
+      await pipeline(body, bounded(maxBytes, counter), createWriteStream(spool, { mode: 0o600 }));
+    } catch (err) {
+      if (err instanceof BoxFileError) throw err;
+      throw new BoxFileError('bad_path', 'the upload was cut');
+    }
+    const q = `path=${encodeURIComponent(parent.path)}&noOverwriteDirNonDir=1`;
+    const res = await ctx.engine.request('PUT', `/containers/${ctx.containerId}/archive?${q}`, {
+      body: Readable.from(tarOf(name, spool, counter.n, ctx.uid, ctx.gid)),
+      headers: { 'content-type': 'application/x-tar' },
+      timeoutMs: 0,
+    });
+    await res.body.dump();
+    if (res.statusCode === 200) return { size: counter.n };
+    if (res.statusCode === 404) throw new BoxFileError('not_found', 'the directory does not exist in the box');
+    if (res.statusCode === 403 || res.statusCode === 400) throw new BoxFileError('bad_path', 'the path is not writable in the box (only /workspace is)');
+    throw new Error(`the engine refused a file write (${res.statusCode})`);
+  } finally {
+    rmSync(spool, { force: true });
+  }
+}

@@ -1,0 +1,386 @@
+import { createHash } from 'node:crypto';
+import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import type { Readable } from 'node:stream';
+import { demultiplex, dockerSocketPath, DockerEngine, engineMessage } from '../docker/engine.js';
+import type { Logger } from '../log.js';
+import { BoxFileError, BoxStartError, type Box, type BoxSpec, type DriverProbe, type ExecOptions, type ExecProcess, type SandboxDriver } from './driver.js';
+import { startExec, type ExecContext } from './docker-exec.js';
+import { readBoxFile, writeBoxFile, type FilesContext } from './docker-files.js';
+import { BOX_RELAY_DIR, HostRelay, hostRuntime, RELAY_READY, relayCommand, type HostRuntime } from './docker-relay.js';
+
+/**
+ * The `docker` box driver (sandbox.md, "Drivers"): a container per box from the template's local
+ * image, through the Docker Engine API on its unix socket. Every box is created with no network but
+ * loopback, every capability dropped, no-new-privileges, a read-only root, a named volume at
+ * /workspace (kept across stop/start, removed on destroy), tmpfs /tmp, memory/CPU/PID limits, and
+ * labels by which a later run of the server finds what a killed one left behind.
+ *
+ * Users inside: the container's main process (the relay, see docker-relay.ts) runs as its own
+ * uid; executions run as the image's user when it names a non-root one, else as root, which with
+ * every capability dropped and no-new-privileges holds no privilege over anything it does not
+ * own (it cannot signal or trace the relay, mount, chown, or gain capabilities through setuid
+ * files). Root is kept in that case because a fresh /workspace volume belongs to root unless the
+ * image ships /workspace owned by its user, and dropping CAP_CHOWN leaves no way to hand it over.
+ */
+
+export interface DockerBoxDriverOptions {
+  /** Default: DOCKER_HOST (unix://) or /var/run/docker.sock. */
+  socketPath?: string;
+  logger?: Logger;
+  /**
+   * Names and labels this driver's containers and volumes; `reapOrphans` touches only its own
+   * scope (tests and several servers can share one engine). Default `keygate-box`.
+   */
+  scope?: string;
+}
+
+const LABEL_ID = 'keygate.sandbox';
+const LABEL_SCOPE = 'keygate.sandbox.scope';
+const BOX_WORKSPACE = '/workspace';
+const READY_TIMEOUT_MS = 20_000;
+
+/** Container and volume names allow [a-zA-Z0-9][a-zA-Z0-9_.-]. */
+function nameFor(scope: string, id: string): string {
+  const safe = /^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$/.test(id) ? id : createHash('sha256').update(id).digest('hex').slice(0, 32);
+  return `${scope}-${safe}`;
+}
+
+interface ContainerSummary {
+  Id: string;
+  Labels?: Record<string, string>;
+}
+
+interface ImageInfo {
+  Config?: { User?: string };
+}
+
+/** The image's USER, if it names someone other than root. */
+function imageUser(info: ImageInfo): string | null {
+  const u = (info.Config?.User ?? '').trim();
+  if (!u) return null;
+  const [user, group] = u.split(':');
+  if (user === '0' || user === 'root') return null;
+  return group ? `${user}:${group}` : user;
+}
+
+function parseIds(user: string, passwd: string): { uid: number; gid: number } | null {
+  const [u, g] = user.split(':');
+  let uid = /^\d+$/.test(u) ? Number(u) : NaN;
+  let gid = g !== undefined && /^\d+$/.test(g) ? Number(g) : NaN;
+  if (Number.isNaN(uid) || Number.isNaN(gid)) {
+    for (const line of passwd.split('\n')) {
+      const f = line.split(':');
+      if (f.length < 4) continue;
+      if (f[0] === u || f[2] === u) {
+        if (Number.isNaN(uid)) uid = Number(f[2]);
+        if (Number.isNaN(gid)) gid = Number(f[3]);
+        break;
+      }
+    }
+  }
+  if (Number.isNaN(uid)) return null;
+  return { uid, gid: Number.isNaN(gid) ? uid : gid };
+}
+
+/** A small file read whole (bounded by the caller). */
+async function streamText(stream: Readable): Promise<string> {
+  const parts: Buffer[] = [];
+  for await (const c of stream) parts.push(c as Buffer);
+  return Buffer.concat(parts).toString('utf8');
+}
+
+export class DockerBoxDriver implements SandboxDriver {
+  readonly name = 'docker' as const;
+  private readonly engine: DockerEngine | null;
+  private readonly where: string;
+  private readonly logger: Logger | undefined;
+  private readonly scope: string;
+  private readonly boxes = new Map<string, DockerBox>();
+  private readonly starting = new Map<string, Promise<Box>>();
+
+  constructor(opts: DockerBoxDriverOptions = {}) {
+    const socketPath = opts.socketPath ?? dockerSocketPath(process.env);
+    this.where = socketPath ? `unix://${socketPath}` : `DOCKER_HOST=${process.env.DOCKER_HOST}`;
+    this.engine = socketPath ? new DockerEngine(socketPath) : null;
+    this.logger = opts.logger;
+    this.scope = opts.scope ?? 'keygate-box';
+  }
+
+  async probe(): Promise<DriverProbe> {
+    const hint = 'start one (dockerd) or choose --sandbox-driver local';
+    if (!this.engine) return { ok: false, reason: `${this.where} is not a unix socket; the docker driver needs a local engine`, hint };
+    const why = await this.engine.unavailableReason();
+    if (why) return { ok: false, reason: why, hint };
+    try {
+      hostRuntime();
+    } catch (err) {
+      return { ok: false, reason: (err as Error).message, hint: 'install what is named, or choose --sandbox-driver local' };
+    }
+    const v = await this.engine.json<{ Version?: string }>('GET', '/version').catch(() => ({ status: 0, body: {} as { Version?: string } }));
+    return { ok: true, detail: `Docker engine ${v.body?.Version ?? '(version unknown)'} at ${this.where}` };
+  }
+
+  private requireEngine(): DockerEngine {
+    if (!this.engine) throw new BoxStartError(`${this.where} is not a unix socket; the docker driver needs a local engine`);
+    return this.engine;
+  }
+
+  private labelFilter(id?: string): string {
+    const labels = [`${LABEL_SCOPE}=${this.scope}`];
+    if (id !== undefined) labels.push(`${LABEL_ID}=${id}`);
+    return encodeURIComponent(JSON.stringify({ label: labels }));
+  }
+
+  private async containersOf(id?: string): Promise<ContainerSummary[]> {
+    const res = await this.requireEngine().json<ContainerSummary[]>('GET', `/containers/json?all=1&filters=${this.labelFilter(id)}`);
+    if (res.status !== 200 || !Array.isArray(res.body)) throw new Error(`cannot list containers: ${engineMessage(res.body, res.status)}`);
+    return res.body;
+  }
+
+  private async removeContainer(containerId: string): Promise<void> {
+    const res = await this.requireEngine().json('DELETE', `/containers/${containerId}?force=1`);
+    if (res.status !== 204 && res.status !== 404) throw new Error(`cannot remove a box container: ${engineMessage(res.body, res.status)}`);
+  }
+
+  private async removeVolume(name: string): Promise<void> {
+    const res = await this.requireEngine().json('DELETE', `/volumes/${encodeURIComponent(name)}?force=1`);
+    if (res.status !== 204 && res.status !== 404) throw new Error(`cannot remove a box volume: ${engineMessage(res.body, res.status)}`);
+  }
+
+  start(spec: BoxSpec): Promise<Box> {
+    const running = this.boxes.get(spec.id);
+    if (running) return Promise.resolve(running);
+    const pending = this.starting.get(spec.id);
+    if (pending) return pending;
+    const p = this.startBox(spec).finally(() => this.starting.delete(spec.id));
+    this.starting.set(spec.id, p);
+    return p;
+  }
+
+  private async startBox(spec: BoxSpec): Promise<Box> {
+    const engine = this.requireEngine();
+    const why = await engine.unavailableReason();
+    if (why) throw new BoxStartError(why);
+    let runtime: HostRuntime;
+    try {
+      runtime = hostRuntime();
+    } catch (err) {
+      throw new BoxStartError((err as Error).message);
+    }
+    const image = spec.template.image;
+    if (!image) throw new BoxStartError(`the template ${spec.template.name} names no image for the docker driver`);
+    // Only local images: a container create never pulls, but say clearly what is missing.
+    const img = await engine.json<ImageInfo>('GET', `/images/${encodeURIComponent(image)}/json`);
+    if (img.status === 404) throw new BoxStartError(`the image ${image} is not on this Docker engine (images are never pulled): load or build it first`);
+    if (img.status !== 200) throw new BoxStartError(`cannot inspect the image ${image}: ${engineMessage(img.body, img.status)}`);
+    const execUser = imageUser(img.body) ?? '0:0';
+
+    for (const c of await this.containersOf(spec.id)) await this.removeContainer(c.Id);
+    const name = nameFor(this.scope, spec.id);
+    const volume = `${name}-workspace`;
+    const labels = { [LABEL_ID]: spec.id, [LABEL_SCOPE]: this.scope };
+    const vol = await engine.json('POST', '/volumes/create', { Name: volume, Labels: labels });
+    if (vol.status !== 201) throw new BoxStartError(`cannot create the /workspace volume: ${engineMessage(vol.body, vol.status)}`);
+
+    mkdirSync(spec.stateDir, { recursive: true, mode: 0o700 });
+    const caDir = path.join(spec.stateDir, 'ca');
+    mkdirSync(caDir, { recursive: true, mode: 0o755 });
+    writeFileSync(path.join(caDir, 'ca.pem'), spec.caPem, { mode: 0o644 });
+    writeFileSync(path.join(caDir, 'ca-bundle.pem'), spec.caBundlePem, { mode: 0o644 });
+
+    let relay: HostRelay;
+    try {
+      relay = await HostRelay.listen(path.join(spec.stateDir, 'relay'), spec.proxy);
+    } catch (err) {
+      throw new BoxStartError(`cannot set up the relay to the proxy: ${(err as Error).message}`);
+    }
+    let containerId: string | null = null;
+    try {
+      const execIds = parseIds(execUser, '');
+      const relayUid = execIds?.uid === 3128 ? 3129 : 3128;
+      const memory = Math.round(spec.resources.memory_mb * 1024 * 1024);
+      const created = await engine.json<{ Id?: string; message?: string }>('POST', `/containers/create?name=${encodeURIComponent(name)}`, {
+        Image: image,
+        User: `${relayUid}:${relayUid}`,
+        Entrypoint: relayCommand(runtime),
+        Cmd: [],
+        // The box's environment goes to each execution, not to the relay (a request cannot reach it).
+        Env: [],
+        WorkingDir: '/',
+        Hostname: 'sandbox',
+        Labels: labels,
+        NetworkDisabled: true,
+        HostConfig: {
+          NetworkMode: 'none',
+          CapDrop: ['ALL'],
+          SecurityOpt: ['no-new-privileges'],
+          ReadonlyRootfs: true,
+          Init: true,
+          IpcMode: 'private',
+          Memory: memory,
+          MemorySwap: memory,
+          NanoCpus: Math.max(1, Math.round(spec.resources.cpus * 1e9)),
+          PidsLimit: spec.resources.pids,
+          RestartPolicy: { Name: 'no' },
+          Tmpfs: { '/tmp': `rw,nosuid,nodev,size=${Math.max(16, Math.floor(spec.resources.memory_mb / 2))}m,mode=1777` },
+          Mounts: [{ Type: 'volume', Source: volume, Target: BOX_WORKSPACE }],
+          Binds: [...runtime.binds, `${relay.dir}:${BOX_RELAY_DIR}:ro`, `${caDir}:/etc/keygate:ro`],
+        },
+      });
+      if (created.status !== 201 || !created.body?.Id) throw new BoxStartError(`cannot create the box container: ${engineMessage(created.body, created.status)}`);
+      containerId = created.body.Id;
+      await this.verifyIsolation(containerId);
+      const started = await engine.json('POST', `/containers/${containerId}/start`);
+      if (started.status !== 204) throw new BoxStartError(`cannot start the box container: ${engineMessage(started.body, started.status)}`);
+      await this.waitForRelay(containerId);
+
+      const files: FilesContext = { engine, containerId, spoolDir: spec.stateDir, uid: 0, gid: 0 };
+      let ids = execIds;
+      if (!ids) {
+        const passwd = await readBoxFile(files, '/etc/passwd', 1 << 20).then((r) => streamText(r.stream)).catch(() => '');
+        ids = parseIds(execUser, passwd);
+        if (!ids) throw new BoxStartError(`the image's user ${execUser} is not in its /etc/passwd`);
+      }
+      files.uid = ids.uid;
+      files.gid = ids.gid;
+      const box = new DockerBox(spec.id, containerId, relay, files, {
+        engine,
+        containerId,
+        user: execUser,
+        env: spec.env,
+        runtime,
+        killBox: async () => {
+          await box.stop();
+        },
+        log: (msg, err) => this.logger?.warn({ sandbox: spec.id, err: err instanceof Error ? err.message : undefined }, msg),
+      }, () => this.boxes.delete(spec.id));
+      this.boxes.set(spec.id, box);
+      this.logger?.info({ sandbox: spec.id, container: containerId.slice(0, 12) }, 'docker box ready');
+      return box;
+    } catch (err) {
+      if (containerId) await this.removeContainer(containerId).catch(() => undefined);
+      await relay.close().catch(() => undefined);
+      if (err instanceof BoxStartError) throw err;
+      throw new BoxStartError(`the box could not start: ${(err as Error).message}`);
+    }
+  }
+
+  /** Fails closed if the engine did not apply what isolates the box (e.g. an engine that ignores a field). */
+  private async verifyIsolation(containerId: string): Promise<void> {
+    const info = await this.requireEngine().json<{ HostConfig?: { NetworkMode?: string; ReadonlyRootfs?: boolean; CapDrop?: string[]; SecurityOpt?: string[]; Privileged?: boolean } }>(
+      'GET',
+      `/containers/${containerId}/json`,
+    );
+    const h = info.body?.HostConfig;
+    const ok =
+      info.status === 200 &&
+      h?.NetworkMode === 'none' &&
+      h.ReadonlyRootfs === true &&
+      h.Privileged !== true &&
+      (h.CapDrop ?? []).some((c) => c.toUpperCase() === 'ALL' || c.toUpperCase() === 'CAP_ALL') &&
+      (h.SecurityOpt ?? []).some((o) => o.startsWith('no-new-privileges'));
+    if (!ok) throw new BoxStartError('the engine did not apply the box isolation (network none, read-only root, no capabilities, no-new-privileges)');
+  }
+
+  /** The relay prints one line once it listens; a relay that cannot start ends the container. */
+  private async waitForRelay(containerId: string): Promise<void> {
+    const res = await this.requireEngine().request('GET', `/containers/${containerId}/logs?follow=1&stdout=1&stderr=1`, { timeoutMs: READY_TIMEOUT_MS });
+    if (res.statusCode !== 200) {
+      await res.body.dump();
+      throw new BoxStartError(`cannot follow the box's start (${res.statusCode})`);
+    }
+    const { stdout, stderr, ended } = demultiplex(res.body);
+    let out = '';
+    let err = '';
+    stderr.on('data', (c: Buffer) => (err = (err + c.toString('utf8')).slice(-500)));
+    const ready = await new Promise<boolean>((resolve) => {
+      const timer = setTimeout(() => resolve(false), READY_TIMEOUT_MS);
+      stdout.on('data', (c: Buffer) => {
+        out = (out + c.toString('utf8')).slice(-500);
+        if (out.includes(RELAY_READY)) {
+          clearTimeout(timer);
+          resolve(true);
+        }
+      });
+      void ended.then(() => {
+        clearTimeout(timer);
+        resolve(out.includes(RELAY_READY));
+      });
+    });
+    res.body.destroy();
+    if (!ready) throw new BoxStartError(`the relay to the proxy did not start in the box${err ? `: ${err.trim().slice(0, 200)}` : ''}`);
+  }
+
+  async destroy(id: string, stateDir: string): Promise<void> {
+    const box = this.boxes.get(id);
+    if (box) await box.stop();
+    for (const c of await this.containersOf(id)) await this.removeContainer(c.Id);
+    await this.removeVolume(`${nameFor(this.scope, id)}-workspace`);
+    rmSync(stateDir, { recursive: true, force: true });
+  }
+
+  async reapOrphans(knownIds: ReadonlySet<string>): Promise<void> {
+    const engine = this.requireEngine();
+    for (const c of await this.containersOf()) {
+      const id = c.Labels?.[LABEL_ID];
+      if (id !== undefined && this.boxes.has(id)) continue;
+      // Known boxes are stopped (their volume kept) so the service starts them again from their records.
+      await this.removeContainer(c.Id);
+      this.logger?.info({ sandbox: id, known: id !== undefined && knownIds.has(id) }, 'removed a box container left by a previous run');
+    }
+    const vols = await engine.json<{ Volumes?: { Name: string; Labels?: Record<string, string> }[] }>('GET', `/volumes?filters=${this.labelFilter()}`);
+    for (const v of vols.body?.Volumes ?? []) {
+      const id = v.Labels?.[LABEL_ID];
+      if (id === undefined || knownIds.has(id)) continue;
+      await this.removeVolume(v.Name);
+    }
+  }
+
+  async close(): Promise<void> {
+    await Promise.allSettled([...this.boxes.values()].map((b) => b.stop()));
+    await this.engine?.close();
+  }
+}
+
+class DockerBox implements Box {
+  private stopped = false;
+
+  constructor(
+    readonly id: string,
+    private readonly containerId: string,
+    private readonly relay: HostRelay,
+    private readonly files: FilesContext,
+    private readonly execs: ExecContext,
+    private readonly forget: () => void,
+  ) {}
+
+  private running(): void {
+    if (this.stopped) throw new BoxFileError('not_running', 'the box is not running');
+  }
+
+  async exec(opts: ExecOptions): Promise<ExecProcess> {
+    if (this.stopped) throw new Error('the box is not running');
+    return startExec(this.execs, opts);
+  }
+
+  async readFile(boxPath: string, maxBytes: number): Promise<{ size: number; stream: Readable }> {
+    this.running();
+    return readBoxFile(this.files, boxPath, maxBytes);
+  }
+
+  async writeFile(boxPath: string, body: Readable, maxBytes: number): Promise<{ size: number }> {
+    this.running();
+    return writeBoxFile(this.files, boxPath, body, maxBytes);
+  }
+
+  /** Removing the container kills every process in it; the named /workspace volume stays. */
+  async stop(): Promise<void> {
+    if (this.stopped) return;
+    this.stopped = true;
+    this.forget();
+    const res = await this.files.engine.json('DELETE', `/containers/${this.containerId}?force=1`);
+    await this.relay.close().catch(() => undefined);
+    if (res.status !== 204 && res.status !== 404) throw new Error(`cannot remove the box container: ${engineMessage(res.body, res.status)}`);
+  }
+}
