@@ -1,18 +1,17 @@
 import { randomBytes } from 'node:crypto';
 import path from 'node:path';
 import { createLogger } from '../log.js';
-import { createSandboxArea } from '../sandbox-api/area.js';
 import { startEchoOrigin, type EchoOrigin } from '../sandbox-api/demo-origin.js';
 import { openWorkspaceSecrets } from '../sandbox-api/secrets.js';
 import { buildServer, type BuiltServer } from '../server/app.js';
 import { DEFAULT_WORKSPACE_ID } from '../server/auth.js';
-import { loadAreas } from '../server/plugins.js';
 import { resolveDataDir } from './data-dir.js';
 import { parseCliArgs } from './args.js';
 import { parseListen } from './listen.js';
+import { areasWith, chooseSandboxDriver } from './serve.js';
 import { untilShutdown } from './shutdown.js';
 
-const HELP = `usage: keygate start [--data DIR] [--listen HOST:PORT]
+const HELP = `usage: keygate start [--data DIR] [--listen HOST:PORT] [--sandbox-driver local|docker|none]
 
 Quick start: runs 'keygate serve' on embedded defaults (SQLite, encrypted secrets file and CA under
 --data, default ./data), makes sure the default workspace has a DEMO_TOKEN secret (random, created
@@ -22,7 +21,8 @@ whose proxy injects 'Authorization: Bearer {DEMO_TOKEN}', one that sends a reque
 Ctrl-C stops everything.
 
   --data DIR           data directory (default ./data or KEYGATE_DATA_DIR)
-  --listen HOST:PORT   API address (default 127.0.0.1:8080; port 0 picks a free port)`;
+  --listen HOST:PORT   API address (default 127.0.0.1:8080; port 0 picks a free port)
+  --sandbox-driver D   what runs the boxes (see 'keygate serve --help'); default: the best that works here`;
 
 export const DEMO_HOST = 'demo-api.keygate.test';
 export const DEMO_SECRET = 'DEMO_TOKEN';
@@ -97,6 +97,7 @@ export async function run(argv: string[]): Promise<number> {
       options: {
         data: { type: 'string' },
         listen: { type: 'string', default: process.env.KEYGATE_LISTEN ?? '127.0.0.1:8080' },
+        'sandbox-driver': { type: 'string', default: process.env.KEYGATE_SANDBOX_DRIVER },
         help: { type: 'boolean', short: 'h' },
       },
     },
@@ -119,12 +120,13 @@ export async function run(argv: string[]): Promise<number> {
   };
   try {
     origin = await startEchoOrigin({ caDir: path.join(dataDir, 'demo-origin-ca'), hosts: [DEMO_HOST] });
-    const sandboxArea = createSandboxArea({
+    const choice = await chooseSandboxDriver(values['sandbox-driver'], dataDir);
+    const areas = await areasWith(choice, {
       resolve: new Map([[`${DEMO_HOST}:${origin.port}`, origin.host]]),
       upstreamCa: [origin.caPem],
     });
-    const areas = (await loadAreas()).map((a) => (a.name === sandboxArea.name ? sandboxArea : a));
     server = await buildServer({ dataDir, logger, areas });
+    process.stdout.write(`${choice.why}\n`);
 
     const secrets = await openWorkspaceSecrets({ dataDir, db: server.ctx.db, env: process.env }, DEFAULT_WORKSPACE_ID);
     if ((await secrets.get(DEMO_SECRET)) === undefined) await secrets.set(DEMO_SECRET, `demo_${randomBytes(16).toString('hex')}`);

@@ -32,7 +32,7 @@ describe.skipIf(!pgAvailable())('sandbox API on PostgreSQL (DATABASE_URL)', () =
       KEYGATE_SANDBOX_PROXY_RESOLVE: `${HOST}:${origin.port}:127.0.0.1`,
       KEYGATE_SANDBOX_PROXY_CA_FILE: path.join(originDir, 'ca.pem'),
     };
-    server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir], { env });
+    server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir, '--sandbox-driver', 'none'], { env });
     const A = (method: string, url: string, body?: unknown) => api(server!.url, KEY, method, url, body);
 
     expect((await A('POST', '/api/v1/workspaces/current/secrets', [{ key: 'PG_TOKEN', value: SECRET }])).status).toBe(200);
@@ -87,7 +87,7 @@ describe.skipIf(!pgAvailable())('sandbox API on PostgreSQL (DATABASE_URL)', () =
     }
 
     expect(await server.stop()).toBe(0);
-    server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir], { env });
+    server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir, '--sandbox-driver', 'none'], { env });
     const after = await api(server.url, KEY, 'GET', '/api/v2/sandboxes/boxes/pg-box');
     expect(after.body).toMatchObject({ status: 'ready', proxy: { url: created.body.proxy.url } });
     const again = await viaProxy(after.body.proxy.url, after.body.proxy.ca_cert_pem, `https://${HOST}:${origin.port}/x`);

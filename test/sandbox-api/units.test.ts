@@ -3,17 +3,32 @@ import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { parseResolveList } from '../../src/sandbox-api/area.js';
 import { proxyConfigOut } from '../../src/sandbox-api/schemas.js';
-import { loadTemplates, TemplatesError } from '../../src/sandbox-api/templates.js';
+import { applyResources, DEFAULT_RESOURCES, driversFor, loadTemplates, TemplatesError } from '../../src/sandbox-api/templates.js';
 import { PACKAGE_CONFIG_DIR } from '../../src/server/app.js';
 import { cleanTmp, tmp } from './helpers.js';
 
 afterAll(() => cleanTmp());
 
 describe('templates.json', () => {
-  it('the shipped file has two templates', () => {
+  it('the shipped file has a host template for local (and docker) and two docker-only ones', () => {
     const t = loadTemplates(PACKAGE_CONFIG_DIR);
-    expect([...t.keys()]).toEqual(['python-3.12', 'node-22']);
+    expect([...t.keys()]).toEqual(['host', 'python-3.12', 'node-22']);
+    expect(driversFor(t.get('host')!)).toEqual(['local', 'docker', 'none']);
+    expect(driversFor(t.get('node-22')!)).toEqual(['docker', 'none']);
     expect(t.get('node-22')).toMatchObject({ image: expect.stringContaining('node'), environment: expect.any(Object) });
+  });
+
+  it('resources: the template defaults, then the request, each independently', () => {
+    const t = loadTemplates(PACKAGE_CONFIG_DIR).get('host')!;
+    expect(applyResources(t, undefined)).toEqual({ memory_mb: 1024, cpus: 1, pids: 512 });
+    expect(applyResources(t, { pids: 64 })).toEqual({ memory_mb: 1024, cpus: 1, pids: 64 });
+    expect(applyResources({ name: 'x', description: '', environment: {} }, { cpus: 0.5 })).toEqual({ ...DEFAULT_RESOURCES, cpus: 0.5 });
+  });
+
+  it('a rootfs is host or an absolute directory', () => {
+    const dir = tmp();
+    writeFileSync(path.join(dir, 'templates.json'), JSON.stringify([{ name: 'a', description: '', rootfs: 'relative/dir', environment: {} }]));
+    expect(() => loadTemplates(dir)).toThrow(/\[0\]\.rootfs/);
   });
 
   it('a missing file is an empty catalogue; a malformed one names the file and the path', () => {
