@@ -74,6 +74,10 @@ export async function registerExecWebSocket(app: FastifyInstance, service: Sandb
     '/api/v2/sandboxes/boxes/:name/execute/ws',
     {
       websocket: true,
+      // An unknown box (or another workspace's) is a plain 404 before the upgrade, like every route.
+      preHandler: async (req) => {
+        await service.get(principalOf(req).workspaceId, req.params.name);
+      },
       schema: {
         summary: 'Execute with streaming (WebSocket): output as it comes, stdin, kill, the exit code',
         description:
