@@ -1,4 +1,5 @@
-import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, realpathSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import tls from 'node:tls';
 
@@ -94,4 +95,44 @@ export function writeCaBundle(caPem: string, file: string): void {
   const tmp = `${file}.${process.pid}.tmp`;
   writeFileSync(tmp, caBundle(caPem), { mode: 0o644 });
   renameSync(tmp, file);
+}
+
+/** The JDK's own roots: Debian's shared store, else the keytool's JDK's. */
+function javaRoots(keytool: string): string | undefined {
+  const candidates = ['/etc/ssl/certs/java/cacerts', path.join(path.dirname(path.dirname(keytool)), 'lib', 'security', 'cacerts')];
+  return candidates.find((f) => existsSync(f));
+}
+
+/** keytool on PATH (resolved through symlinks, to find its JDK), or undefined. */
+export function findKeytool(env: NodeJS.ProcessEnv = process.env): string | undefined {
+  for (const dir of (env.PATH ?? '').split(path.delimiter).filter(Boolean)) {
+    const f = path.join(dir, 'keytool');
+    if (existsSync(f)) return realpathSync(f);
+  }
+  return undefined;
+}
+
+/**
+ * Java ignores HTTPS_PROXY and PEM bundles: writes a PKCS12 truststore (the JDK's roots plus the
+ * proxy CA, password `changeit`, public material only) atomically. Returns false when no keytool
+ * is installed (the caller then leaves JAVA_TOOL_OPTIONS out and says so).
+ */
+export function writeJavaTrustStore(caPem: string, file: string, keytool = findKeytool()): boolean {
+  if (!keytool) return false;
+  const roots = javaRoots(keytool);
+  const dir = mkdtempSync(path.join(path.dirname(path.resolve(file)), '.truststore-'));
+  try {
+    const tmp = path.join(dir, 'store.p12');
+    const ca = path.join(dir, 'ca.pem');
+    writeFileSync(ca, caPem);
+    const pass = JAVA_TRUSTSTORE_PASSWORD;
+    const run = (args: string[]) => execFileSync(keytool, args, { stdio: 'pipe', timeout: 60_000 });
+    if (roots) run(['-importkeystore', '-noprompt', '-srckeystore', roots, '-srcstorepass', pass, '-destkeystore', tmp, '-deststoretype', 'PKCS12', '-deststorepass', pass]);
+    run(['-importcert', '-noprompt', '-alias', 'keygate-proxy-ca', '-file', ca, '-keystore', tmp, '-storetype', 'PKCS12', '-storepass', pass]);
+    chmodSync(tmp, 0o644);
+    renameSync(tmp, file);
+    return true;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 }

@@ -1,7 +1,10 @@
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
+import { sandboxEnv } from '../../src/certs/env.js';
 import { parseResolveList } from '../../src/sandbox-api/area.js';
+import { exitCodeOf } from '../../src/sandbox-api/exec.js';
+import { CappedOutput } from '../../src/sandbox-api/output.js';
 import { proxyConfigOut } from '../../src/sandbox-api/schemas.js';
 import { applyResources, DEFAULT_RESOURCES, driversFor, loadTemplates, TemplatesError } from '../../src/sandbox-api/templates.js';
 import { PACKAGE_CONFIG_DIR } from '../../src/server/app.js';
@@ -63,5 +66,46 @@ describe('response schema of proxy_config', () => {
     expect(header.required).toEqual(['name', 'type']);
     const { proxyConfigSchema } = await import('../../src/config/schema.js');
     expect((proxyConfigSchema as any).properties.rules.items.properties.headers.items.required).toEqual(['name', 'type', 'value']);
+  });
+});
+
+describe('the environment every client needs (src/certs/env.ts)', () => {
+  it('adds npm, WebSocket and Node variables, and Java options only with a truststore', () => {
+    const base = { proxyUrl: 'http://127.0.0.1:3128', caCertPath: '/etc/keygate/ca.pem', bundlePath: '/etc/keygate/ca-bundle.pem', noProxy: ['*.corp.example', 'db.internal'] };
+    const env = sandboxEnv(base);
+    expect(env).toMatchObject({ NPM_CONFIG_CAFILE: base.bundlePath, WSS_PROXY: base.proxyUrl, WS_PROXY: base.proxyUrl, NODE_USE_ENV_PROXY: '1' });
+    expect(env.JAVA_TOOL_OPTIONS).toBeUndefined();
+    const java = sandboxEnv({ ...base, javaTrustStorePath: '/etc/keygate/ca-truststore.p12' }).JAVA_TOOL_OPTIONS;
+    expect(java.split(' ')).toEqual([
+      '-Dhttp.proxyHost=127.0.0.1',
+      '-Dhttp.proxyPort=3128',
+      '-Dhttps.proxyHost=127.0.0.1',
+      '-Dhttps.proxyPort=3128',
+      '-Dhttp.nonProxyHosts=*.corp.example|db.internal|localhost|127.0.0.1|::1',
+      '-Djavax.net.ssl.trustStore=/etc/keygate/ca-truststore.p12',
+      '-Djavax.net.ssl.trustStoreType=PKCS12',
+      '-Djavax.net.ssl.trustStorePassword=changeit',
+    ]);
+  });
+});
+
+describe('execute output', () => {
+  it('keeps the first bytes up to the cap and counts the rest without holding it', () => {
+    const out = new CappedOutput(5);
+    expect(out.add(Buffer.from('abc')).toString()).toBe('abc');
+    expect(out.add(Buffer.from('defgh')).toString()).toBe('de');
+    expect(out.add(Buffer.from('ij')).length).toBe(0);
+    expect(out.text()).toBe('abcde');
+    expect(out.total).toBe(10);
+    expect(out.truncated).toBe(true);
+    const exact = new CappedOutput(3);
+    exact.add(Buffer.from('xyz'));
+    expect(exact.truncated).toBe(false);
+  });
+
+  it('a signal becomes 128+N like a shell says', () => {
+    expect(exitCodeOf({ exitCode: 3, signal: null, timedOut: false })).toBe(3);
+    expect(exitCodeOf({ exitCode: null, signal: 'SIGKILL', timedOut: true })).toBe(137);
+    expect(exitCodeOf({ exitCode: null, signal: 'SIGTERM', timedOut: false })).toBe(143);
   });
 });
