@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { referencedSecretKeys, resolveProxyConfig } from '../config/resolve.js';
@@ -55,6 +55,8 @@ export interface PatchInput {
 }
 
 export const DEFAULT_IDLE_TTL_SECONDS = 600;
+/** Boxes brought back at once after a server start. */
+const RESTORE_CONCURRENCY = 4;
 /** How often idle boxes are looked for. */
 export const IDLE_SWEEP_MS = 1000;
 
@@ -126,7 +128,11 @@ export class SandboxService {
   private restoring: Promise<void> | undefined;
   private closing = false;
 
+  /** System roots plus the CA, built once (every box gets it at /etc/keygate/ca-bundle.pem). */
+  private readonly bundlePem: string;
+
   constructor(private readonly deps: SandboxServiceDeps) {
+    this.bundlePem = caBundle(deps.caCertPem);
     this.sweeper = setInterval(() => {
       this.sweepIdle().catch((err: Error) => deps.logger.error({ err: { message: err.message } }, 'idle sweep failed'));
     }, IDLE_SWEEP_MS);
@@ -448,9 +454,11 @@ export class SandboxService {
         const id = rec.id;
         this.writeCaFiles(id);
         await this.perSandbox.run(id, () => this.reapply(id, true));
+        // The API answers meanwhile: requests waiting in the event loop go before the next box.
+        await new Promise((r) => setImmediate(r));
       }
     };
-    await Promise.all(Array.from({ length: Math.min(8, queue.length) }, worker));
+    await Promise.all(Array.from({ length: Math.min(RESTORE_CONCURRENCY, queue.length) }, worker));
     this.deps.logger.info({ sandboxes: all.length, running: this.proxies.size, boxes: this.live.size, runner: this.deps.runner.kind, driver: this.deps.driver.name }, 'sandboxes restored');
   }
 
@@ -597,7 +605,7 @@ export class SandboxService {
       resources,
       env: { ...this.boxEnv(rec), ...template.environment },
       caPem: this.deps.caCertPem,
-      caBundlePem: caBundle(this.deps.caCertPem),
+      caBundlePem: this.bundlePem,
       proxy: { host: this.deps.proxyHost, port: proxy.port },
       stateDir: this.boxStateDir(rec.id),
     });
@@ -657,6 +665,12 @@ export class SandboxService {
   /** The CA certificate and the bundle (system roots + CA) the box points its tools at. */
   private writeCaFiles(id: string): void {
     const dir = this.sandboxDir(id);
+    // At a restart they are usually there already: 1,000 boxes would rewrite 200 MB of bundles.
+    try {
+      if (readFileSync(path.join(dir, CA_FILE), 'utf8') === this.deps.caCertPem && existsSync(path.join(dir, BUNDLE_FILE))) return;
+    } catch {
+      /* not there yet */
+    }
     mkdirSync(dir, { recursive: true, mode: 0o755 });
     writeFileSync(path.join(dir, CA_FILE), this.deps.caCertPem, { mode: 0o644 });
     writeCaBundle(this.deps.caCertPem, path.join(dir, BUNDLE_FILE));
