@@ -56,7 +56,7 @@ export interface PatchInput {
 
 export const DEFAULT_IDLE_TTL_SECONDS = 600;
 /** Boxes brought back at once after a server start. */
-const RESTORE_CONCURRENCY = 4;
+const RESTORE_CONCURRENCY = 8;
 /** How often idle boxes are looked for. */
 export const IDLE_SWEEP_MS = 1000;
 
