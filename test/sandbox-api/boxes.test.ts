@@ -89,6 +89,8 @@ describe.each(['local', 'docker'] as const)('real boxes through the API (%s driv
   }, 60_000);
 
   afterAll(async () => {
+    // Stopped boxes keep /workspace (a docker volume): delete every box so nothing is left behind.
+    if (server) for (const b of (await A('GET', '/api/v2/sandboxes/boxes?limit=100')).body.resources) await A('DELETE', `/api/v2/sandboxes/boxes/${b.name}`);
     if (server) expect(await server.stop(), server.output().slice(-3000)).toBe(0);
     await origin?.close();
     cleanTmp();
