@@ -1,4 +1,5 @@
-import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, realpathSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import tls from 'node:tls';
 
@@ -11,7 +12,19 @@ export interface SandboxEnvOptions {
   bundlePath: string;
   /** Config-level no_proxy entries. */
   noProxy?: readonly string[];
+  /**
+   * A PKCS12 truststore (system roots + CA, password `changeit`) for Java, which ignores
+   * HTTPS_PROXY and PEM bundles; JAVA_TOOL_OPTIONS is set only when one is given.
+   */
+  javaTrustStorePath?: string;
 }
+
+/** Where the proxy CA and the bundle are inside a box (sandbox.md, property 3). */
+export const BOX_CA_PATH = '/etc/keygate/ca.pem';
+export const BOX_BUNDLE_PATH = '/etc/keygate/ca-bundle.pem';
+/** The box's proxy as the box sees it: a relay in its network namespace (sandbox.md, property 1). */
+export const BOX_PROXY_URL = 'http://127.0.0.1:3128';
+export const JAVA_TRUSTSTORE_PASSWORD = 'changeit';
 
 const LOOPBACK = ['localhost', '127.0.0.1', '::1'];
 
@@ -20,12 +33,34 @@ function noProxyEntry(pattern: string): string {
   return pattern.startsWith('*.') ? pattern.slice(1) : pattern;
 }
 
+/** `-Dhttp.nonProxyHosts` form of NO_PROXY: `|`-separated, `*.suffix` wildcards. */
+function javaNonProxyHosts(entries: string[]): string {
+  return entries.map((e) => (e.startsWith('.') ? `*${e}` : e)).join('|');
+}
+
+function javaToolOptions(proxy: URL, trustStore: string, noProxy: string[]): string {
+  const port = proxy.port || '80';
+  return [
+    `-Dhttp.proxyHost=${proxy.hostname}`,
+    `-Dhttp.proxyPort=${port}`,
+    `-Dhttps.proxyHost=${proxy.hostname}`,
+    `-Dhttps.proxyPort=${port}`,
+    `-Dhttp.nonProxyHosts=${javaNonProxyHosts(noProxy)}`,
+    `-Djavax.net.ssl.trustStore=${trustStore}`,
+    '-Djavax.net.ssl.trustStoreType=PKCS12',
+    `-Djavax.net.ssl.trustStorePassword=${JAVA_TRUSTSTORE_PASSWORD}`,
+  ].join(' ');
+}
+
 /**
- * The environment a sandbox needs to go out through the proxy and trust it. Only public
- * material: the CA certificate, never its key.
+ * The environment a sandbox needs to go out through the proxy and trust it, for every common
+ * client with no extra step (docs/clients.md says which variable serves which client). Only
+ * public material: the CA certificate, never its key.
  */
 export function sandboxEnv(opts: SandboxEnvOptions): Record<string, string> {
-  const noProxy = [...new Set([...(opts.noProxy ?? []).map(noProxyEntry), ...LOOPBACK])].join(',');
+  const noProxyList = [...new Set([...(opts.noProxy ?? []).map(noProxyEntry), ...LOOPBACK])];
+  const noProxy = noProxyList.join(',');
+  const java: Record<string, string> = opts.javaTrustStorePath ? { JAVA_TOOL_OPTIONS: javaToolOptions(new URL(opts.proxyUrl), opts.javaTrustStorePath, noProxyList) } : {};
   return {
     HTTPS_PROXY: opts.proxyUrl,
     HTTP_PROXY: opts.proxyUrl,
@@ -38,6 +73,14 @@ export function sandboxEnv(opts: SandboxEnvOptions): Record<string, string> {
     REQUESTS_CA_BUNDLE: opts.bundlePath,
     CURL_CA_BUNDLE: opts.bundlePath,
     GIT_SSL_CAINFO: opts.bundlePath,
+    // An npmrc `cafile` (npm's own default too) replaces NODE_EXTRA_CA_CERTS for npm's requests.
+    NPM_CONFIG_CAFILE: opts.bundlePath,
+    // aiohttp's WebSocket client reads these, not HTTPS_PROXY.
+    WSS_PROXY: opts.proxyUrl,
+    WS_PROXY: opts.proxyUrl,
+    // Node >= 22.21 / 24: fetch and http(s) honour HTTPS_PROXY with this (Node 20 needs EnvHttpProxyAgent).
+    NODE_USE_ENV_PROXY: '1',
+    ...java,
   };
 }
 
@@ -52,4 +95,44 @@ export function writeCaBundle(caPem: string, file: string): void {
   const tmp = `${file}.${process.pid}.tmp`;
   writeFileSync(tmp, caBundle(caPem), { mode: 0o644 });
   renameSync(tmp, file);
+}
+
+/** The JDK's own roots: Debian's shared store, else the keytool's JDK's. */
+function javaRoots(keytool: string): string | undefined {
+  const candidates = ['/etc/ssl/certs/java/cacerts', path.join(path.dirname(path.dirname(keytool)), 'lib', 'security', 'cacerts')];
+  return candidates.find((f) => existsSync(f));
+}
+
+/** keytool on PATH (resolved through symlinks, to find its JDK), or undefined. */
+export function findKeytool(env: NodeJS.ProcessEnv = process.env): string | undefined {
+  for (const dir of (env.PATH ?? '').split(path.delimiter).filter(Boolean)) {
+    const f = path.join(dir, 'keytool');
+    if (existsSync(f)) return realpathSync(f);
+  }
+  return undefined;
+}
+
+/**
+ * Java ignores HTTPS_PROXY and PEM bundles: writes a PKCS12 truststore (the JDK's roots plus the
+ * proxy CA, password `changeit`, public material only) atomically. Returns false when no keytool
+ * is installed (the caller then leaves JAVA_TOOL_OPTIONS out and says so).
+ */
+export function writeJavaTrustStore(caPem: string, file: string, keytool = findKeytool()): boolean {
+  if (!keytool) return false;
+  const roots = javaRoots(keytool);
+  const dir = mkdtempSync(path.join(path.dirname(path.resolve(file)), '.truststore-'));
+  try {
+    const tmp = path.join(dir, 'store.p12');
+    const ca = path.join(dir, 'ca.pem');
+    writeFileSync(ca, caPem);
+    const pass = JAVA_TRUSTSTORE_PASSWORD;
+    const run = (args: string[]) => execFileSync(keytool, args, { stdio: 'pipe', timeout: 60_000 });
+    if (roots) run(['-importkeystore', '-noprompt', '-srckeystore', roots, '-srcstorepass', pass, '-destkeystore', tmp, '-deststoretype', 'PKCS12', '-deststorepass', pass]);
+    run(['-importcert', '-noprompt', '-alias', 'keygate-proxy-ca', '-file', ca, '-keystore', tmp, '-storetype', 'PKCS12', '-storepass', pass]);
+    chmodSync(tmp, 0o644);
+    renameSync(tmp, file);
+    return true;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 }

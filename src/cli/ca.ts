@@ -1,7 +1,7 @@
 import { X509Certificate } from 'node:crypto';
 import path from 'node:path';
 import { ensureCa } from '../certs/ca.js';
-import { sandboxEnv, writeCaBundle } from '../certs/env.js';
+import { sandboxEnv, writeCaBundle, writeJavaTrustStore } from '../certs/env.js';
 import { ConfigFileError, readProxyConfigFile } from '../config/load.js';
 import { parseCliArgs } from './args.js';
 import { CliError } from './errors.js';
@@ -15,7 +15,9 @@ const USAGE = `usage: keygate ca init --certs DIR
           --bundle FILE       where to write the bundle (default DIR/ca-bundle.pem)
           --config FILE       proxy_config whose no_proxy goes into NO_PROXY
           --ca-path PATH      path of ca.pem as the sandbox sees it (default: the local path)
-          --bundle-path PATH  path of the bundle as the sandbox sees it (default: the local path)`;
+          --bundle-path PATH  path of the bundle as the sandbox sees it (default: the local path)
+          --truststore-path PATH  path of the Java truststore (DIR/ca-truststore.p12, written when
+                              keytool is installed) as the sandbox sees it (default: the local path)`;
 
 function quoteSh(v: string): string {
   return `'${v.replace(/'/g, `'\\''`)}'`;
@@ -42,6 +44,7 @@ export async function run(argv: string[]): Promise<number> {
         format: { type: 'string', default: 'sh' },
         'ca-path': { type: 'string' },
         'bundle-path': { type: 'string' },
+        'truststore-path': { type: 'string' },
       },
     },
     USAGE,
@@ -80,11 +83,16 @@ export async function run(argv: string[]): Promise<number> {
   });
   const bundle = path.resolve(values.bundle ?? path.join(certs, 'ca-bundle.pem'));
   writeCaBundle(ca.certPem, bundle);
+  // Java needs its own truststore (it ignores PEM bundles); without keytool, say so and go on.
+  const trustStore = path.resolve(path.join(certs, 'ca-truststore.p12'));
+  const haveTrustStore = writeJavaTrustStore(ca.certPem, trustStore);
+  if (!haveTrustStore) process.stderr.write('keygate: no keytool found: JAVA_TOOL_OPTIONS left out (install a JDK to get a Java truststore)\n');
   const env = sandboxEnv({
     proxyUrl: values.proxy.replace(/\/$/, ''),
     caCertPath: values['ca-path'] ?? path.resolve(ca.certPath),
     bundlePath: values['bundle-path'] ?? bundle,
     noProxy,
+    javaTrustStorePath: haveTrustStore ? (values['truststore-path'] ?? trustStore) : undefined,
   });
   if (format === 'json') process.stdout.write(JSON.stringify(env, null, 2) + '\n');
   else if (format === 'dotenv') process.stdout.write(Object.entries(env).map(([k, v]) => `${k}=${quoteDotenv(v)}`).join('\n') + '\n');

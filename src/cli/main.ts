@@ -17,6 +17,7 @@ const commands: Record<string, { summary: string; load: () => Promise<CommandMod
   serve: { summary: 'run the sandbox API, control plane and auth service', load: () => import('./serve.js') },
   app: { summary: 'serve an application (POST /runs/stream)', load: () => import('./app.js') },
   deploy: { summary: 'deploy an application and manage deployments', load: () => import('./deploy.js') },
+  sandbox: { summary: 'create boxes, run commands and copy files in them (sandbox API)', load: () => import('./sandbox.js') },
 };
 
 /** Commands that run servers with upstream connections (see v8-flags.ts). */

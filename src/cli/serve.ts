@@ -1,5 +1,9 @@
 import { createLogger } from '../log.js';
+import { createSandboxArea } from '../sandbox-api/area.js';
+import { DriverUnusableError, parseDriverName, selectSandboxDriver } from '../sandbox-api/drivers.js';
+import type { DriverChoice } from '../sandbox/choose.js';
 import { buildServer } from '../server/app.js';
+import { loadAreas, type Area } from '../server/plugins.js';
 import { AUTH_MIGRATIONS, createApiKey, DEFAULT_WORKSPACE_ID } from '../server/auth.js';
 import { migrate, openDb } from '../store/db.js';
 import { resolveDataDir } from './data-dir.js';
@@ -8,7 +12,7 @@ import { CliError } from './errors.js';
 import { parseListen } from './listen.js';
 import { untilShutdown } from './shutdown.js';
 
-const HELP = `usage: keygate serve [--listen HOST:PORT] [--data DIR] [--config-dir DIR]
+const HELP = `usage: keygate serve [--listen HOST:PORT] [--data DIR] [--config-dir DIR] [--sandbox-driver local|docker|none]
        keygate serve keys create [--workspace NAME] [--user NAME] [--name LABEL] [--data DIR]
 
 Runs the sandbox API (/api/...), the control plane (/v2/deployments...) and the Auth Service
@@ -19,6 +23,10 @@ generated into <data>/api-key (mode 0600).
   --listen HOST:PORT   address to listen on (default 127.0.0.1:8080; port 0 picks a free port)
   --data DIR           data directory (database, master key, CA, secrets)
   --config-dir DIR     operator configuration (templates.json, providers); default: the shipped config/
+  --sandbox-driver D   what runs the boxes: local (bubblewrap), docker (the engine on its unix socket) or
+                       none (records and proxies only, boxes run elsewhere). Default (or
+                       KEYGATE_SANDBOX_DRIVER): local if it works here, else docker, else none. A driver
+                       asked for that cannot isolate stops the server with the reason.
 
 keys create prints a new API key for a user of a workspace (created if needed). It is shown once.`;
 
@@ -49,6 +57,22 @@ async function keysCreate(argv: string[]): Promise<number> {
   return 0;
 }
 
+/** The driver for `--sandbox-driver` (or the best that works); an unusable one is a one-line start-up error. */
+export async function chooseSandboxDriver(requested: string | undefined, dataDir: string): Promise<DriverChoice> {
+  try {
+    return await selectSandboxDriver(parseDriverName(requested), dataDir);
+  } catch (err) {
+    if (err instanceof DriverUnusableError) throw new CliError(err.message);
+    throw err;
+  }
+}
+
+/** The server's areas with the sandbox area running boxes on `choice`'s driver. */
+export async function areasWith(choice: DriverChoice, opts: Parameters<typeof createSandboxArea>[0] = {}): Promise<Area[]> {
+  const sandboxArea = createSandboxArea({ ...opts, driver: choice.driver });
+  return (await loadAreas()).map((a) => (a.name === sandboxArea.name ? sandboxArea : a));
+}
+
 export async function run(argv: string[]): Promise<number> {
   if (argv[0] === 'keys') {
     if (argv[1] !== 'create') throw new CliError(`unknown 'serve keys' command; try 'keygate serve keys create'`);
@@ -61,6 +85,7 @@ export async function run(argv: string[]): Promise<number> {
         listen: { type: 'string', default: process.env.KEYGATE_LISTEN ?? '127.0.0.1:8080' },
         data: { type: 'string' },
         'config-dir': { type: 'string' },
+        'sandbox-driver': { type: 'string', default: process.env.KEYGATE_SANDBOX_DRIVER },
         help: { type: 'boolean', short: 'h' },
       },
     },
@@ -73,10 +98,12 @@ export async function run(argv: string[]): Promise<number> {
   const { host, port } = parseListen(values.listen!);
   const dataDir = resolveDataDir(values.data);
   const logger = createLogger({ name: 'keygate-serve' });
-  const server = await buildServer({ dataDir, logger, configDir: values['config-dir'] });
+  const choice = await chooseSandboxDriver(values['sandbox-driver'], dataDir);
+  const server = await buildServer({ dataDir, logger, configDir: values['config-dir'], areas: await areasWith(choice) });
   const url = await server.listen(host, port);
   const addr = new URL(url);
   process.stdout.write(`keygate serve listening on ${addr.host} (data: ${dataDir}${process.env.DATABASE_URL ? ', database: PostgreSQL' : ''})\n`);
+  process.stdout.write(`${choice.why}\n`);
   if (server.keyFile) process.stdout.write(`API key file: ${server.keyFile}\n`);
 
   const signal = await untilShutdown((sig) => logger.warn({ signal: sig }, 'still shutting down'));

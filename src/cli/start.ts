@@ -1,18 +1,19 @@
 import { randomBytes } from 'node:crypto';
 import path from 'node:path';
 import { createLogger } from '../log.js';
-import { createSandboxArea } from '../sandbox-api/area.js';
 import { startEchoOrigin, type EchoOrigin } from '../sandbox-api/demo-origin.js';
+import { driversFor, loadTemplates } from '../sandbox-api/templates.js';
+import type { DriverName } from '../sandbox/driver.js';
 import { openWorkspaceSecrets } from '../sandbox-api/secrets.js';
 import { buildServer, type BuiltServer } from '../server/app.js';
 import { DEFAULT_WORKSPACE_ID } from '../server/auth.js';
-import { loadAreas } from '../server/plugins.js';
 import { resolveDataDir } from './data-dir.js';
 import { parseCliArgs } from './args.js';
 import { parseListen } from './listen.js';
+import { areasWith, chooseSandboxDriver } from './serve.js';
 import { untilShutdown } from './shutdown.js';
 
-const HELP = `usage: keygate start [--data DIR] [--listen HOST:PORT]
+const HELP = `usage: keygate start [--data DIR] [--listen HOST:PORT] [--sandbox-driver local|docker|none]
 
 Quick start: runs 'keygate serve' on embedded defaults (SQLite, encrypted secrets file and CA under
 --data, default ./data), makes sure the default workspace has a DEMO_TOKEN secret (random, created
@@ -22,7 +23,8 @@ whose proxy injects 'Authorization: Bearer {DEMO_TOKEN}', one that sends a reque
 Ctrl-C stops everything.
 
   --data DIR           data directory (default ./data or KEYGATE_DATA_DIR)
-  --listen HOST:PORT   API address (default 127.0.0.1:8080; port 0 picks a free port)`;
+  --listen HOST:PORT   API address (default 127.0.0.1:8080; port 0 picks a free port)
+  --sandbox-driver D   what runs the boxes (see 'keygate serve --help'); default: the best that works here`;
 
 export const DEMO_HOST = 'demo-api.keygate.test';
 export const DEMO_SECRET = 'DEMO_TOKEN';
@@ -45,50 +47,99 @@ export function demoProxyConfig() {
   };
 }
 
-function instructions(o: { apiUrl: string; keyHeader: string; keySource: string; dataDir: string; caPem: string; demoUrl: string }): string {
-  const body = JSON.stringify({ template_name: 'python-3.12', name: DEMO_SANDBOX, wait_for_ready: true, proxy_config: demoProxyConfig() });
-  const key = `-H "x-api-key: ${o.keyHeader}"`;
+interface InstructionOptions {
+  apiUrl: string;
+  keyHeader: string;
+  keySource: string;
+  dataDir: string;
+  caPem: string;
+  demoUrl: string;
+  /** The demo API's real address, for the direct connection that must fail from inside a box. */
+  demoDirect: string;
+  driver: DriverName;
+  template: string;
+  /** How to run this keygate binary (it may not be on PATH). */
+  keygateCmd: string;
+}
+
+/** Step 1: the curl that creates the demo box (identical for every driver). */
+function createStep(o: InstructionOptions, key: string): string {
+  const body = JSON.stringify({ template_name: o.template, name: DEMO_SANDBOX, wait_for_ready: true, proxy_config: demoProxyConfig() });
+  return `curl -s -X POST ${o.apiUrl}/api/v2/sandboxes/boxes \\
+  ${key} \\
+  -H 'Content-Type: application/json' \\
+  -d '${body}'`;
+}
+
+/** A real box: run curl inside it through the execute API, once through its proxy and once directly. */
+function boxSteps(o: InstructionOptions, key: string): string {
+  const exec = (command: string) =>
+    `curl -s -X POST ${o.apiUrl}/api/v2/sandboxes/boxes/${DEMO_SANDBOX}/execute \\
+  ${key} \\
+  -H 'Content-Type: application/json' \\
+  -d '${JSON.stringify({ command, timeout_seconds: 20 })}'`;
+  return `Step 2: inside the box, call the demo API with no credential: the box's proxy (its only way out) injects it
+
+${exec(`curl -sS ${o.demoUrl}/hello`)}
+
+The answer's stdout is what the demo API received: "authorization": "Bearer ..." is the header the
+proxy injected (the demo token's value, shown by the demo server, not by keygate).
+The same with the CLI, streaming (exits with the command's exit code):
+
+KEYGATE_URL=${o.apiUrl} KEYGATE_API_KEY=${o.keyHeader} ${o.keygateCmd} sandbox exec ${DEMO_SANDBOX} -- curl -sS ${o.demoUrl}/hello
+
+Step 3: a direct connection from inside the box, bypassing the proxy, gets nowhere
+
+${exec(`curl -sS --noproxy "*" --max-time 5 -k https://${o.demoDirect}/hello`)}
+
+(exit_code is not 0: the box's network has nothing but its proxy.)`;
+}
+
+/** A `none` box runs elsewhere: the request goes through its proxy from this shell. */
+function proxySteps(o: InstructionOptions, key: string): string {
   const readUrl = `node -pe 'JSON.parse(require("fs").readFileSync(0, "utf8")).proxy.url'`;
+  return `Step 2: call the demo API as the box would (driver none: it runs elsewhere), through its proxy, with no credential of your own
+
+PROXY_URL=$(curl -s ${o.apiUrl}/api/v2/sandboxes/boxes/${DEMO_SANDBOX} ${key} | ${readUrl})
+curl -s -x "$PROXY_URL" --cacert ${sh(o.caPem)} ${o.demoUrl}/hello
+
+The demo API answers with the request it received: "authorization": "Bearer ..." is the header
+the proxy injected (the demo token's value, shown by the demo server, not by keygate).`;
+}
+
+function instructions(o: InstructionOptions): string {
+  const key = `-H "x-api-key: ${o.keyHeader}"`;
   return `
 keygate is running (quick start)
 
   API             ${o.apiUrl}   (OpenAPI document: ${o.apiUrl}/openapi.json)
   API key         ${o.keySource}
   Data directory  ${o.dataDir}
+  Sandbox driver  ${o.driver}${o.driver === 'none' ? ' (boxes are NOT isolated here: records and proxies only)' : ''}
   Proxy CA        ${o.caPem}
   Demo API        ${o.demoUrl}  (a local echo server, reached through sandbox proxies)
   Demo secret     ${DEMO_SECRET} in workspace '${DEFAULT_WORKSPACE_ID}' (its value is never printed by keygate)
 
-Step 1: create a sandbox whose proxy injects "Authorization: Bearer {${DEMO_SECRET}}" for ${DEMO_HOST}
+Step 1: create a box whose proxy injects "Authorization: Bearer {${DEMO_SECRET}}" for ${DEMO_HOST}
 
-curl -s -X POST ${o.apiUrl}/api/v2/sandboxes/boxes \\
-  ${key} \\
-  -H 'Content-Type: application/json' \\
-  -d '${body}'
+${createStep(o, key)}
 
-Step 2: call the demo API from "inside" the sandbox, through its proxy, with no credential of your own
-
-PROXY_URL=$(curl -s ${o.apiUrl}/api/v2/sandboxes/boxes/${DEMO_SANDBOX} ${key} | ${readUrl})
-curl -s -x "$PROXY_URL" --cacert ${sh(o.caPem)} ${o.demoUrl}/hello
-
-The demo API answers with the request it received: "authorization": "Bearer ..." is the header
-the proxy injected (the demo token's value, shown by the demo server, not by keygate).
+${o.driver === 'none' ? proxySteps(o, key) : boxSteps(o, key)}
 
 What to do next
-  - Look at the sandbox: curl -s ${o.apiUrl}/api/v2/sandboxes/boxes/${DEMO_SANDBOX} ${key}
-    (proxy.env holds HTTPS_PROXY, NODE_EXTRA_CA_CERTS, SSL_CERT_FILE ... for the box).
+  - Look at the box: curl -s ${o.apiUrl}/api/v2/sandboxes/boxes/${DEMO_SANDBOX} ${key}
+    (proxy.env is the environment inside the box: HTTPS_PROXY, NODE_EXTRA_CA_CERTS, SSL_CERT_FILE ...).
   - Rotate the secret and repeat step 2 (the running proxy picks it up):
     curl -s -X POST ${o.apiUrl}/api/v1/workspaces/current/secrets ${key} -H 'Content-Type: application/json' -d '[{"key":"${DEMO_SECRET}","value":"rotated-demo-value"}]'
-  - Store your own secret (e.g. GITHUB_TOKEN) the same way, then PATCH the sandbox's proxy_config
+  - Store your own secret (e.g. GITHUB_TOKEN) the same way, then PATCH the box's proxy_config
     with a rule for api.github.com. Workspace secrets are also managed by 'keygate secrets --data ${sh(o.dataDir)}'.
-  - Step 1 again answers 409 once 'demo' exists (it survives restarts); remove it with
+  - Step 1 again answers 409 once '${DEMO_SANDBOX}' exists (it survives restarts); remove it with
     curl -s -X DELETE ${o.apiUrl}/api/v2/sandboxes/boxes/${DEMO_SANDBOX} ${key}
-  - Run 'keygate serve' for the API alone; 'keygate --help' for everything else.
+  - Run 'keygate serve' for the API alone; 'keygate sandbox --help' for the box CLI; 'keygate --help' for everything else.
 
 Press Ctrl-C to stop.
 `;
 }
-
 
 export async function run(argv: string[]): Promise<number> {
   const { values } = parseCliArgs(
@@ -97,6 +148,7 @@ export async function run(argv: string[]): Promise<number> {
       options: {
         data: { type: 'string' },
         listen: { type: 'string', default: process.env.KEYGATE_LISTEN ?? '127.0.0.1:8080' },
+        'sandbox-driver': { type: 'string', default: process.env.KEYGATE_SANDBOX_DRIVER },
         help: { type: 'boolean', short: 'h' },
       },
     },
@@ -119,12 +171,13 @@ export async function run(argv: string[]): Promise<number> {
   };
   try {
     origin = await startEchoOrigin({ caDir: path.join(dataDir, 'demo-origin-ca'), hosts: [DEMO_HOST] });
-    const sandboxArea = createSandboxArea({
+    const choice = await chooseSandboxDriver(values['sandbox-driver'], dataDir);
+    const areas = await areasWith(choice, {
       resolve: new Map([[`${DEMO_HOST}:${origin.port}`, origin.host]]),
       upstreamCa: [origin.caPem],
     });
-    const areas = (await loadAreas()).map((a) => (a.name === sandboxArea.name ? sandboxArea : a));
     server = await buildServer({ dataDir, logger, areas });
+    process.stdout.write(`${choice.why}\n`);
 
     const secrets = await openWorkspaceSecrets({ dataDir, db: server.ctx.db, env: process.env }, DEFAULT_WORKSPACE_ID);
     if ((await secrets.get(DEMO_SECRET)) === undefined) await secrets.set(DEMO_SECRET, `demo_${randomBytes(16).toString('hex')}`);
@@ -134,8 +187,21 @@ export async function run(argv: string[]): Promise<number> {
     const keyHeader = envKey ? '$KEYGATE_API_KEY' : server.keyFile ? `$(cat ${sh(server.keyFile)})` : '<your API key>';
     const keySource = envKey ? 'from KEYGATE_API_KEY' : server.keyFile ? `${server.keyFile} (mode 0600; never printed)` : "none on file: create one with 'keygate serve keys create'";
     process.stdout.write(`keygate start: API listening on ${new URL(apiUrl).host}\n`);
+    // The demo box is built from the first template this server's driver can build.
+    const template = [...loadTemplates(server.ctx.configDir).values()].find((t) => driversFor(t).includes(choice.driver.name))?.name ?? 'host';
     process.stdout.write(
-      instructions({ apiUrl, keyHeader, keySource, dataDir, caPem: path.join(dataDir, 'ca', 'ca.pem'), demoUrl: `https://${DEMO_HOST}:${origin.port}` }),
+      instructions({
+        apiUrl,
+        keyHeader,
+        keySource,
+        dataDir,
+        caPem: path.join(dataDir, 'ca', 'ca.pem'),
+        demoUrl: `https://${DEMO_HOST}:${origin.port}`,
+        demoDirect: `${origin.host}:${origin.port}`,
+        driver: choice.driver.name,
+        template,
+        keygateCmd: `node ${sh(process.argv[1])}`,
+      }),
     );
   } catch (err) {
     await cleanup();

@@ -5,7 +5,9 @@ import { formatAuthority, normaliseHost, parseAuthority } from '../rules/host.js
 import { secretsFilePath } from '../secrets/file-store.js';
 import type { ServerContext } from '../server/context.js';
 import type { Area } from '../server/plugins.js';
-import { registerSandboxRoutes, registerSecretRoutes } from './routes.js';
+import type { SandboxDriver } from '../sandbox/driver.js';
+import { registerExecWebSocket } from './exec-ws.js';
+import { DEFAULT_MAX_FILE_BYTES, registerSandboxRoutes, registerSecretRoutes } from './routes.js';
 import { InProcessProxyRunner } from './runner-inprocess.js';
 import type { ProxyRunner } from './runner.js';
 import { openWorkspaceSecrets } from './secrets.js';
@@ -22,6 +24,16 @@ export interface SandboxAreaOptions {
   runner?: (ctx: ServerContext, ca: Ca) => ProxyRunner;
   /** Receives the service once registered (the quick start uses it; tests too). */
   onService?: (service: SandboxService) => void;
+  /** Runs the boxes; chosen (and probed) by `keygate serve --sandbox-driver` before the server is built. */
+  driver?: SandboxDriver;
+}
+
+/** `KEYGATE_SANDBOX_MAX_FILE_BYTES`: the files API's per-request size limit. */
+function maxFileBytes(value: string | undefined): number {
+  if (!value?.trim()) return DEFAULT_MAX_FILE_BYTES;
+  const n = Number(value);
+  if (!Number.isSafeInteger(n) || n < 1) throw new Error(`KEYGATE_SANDBOX_MAX_FILE_BYTES must be a positive integer, got '${value}'`);
+  return n;
 }
 
 /**
@@ -67,6 +79,8 @@ export function createSandboxArea(opts: SandboxAreaOptions = {}): Area {
   return {
     name: 'sandbox-api',
     async register(app, ctx) {
+      const driver = opts.driver;
+      if (!driver) throw new Error('the sandbox area needs a driver (keygate serve chooses it: --sandbox-driver)');
       const store = new SandboxStore(ctx.db);
       await store.migrate();
       const templates = loadTemplates(ctx.configDir);
@@ -85,15 +99,19 @@ export function createSandboxArea(opts: SandboxAreaOptions = {}): Area {
         dataDir: ctx.dataDir,
         caCertPem: ca.certPem,
         proxyHost,
+        driver,
         logger: ctx.logger,
       });
       opts.onService?.(service);
 
-      registerSandboxRoutes(app, service);
+      registerSandboxRoutes(app, service, { maxFileBytes: maxFileBytes(ctx.env.KEYGATE_SANDBOX_MAX_FILE_BYTES) });
+      await registerExecWebSocket(app, service);
       registerSecretRoutes(app, service);
 
-      // Before the server listens, every sandbox has its proxy back (same port when it is free).
-      app.addHook('onReady', async () => service.restoreAll());
+      // The API answers at once; boxes read `provisioning` until the background restore has
+      // brought each back (its proxy on the same port when free, its box restarted by the driver).
+      app.addHook('onReady', async () => service.prepareRestore());
+      app.addHook('onListen', async () => service.restoreInBackground());
       app.addHook('preClose', async () => service.close());
       // The API's own address is known only once it listens; proxies restored before then get it now.
       app.addHook('onListen', async () => {
@@ -123,4 +141,5 @@ export function createSandboxArea(opts: SandboxAreaOptions = {}): Area {
   };
 }
 
+/** The area as loadAreas() lists it; `keygate serve` and `keygate start` replace it with one that has their driver. */
 export const sandboxArea: Area = createSandboxArea();

@@ -1,12 +1,18 @@
-import type { FastifyInstance } from 'fastify';
-import type { ProxyConfig } from '../config/schema.js';
+import type { FastifyInstance, FastifyReply } from 'fastify';
+import { BoxFileError } from '../sandbox/driver.js';
 import { assertSecretValue, SecretStoreError } from '../secrets/types.js';
 import { principalOf } from '../server/auth.js';
-import { conflict, HttpValidationError } from '../server/errors.js';
+import { conflict, HttpError, HttpValidationError } from '../server/errors.js';
 import type { ValidationIssue } from '../validation/errors.js';
+import { runToCompletion } from './exec.js';
 import {
   createBody,
   errorResponse,
+  executeBody,
+  executeOut,
+  fileQuery,
+  fileWritten,
+  listQuery,
   nameParams,
   patchBody,
   sandboxList,
@@ -16,18 +22,43 @@ import {
   secretsQuery,
   templateList,
 } from './schemas.js';
-import type { CreateInput, SandboxService } from './service.js';
+import type { CreateInput, PatchInput, SandboxService } from './service.js';
 
 const SANDBOX_TAGS = ['Sandboxes'];
 const SECRET_TAGS = ['Workspace secrets'];
 
 const authErrors = { 401: errorResponse };
+const boxErrors = { ...authErrors, 404: errorResponse, 409: errorResponse };
 
-export function registerSandboxRoutes(app: FastifyInstance, service: SandboxService): void {
+/** Largest file the files API moves in one request (KEYGATE_SANDBOX_MAX_FILE_BYTES overrides). */
+export const DEFAULT_MAX_FILE_BYTES = 100 * 1024 * 1024;
+
+export interface SandboxRouteOptions {
+  maxFileBytes: number;
+}
+
+/** A driver's file refusal as the API's answer; the message never names a host path. */
+function fileError(err: unknown): never {
+  if (!(err instanceof BoxFileError)) throw err;
+  switch (err.kind) {
+    case 'not_found':
+      throw new HttpError(404, err.message);
+    case 'too_large':
+      throw new HttpError(413, err.message);
+    case 'not_running':
+      throw conflict(err.message);
+    default:
+      throw new HttpValidationError([{ loc: ['query', 'path'], msg: err.message, type: 'value_error' }]);
+  }
+}
+
+type NameReq = { Params: { name: string } };
+
+export function registerSandboxRoutes(app: FastifyInstance, service: SandboxService, opts: SandboxRouteOptions = { maxFileBytes: DEFAULT_MAX_FILE_BYTES }): void {
   app.get(
     '/api/v2/sandboxes/templates',
-    { schema: { summary: 'List the templates sandboxes can be built from', tags: SANDBOX_TAGS, response: { 200: templateList, ...authErrors } } },
-    async () => ({ resources: service.templates }),
+    { schema: { summary: 'List the templates sandboxes can be built from, and which drivers can build each', tags: SANDBOX_TAGS, response: { 200: templateList, ...authErrors } } },
+    async () => ({ resources: service.templateViews(), driver: service.driverName }),
   );
 
   app.post<{ Body: CreateInput }>(
@@ -48,10 +79,22 @@ export function registerSandboxRoutes(app: FastifyInstance, service: SandboxServ
     },
   );
 
-  app.get(
+  app.get<{ Querystring: { limit: number; offset: number } }>(
     '/api/v2/sandboxes/boxes',
-    { schema: { summary: "List the workspace's sandboxes (oldest first)", tags: SANDBOX_TAGS, response: { 200: sandboxList, ...authErrors } } },
-    async (req) => ({ resources: await service.list(principalOf(req).workspaceId) }),
+    {
+      schema: {
+        summary: "List the workspace's sandboxes (oldest first), a page at a time",
+        description: 'Pages like the deployments list: limit (1..100, default 20) and offset; the answer\'s offset is where the next page starts.',
+        tags: SANDBOX_TAGS,
+        querystring: listQuery,
+        response: { 200: sandboxList, ...authErrors },
+      },
+    },
+    async (req) => {
+      const { limit, offset } = req.query;
+      const resources = await service.list(principalOf(req).workspaceId, { limit, offset });
+      return { resources, offset: offset + resources.length };
+    },
   );
 
   app.get<{ Params: { name: string } }>(
@@ -60,11 +103,11 @@ export function registerSandboxRoutes(app: FastifyInstance, service: SandboxServ
     async (req) => service.get(principalOf(req).workspaceId, req.params.name),
   );
 
-  app.patch<{ Params: { name: string }; Body: { proxy_config: ProxyConfig } }>(
+  app.patch<{ Params: { name: string }; Body: PatchInput }>(
     '/api/v2/sandboxes/boxes/:name',
     {
       schema: {
-        summary: "Replace a sandbox's proxy_config (applied live)",
+        summary: "Replace a sandbox's proxy_config (applied live) and/or its idle_ttl_seconds",
         description: 'Validated like a create. The running proxy switches to the new configuration before the answer: the next request uses it, requests in flight and open tunnels are not interrupted.',
         tags: SANDBOX_TAGS,
         params: nameParams,
@@ -72,8 +115,107 @@ export function registerSandboxRoutes(app: FastifyInstance, service: SandboxServ
         response: { 200: sandboxOut, ...authErrors, 404: errorResponse },
       },
     },
-    async (req) => service.patch(principalOf(req).workspaceId, req.params.name, req.body.proxy_config),
+    async (req) => service.patch(principalOf(req).workspaceId, req.params.name, req.body),
   );
+
+  app.post<NameReq>(
+    '/api/v2/sandboxes/boxes/:name/stop',
+    {
+      schema: {
+        summary: 'Stop a box: kill every process in it and stop its proxy; /workspace is kept',
+        tags: SANDBOX_TAGS,
+        params: nameParams,
+        response: { 200: sandboxOut, ...authErrors, 404: errorResponse },
+      },
+    },
+    async (req) => service.stop(principalOf(req).workspaceId, req.params.name),
+  );
+
+  app.post<NameReq>(
+    '/api/v2/sandboxes/boxes/:name/start',
+    {
+      schema: {
+        summary: 'Start a stopped (or failed) box again; answers once it is ready or failed',
+        tags: SANDBOX_TAGS,
+        params: nameParams,
+        response: { 200: sandboxOut, ...authErrors, 404: errorResponse },
+      },
+    },
+    async (req) => service.start(principalOf(req).workspaceId, req.params.name),
+  );
+
+  app.post<NameReq & { Body: { command: string | string[]; timeout_seconds: number; env?: Record<string, string>; cwd?: string } }>(
+    '/api/v2/sandboxes/boxes/:name/execute',
+    {
+      schema: {
+        summary: 'Run a command in a ready box and return its output and exit code',
+        description:
+          'The command runs inside the box (its proxy is the only way out). stdout and stderr are each capped at 10 MiB (truncated: true; the rest is discarded, never buffered); at timeout_seconds the whole process tree is killed (timed_out: true). For stdin, a live stream or kill, use the WebSocket at .../execute/ws. 409 when the box is not ready or uses the none driver.',
+        tags: SANDBOX_TAGS,
+        params: nameParams,
+        body: executeBody,
+        response: { 200: executeOut, ...boxErrors },
+      },
+    },
+    async (req) => {
+      const startedAt = Date.now();
+      const { command, timeout_seconds, env, cwd } = req.body;
+      const proc = await service.exec(principalOf(req).workspaceId, req.params.name, { command, timeoutMs: timeout_seconds * 1000, env, cwd });
+      // A client that goes away takes its execution with it.
+      const onGone = () => proc.kill('SIGKILL');
+      req.raw.socket.once('close', onGone);
+      try {
+        return await runToCompletion(proc, startedAt);
+      } finally {
+        req.raw.socket.off('close', onGone);
+      }
+    },
+  );
+
+  // The files API moves raw bytes in both directions, streaming: no JSON parser in this scope.
+  app.register(async (files) => {
+    files.removeAllContentTypeParsers();
+    files.addContentTypeParser('*', (_req, _payload, done) => done(null));
+
+    files.get<NameReq & { Querystring: { path: string } }>(
+      '/api/v2/sandboxes/boxes/:name/files',
+      {
+        schema: {
+          summary: 'Download a file from the box (raw body, streamed)',
+          description: `The path is resolved inside the box: a symlink or .. planted in the box never reaches a host path. Files over the size limit (default ${DEFAULT_MAX_FILE_BYTES} bytes) answer 413.`,
+          tags: SANDBOX_TAGS,
+          params: nameParams,
+          querystring: fileQuery,
+          response: { 200: { description: 'The file (application/octet-stream)', type: 'string', format: 'binary' }, ...boxErrors, 413: errorResponse },
+        },
+      },
+      async (req, reply: FastifyReply) => {
+        const file = await service.readFile(principalOf(req).workspaceId, req.params.name, req.query.path, opts.maxFileBytes).catch(fileError);
+        return reply.header('content-type', 'application/octet-stream').header('content-length', String(file.size)).send(file.stream);
+      },
+    );
+
+    files.put<NameReq & { Querystring: { path: string } }>(
+      '/api/v2/sandboxes/boxes/:name/files',
+      {
+        bodyLimit: Number.MAX_SAFE_INTEGER, // bounded by maxFileBytes while streaming, below
+        schema: {
+          summary: 'Upload a file into the box (raw body, streamed); parent directories are created',
+          description: `The path is resolved inside the box (see GET). A body over the size limit (default ${DEFAULT_MAX_FILE_BYTES} bytes) answers 413 and leaves nothing behind.`,
+          tags: SANDBOX_TAGS,
+          params: nameParams,
+          querystring: fileQuery,
+          response: { 201: fileWritten, ...boxErrors, 413: errorResponse },
+        },
+      },
+      async (req, reply) => {
+        const declared = Number(req.headers['content-length']);
+        if (Number.isFinite(declared) && declared > opts.maxFileBytes) throw new HttpError(413, `The file is larger than the limit of ${opts.maxFileBytes} bytes.`);
+        const written = await service.writeFile(principalOf(req).workspaceId, req.params.name, req.query.path, req.raw, opts.maxFileBytes).catch(fileError);
+        return reply.status(201).send({ path: req.query.path, size: written.size });
+      },
+    );
+  });
 
   app.delete<{ Params: { name: string } }>(
     '/api/v2/sandboxes/boxes/:name',

@@ -1,19 +1,22 @@
 import { randomUUID } from 'node:crypto';
-import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
+import type { Readable } from 'node:stream';
 import { referencedSecretKeys, resolveProxyConfig } from '../config/resolve.js';
 import { validateProxyConfig, type ProxyConfig } from '../config/schema.js';
-import { sandboxEnv, writeCaBundle } from '../certs/env.js';
+import { BOX_BUNDLE_PATH, BOX_CA_PATH, BOX_PROXY_URL, caBundle, sandboxEnv, writeCaBundle } from '../certs/env.js';
+import { type Box, type BoxResources, type DriverName, type ExecProcess, type ExecResult, type SandboxDriver } from '../sandbox/driver.js';
 import type { Logger } from '../log.js';
 import type { ResolvedProxyConfig } from '../rules/compile.js';
 import { Envelope } from '../secrets/envelope.js';
 import { opaqueOpener, redactProxyConfig, sealOpaqueValues } from '../secrets/opaque.js';
 import type { SecretStore } from '../secrets/types.js';
 import { conflict, HttpValidationError, notFound } from '../server/errors.js';
+import { nowIso } from '../store/db.js';
 import { ValidationFailure, type ValidationIssue } from '../validation/errors.js';
 import { freePort, PortInUseError, type ProxyInstance, type ProxyRunner } from './runner.js';
 import { DuplicateNameError, type SandboxRecord, type SandboxStatus, type SandboxStore } from './storage.js';
-import type { Template } from './templates.js';
+import { applyResources, driversFor, type Template } from './templates.js';
 
 export const SANDBOX_NAME_PATTERN = '^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$';
 export const CA_FILE = 'ca.pem';
@@ -32,6 +35,8 @@ export interface SandboxServiceDeps {
   caCertPem: string;
   /** Host the proxies listen on and that sandboxes dial. */
   proxyHost: string;
+  /** Runs the boxes of this server (`none`: records and proxies only, boxes run elsewhere). */
+  driver: SandboxDriver;
   logger: Logger;
 }
 
@@ -40,15 +45,32 @@ export interface CreateInput {
   name: string;
   wait_for_ready?: boolean;
   proxy_config?: ProxyConfig;
+  idle_ttl_seconds?: number;
+  resources?: Partial<BoxResources>;
 }
+
+export interface PatchInput {
+  proxy_config?: ProxyConfig;
+  idle_ttl_seconds?: number;
+}
+
+export const DEFAULT_IDLE_TTL_SECONDS = 600;
+/** Boxes brought back at once after a server start. */
+const RESTORE_CONCURRENCY = 8;
+/** How often idle boxes are looked for. */
+export const IDLE_SWEEP_MS = 1000;
 
 /** The sandbox as the API returns it. Built from the stored form only: nothing resolved, nothing opaque. */
 export interface SandboxView {
   id: string;
   name: string;
   template_name: string;
+  driver: DriverName;
   status: SandboxStatus;
   status_reason: string | null;
+  idle_ttl_seconds: number;
+  resources: BoxResources;
+  last_active_at: string | null;
   created_at: string;
   updated_at: string;
   proxy_config: ProxyConfig | null;
@@ -56,6 +78,15 @@ export interface SandboxView {
 }
 
 const PROXY_CONFIG_LOC = ['body', 'proxy_config'];
+
+/** A running box and what its idle TTL counts. */
+interface LiveBox {
+  box: Box;
+  /** Executions in flight. */
+  active: number;
+  lastActive: number;
+  idleTtlMs: number;
+}
 
 /** Serialises async work per key (a sandbox id, a workspace id). */
 class KeyedQueue {
@@ -91,12 +122,34 @@ export class SandboxService {
   private readonly secretStores = new Map<string, Promise<SecretStore>>();
   /** Destinations no sandbox's proxy may reach (the API server itself), see denyToAll. */
   private readonly deniedToAll = new Set<string>();
+  /** Running boxes (not for `none`). */
+  private readonly live = new Map<string, LiveBox>();
+  private readonly sweeper: NodeJS.Timeout;
+  private restoring: Promise<void> | undefined;
   private closing = false;
 
-  constructor(private readonly deps: SandboxServiceDeps) {}
+  /** System roots plus the CA, built once (every box gets it at /etc/keygate/ca-bundle.pem). */
+  private readonly bundlePem: string;
+
+  constructor(private readonly deps: SandboxServiceDeps) {
+    this.bundlePem = caBundle(deps.caCertPem);
+    this.sweeper = setInterval(() => {
+      this.sweepIdle().catch((err: Error) => deps.logger.error({ err: { message: err.message } }, 'idle sweep failed'));
+    }, IDLE_SWEEP_MS);
+    this.sweeper.unref();
+  }
+
+  get driverName(): DriverName {
+    return this.deps.driver.name;
+  }
 
   get templates(): Template[] {
     return [...this.deps.templates.values()];
+  }
+
+  /** The templates as the API lists them: with the drivers that can build each. */
+  templateViews(): (Template & { drivers: DriverName[] })[] {
+    return this.templates.map((t) => ({ ...t, drivers: driversFor(t) }));
   }
 
   secrets(workspaceId: string): Promise<SecretStore> {
@@ -158,18 +211,27 @@ export class SandboxService {
   // API operations
 
   async create(workspaceId: string, input: CreateInput): Promise<SandboxView> {
+    const driver = this.deps.driver.name;
     const rec = await this.withWorkspace(workspaceId, async () => {
       const issues: ValidationIssue[] = [];
-      if (!this.deps.templates.has(input.template_name)) {
+      const template = this.deps.templates.get(input.template_name);
+      if (!template) {
         const known = [...this.deps.templates.keys()];
         issues.push({
           loc: ['body', 'template_name'],
           msg: `Unknown template '${input.template_name}'${known.length ? `; available: ${known.join(', ')}` : '; no templates are configured'}`,
           type: 'value_error',
         });
+      } else if (!driversFor(template).includes(driver)) {
+        const usable = this.templates.filter((t) => driversFor(t).includes(driver)).map((t) => t.name);
+        issues.push({
+          loc: ['body', 'template_name'],
+          msg: `Template '${template.name}' cannot be built by the '${driver}' driver this server runs (it names no ${driver === 'local' ? 'rootfs' : 'image'})${usable.length ? `; usable: ${usable.join(', ')}` : ''}`,
+          type: 'value_error',
+        });
       }
       const prepared = input.proxy_config ? await this.prepareConfig(workspaceId, input.proxy_config, issues) : undefined;
-      if (issues.length) throw new HttpValidationError(issues);
+      if (issues.length || !template) throw new HttpValidationError(issues);
       const existing = await this.deps.store.getByName(workspaceId, input.name);
       if (existing) throw conflict(`A sandbox named '${input.name}' already exists in this workspace.`);
       const id = randomUUID();
@@ -180,11 +242,14 @@ export class SandboxService {
           workspaceId,
           name: input.name,
           templateName: input.template_name,
-          status: 'starting',
+          status: 'provisioning',
           statusReason: null,
           proxyConfig: prepared?.stored ?? null,
           // Chosen now so the 201 already tells the box where its proxy will be.
           proxyPort: await this.reservePort(),
+          driver,
+          idleTtlSeconds: input.idle_ttl_seconds ?? DEFAULT_IDLE_TTL_SECONDS,
+          resources: applyResources(template, input.resources),
         });
         return { created, resolved: prepared?.resolved ?? { rules: [], no_proxy: [] } };
       } catch (err) {
@@ -193,7 +258,7 @@ export class SandboxService {
         throw err;
       }
     });
-    const started = this.perSandbox.run(rec.created.id, () => this.startProxy(rec.created, rec.resolved));
+    const started = this.perSandbox.run(rec.created.id, () => this.bringUp(rec.created, rec.resolved));
     if (input.wait_for_ready) {
       await started;
       return this.view((await this.deps.store.getById(rec.created.id)) ?? rec.created);
@@ -217,20 +282,27 @@ export class SandboxService {
     return this.view(await this.mustGet(workspaceId, name));
   }
 
-  async list(workspaceId: string): Promise<SandboxView[]> {
-    return (await this.deps.store.list(workspaceId)).map((r) => this.view(r));
+  async list(workspaceId: string, page: { limit: number; offset: number }): Promise<SandboxView[]> {
+    return (await this.deps.store.list(workspaceId, page)).map((r) => this.view(r));
   }
 
-  /** Replaces the proxy_config and pushes it to the running proxy before answering. */
-  async patch(workspaceId: string, name: string, config: ProxyConfig): Promise<SandboxView> {
+  /** Replaces the proxy_config (pushed to the running proxy before answering) and/or the idle TTL. */
+  async patch(workspaceId: string, name: string, input: PatchInput): Promise<SandboxView> {
     const rec = await this.withWorkspace(workspaceId, async () => {
       const current = await this.mustGet(workspaceId, name);
       const issues: ValidationIssue[] = [];
-      const prepared = await this.prepareConfig(workspaceId, config, issues);
-      if (!prepared) throw new HttpValidationError(issues);
+      const prepared = input.proxy_config ? await this.prepareConfig(workspaceId, input.proxy_config, issues) : undefined;
+      if (issues.length) throw new HttpValidationError(issues);
       await this.perSandbox.run(current.id, async () => {
-        await this.deps.store.setConfig(current.id, prepared.stored);
-        await this.apply({ ...current, proxyConfig: prepared.stored }, prepared.resolved);
+        if (input.idle_ttl_seconds !== undefined) {
+          await this.deps.store.setIdleTtl(current.id, input.idle_ttl_seconds);
+          const live = this.live.get(current.id);
+          if (live) live.idleTtlMs = input.idle_ttl_seconds * 1000;
+        }
+        if (prepared) {
+          await this.deps.store.setConfig(current.id, prepared.stored);
+          await this.apply({ ...current, proxyConfig: prepared.stored }, prepared.resolved);
+        }
       });
       return current;
     });
@@ -240,11 +312,89 @@ export class SandboxService {
   async delete(workspaceId: string, name: string): Promise<void> {
     const rec = await this.mustGet(workspaceId, name);
     await this.perSandbox.run(rec.id, async () => {
+      await this.stopBox(rec.id);
+      if (rec.driver !== 'none') await this.deps.driver.destroy(rec.id, this.boxStateDir(rec.id));
       await this.stopProxy(rec.id);
       await this.deps.store.delete(rec.id);
       this.removeFiles(rec.id);
     });
     this.deps.logger.info({ sandbox: rec.name, sandbox_id: rec.id, workspace_id: workspaceId }, 'sandbox deleted');
+  }
+
+  /** Kills every process of the box and stops its proxy; /workspace is kept for a later start. */
+  async stop(workspaceId: string, name: string): Promise<SandboxView> {
+    const rec = await this.mustGet(workspaceId, name);
+    await this.perSandbox.run(rec.id, () => this.stopNow(rec.id, null));
+    return this.view((await this.deps.store.getById(rec.id))!);
+  }
+
+  /** Starts a stopped (or failed) box again; answers once it is ready or failed. */
+  async start(workspaceId: string, name: string): Promise<SandboxView> {
+    const rec = await this.mustGet(workspaceId, name);
+    await this.perSandbox.run(rec.id, async () => {
+      const cur = await this.deps.store.getById(rec.id);
+      if (!cur || (cur.status === 'ready' && this.isUp(cur))) return;
+      await this.deps.store.setStatus(cur.id, 'provisioning', null);
+      await this.reapply(cur.id, true);
+    });
+    return this.view((await this.deps.store.getById(rec.id))!);
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // Executions and files
+
+  /**
+   * Starts one execution in a ready box. The box counts as active until it ends (the idle TTL never
+   * stops a box in the middle of a command).
+   */
+  async exec(workspaceId: string, name: string, opts: { command: string | string[]; timeoutMs: number; env?: Record<string, string>; cwd?: string; stdin?: boolean }): Promise<ExecProcess> {
+    const rec = await this.mustGet(workspaceId, name);
+    const live = this.runningBox(rec);
+    live.active++;
+    live.lastActive = Date.now();
+    let proc: ExecProcess;
+    try {
+      proc = await live.box.exec({ command: opts.command, env: opts.env, cwd: opts.cwd, timeoutMs: opts.timeoutMs, stdin: opts.stdin });
+    } catch (err) {
+      this.execEnded(rec.id, live);
+      throw err;
+    }
+    const done = proc.done.finally(() => this.execEnded(rec.id, live));
+    done.catch(() => undefined);
+    return { stdout: proc.stdout, stderr: proc.stderr, stdin: proc.stdin, kill: (sig) => proc.kill(sig), done: done as Promise<ExecResult> };
+  }
+
+  private execEnded(id: string, live: LiveBox): void {
+    live.active--;
+    live.lastActive = Date.now();
+    this.deps.store.touch(id, nowIso()).catch(() => undefined);
+  }
+
+  async readFile(workspaceId: string, name: string, boxPath: string, maxBytes: number) {
+    const live = this.runningBox(await this.mustGet(workspaceId, name));
+    live.lastActive = Date.now();
+    return live.box.readFile(boxPath, maxBytes);
+  }
+
+  /** Writes a file, creating its parent directories first, inside the box (as the box's user). */
+  async writeFile(workspaceId: string, name: string, boxPath: string, body: Readable, maxBytes: number) {
+    const live = this.runningBox(await this.mustGet(workspaceId, name));
+    live.lastActive = Date.now();
+    const mkdir = await live.box.exec({ command: ['mkdir', '-p', '--', path.posix.dirname(boxPath)], timeoutMs: 30_000 });
+    mkdir.stdout.resume();
+    mkdir.stderr.resume();
+    await mkdir.done; // a failure shows in the write's own error (no such directory)
+    return live.box.writeFile(boxPath, body, maxBytes);
+  }
+
+  /** The running box of a record, or the 409 that says why there is none. */
+  private runningBox(rec: SandboxRecord): LiveBox {
+    if (rec.driver === 'none') throw conflict(`Sandbox '${rec.name}' uses the 'none' driver: it is a proxy for a box that runs elsewhere, so keygate cannot execute in it or reach its files.`);
+    const live = this.live.get(rec.id);
+    if (!live || rec.status !== 'ready') {
+      throw conflict(`Sandbox '${rec.name}' is ${rec.status}${rec.statusReason ? ` (${rec.statusReason})` : ''}; ${rec.status === 'stopped' ? 'start it first' : 'wait until it is ready'}.`);
+    }
+    return live;
   }
 
   /** Names of the workspace's sandboxes whose configuration references any of `keys`. */
@@ -281,26 +431,51 @@ export class SandboxService {
   // ---------------------------------------------------------------------------------------------
   // Proxies
 
-  /** Brings back every sandbox's proxy (server start), each from its stored config and current secrets. */
+  /**
+   * Server start, before listening: whatever a previous run left (after a SIGKILL too) is not
+   * running any more as far as the records go; every box not stopped reads `provisioning` until
+   * restoreAll has brought it back.
+   */
+  async prepareRestore(): Promise<void> {
+    await this.deps.store.markProvisioning();
+  }
+
+  /**
+   * Brings back every sandbox (server start, in the background once the API listens): the driver
+   * first kills what a previous run left behind, then each box not stopped gets its proxy and box
+   * from its stored config and current secrets.
+   */
   async restoreAll(): Promise<void> {
     const all = await this.deps.store.listAll();
-    const queue = [...all];
+    await this.deps.driver.reapOrphans(new Set(all.map((r) => r.id)));
+    const queue = all.filter((r) => r.status !== 'stopped');
     const worker = async () => {
       for (let rec = queue.shift(); rec; rec = queue.shift()) {
         const id = rec.id;
         this.writeCaFiles(id);
-        await this.perSandbox.run(id, () => this.reapply(id));
+        await this.perSandbox.run(id, () => this.reapply(id, true));
+        // The API answers meanwhile: requests waiting in the event loop go before the next box.
+        await new Promise((r) => setImmediate(r));
       }
     };
-    await Promise.all(Array.from({ length: Math.min(4, all.length) }, worker));
-    this.deps.logger.info({ sandboxes: all.length, running: this.proxies.size, runner: this.deps.runner.kind }, 'sandbox proxies restored');
+    await Promise.all(Array.from({ length: Math.min(RESTORE_CONCURRENCY, queue.length) }, worker));
+    this.deps.logger.info({ sandboxes: all.length, running: this.proxies.size, boxes: this.live.size, runner: this.deps.runner.kind, driver: this.deps.driver.name }, 'sandboxes restored');
   }
 
-  /** Stops every proxy (server shutdown); records stay so the next start restores them. */
+  /** Starts restoreAll without waiting for it (the API listens meanwhile); close() waits for it. */
+  restoreInBackground(): void {
+    this.restoring = this.restoreAll().catch((err: Error) => this.deps.logger.error({ err: { message: err.message } }, 'restoring sandboxes failed'));
+  }
+
+  /** Stops every box and proxy (server shutdown); records stay so the next start restores them. */
   async close(): Promise<void> {
     this.closing = true;
+    clearInterval(this.sweeper);
+    await this.restoring; // its remaining boxes see `closing` and are skipped
     await this.perSandbox.drain();
+    await Promise.all([...this.live.keys()].map((id) => this.stopBox(id)));
     await Promise.all([...this.proxies.keys()].map((id) => this.stopProxy(id)));
+    await this.deps.driver.close();
     await this.deps.runner.close();
   }
 
@@ -309,10 +484,40 @@ export class SandboxService {
     return this.proxies.get(sandboxId);
   }
 
-  private async reapply(id: string): Promise<void> {
+  /** Stops boxes without an execution for their idle TTL. */
+  private async sweepIdle(): Promise<void> {
+    const now = Date.now();
+    for (const [id, live] of this.live) {
+      if (live.active > 0 || live.idleTtlMs <= 0 || now - live.lastActive < live.idleTtlMs) continue;
+      await this.perSandbox.run(id, async () => {
+        const cur = this.live.get(id);
+        if (cur !== live || live.active > 0 || Date.now() - live.lastActive < live.idleTtlMs) return;
+        this.deps.logger.info({ sandbox_id: id, idle_ttl_seconds: live.idleTtlMs / 1000 }, 'sandbox stopped: idle');
+        await this.stopNow(id, `Stopped after ${live.idleTtlMs / 1000} s without an execution (idle_ttl_seconds).`);
+      });
+    }
+  }
+
+  private async stopNow(id: string, reason: string | null): Promise<void> {
+    await this.stopBox(id);
+    await this.stopProxy(id);
+    if (await this.deps.store.getById(id)) await this.deps.store.setStatus(id, 'stopped', reason);
+  }
+
+  /** A record whose box (or, for `none`, proxy) runs. */
+  private isUp(rec: SandboxRecord): boolean {
+    return rec.driver === 'none' ? this.proxies.has(rec.id) : this.live.has(rec.id);
+  }
+
+  /**
+   * Re-resolves and applies a sandbox's configuration. `bringBack`: also start what is not
+   * running (server start, `start`); otherwise a stopped box only has its record updated.
+   */
+  private async reapply(id: string, bringBack = false): Promise<void> {
     if (this.closing) return;
     const rec = await this.deps.store.getById(id);
     if (!rec) return;
+    if (rec.status === 'stopped' && !bringBack) return; // applied when it starts again
     let resolved: ResolvedProxyConfig;
     try {
       resolved = await this.resolve(rec.workspaceId, rec.proxyConfig);
@@ -320,6 +525,7 @@ export class SandboxService {
       // Fail closed: a configuration that no longer resolves (a secret deleted with force, a key
       // that cannot open an opaque value) must not keep injecting what it used to.
       const reason = err instanceof ValidationFailure ? err.issues.map((i) => i.msg).join('; ') : `configuration cannot be resolved: ${(err as Error).message}`;
+      await this.stopBox(id);
       await this.stopProxy(id);
       await this.deps.store.setStatus(id, 'failed', `Proxy stopped: ${reason}`);
       this.deps.logger.warn({ sandbox: rec.name, sandbox_id: id, workspace_id: rec.workspaceId, reason }, 'sandbox proxy stopped: configuration does not resolve');
@@ -328,44 +534,95 @@ export class SandboxService {
     await this.apply(rec, resolved);
   }
 
-  /** Pushes to the running proxy, or starts one when there is none. */
+  /** Pushes to the running proxy, or brings the sandbox up when it is not running. */
   private async apply(rec: SandboxRecord, resolved: ResolvedProxyConfig): Promise<void> {
     const running = this.proxies.get(rec.id);
-    if (!running) return this.startProxy(rec, resolved);
+    if (!running || !this.isUp(rec)) return this.bringUp(rec, resolved);
     await running.push(resolved);
     if (rec.status !== 'ready') await this.deps.store.setStatus(rec.id, 'ready', null);
     this.deps.logger.info({ sandbox: rec.name, sandbox_id: rec.id, rules: resolved.rules.map((r) => r.name) }, 'sandbox proxy configuration pushed');
   }
 
-  private async startProxy(rec: SandboxRecord, resolved: ResolvedProxyConfig): Promise<void> {
+  /** Starts the proxy, then the box behind it; `ready` only when both run, else `failed` with why. */
+  private async bringUp(rec: SandboxRecord, resolved: ResolvedProxyConfig): Promise<void> {
     if (this.closing) return;
-    const log = { sandbox: rec.name, sandbox_id: rec.id, workspace_id: rec.workspaceId };
+    const log = { sandbox: rec.name, sandbox_id: rec.id, workspace_id: rec.workspaceId, driver: rec.driver };
+    let stage = 'Proxy failed to start';
     try {
-      let instance: ProxyInstance;
-      try {
-        instance = await this.deps.runner.start(rec.id, resolved, { port: rec.proxyPort ?? 0 });
-      } catch (err) {
-        if (!(err instanceof PortInUseError)) throw err;
-        // Someone took the port while we were down: a new one, reported in the record.
-        this.deps.logger.warn({ ...log, port: rec.proxyPort }, 'sandbox proxy port taken; picking another');
-        instance = await this.deps.runner.start(rec.id, resolved, { port: 0 });
+      const instance = await this.startProxy(rec, resolved);
+      if (!instance) return;
+      if (rec.driver !== 'none') {
+        stage = 'Box failed to start';
+        if (rec.driver !== this.deps.driver.name) {
+          throw new Error(`it was created with the '${rec.driver}' driver and this server runs '${this.deps.driver.name}'; restart keygate serve with --sandbox-driver ${rec.driver}, or delete it`);
+        }
+        await this.startBox(rec, instance);
+        if (this.closing || !(await this.deps.store.getById(rec.id))) {
+          await this.stopBox(rec.id);
+          return;
+        }
       }
-      if (this.closing || !(await this.deps.store.getById(rec.id))) {
-        // Deleted or shutting down while starting: do not leave an orphan listening.
-        await instance.stop();
-        return;
-      }
-      this.isolate(rec.id, instance);
-      this.proxies.set(rec.id, instance);
-      if (!(await instance.ready())) throw new Error('the proxy does not accept connections');
       await this.deps.store.setStatus(rec.id, 'ready', null, instance.port);
-      this.deps.logger.info({ ...log, proxy_url: instance.url, runner: this.deps.runner.kind }, 'sandbox proxy ready');
+      this.deps.logger.info({ ...log, proxy_url: instance.url, runner: this.deps.runner.kind }, 'sandbox ready');
     } catch (err) {
+      await this.stopBox(rec.id);
       await this.stopProxy(rec.id);
-      const reason = `Proxy failed to start: ${(err as Error).message}`;
-      this.deps.logger.error({ ...log, err: { message: (err as Error).message } }, 'sandbox proxy failed to start');
+      const reason = `${stage}: ${(err as Error).message}`;
+      this.deps.logger.error({ ...log, err: { message: (err as Error).message } }, 'sandbox failed to start');
       if (!this.closing) await this.deps.store.setStatus(rec.id, 'failed', reason).catch(() => undefined);
     }
+  }
+
+  private async startProxy(rec: SandboxRecord, resolved: ResolvedProxyConfig): Promise<ProxyInstance | undefined> {
+    let instance: ProxyInstance;
+    try {
+      instance = await this.deps.runner.start(rec.id, resolved, { port: rec.proxyPort ?? 0 });
+    } catch (err) {
+      if (!(err instanceof PortInUseError)) throw err;
+      // Someone took the port while we were down: a new one, reported in the record.
+      this.deps.logger.warn({ sandbox: rec.name, sandbox_id: rec.id, port: rec.proxyPort }, 'sandbox proxy port taken; picking another');
+      instance = await this.deps.runner.start(rec.id, resolved, { port: 0 });
+    }
+    if (this.closing || !(await this.deps.store.getById(rec.id))) {
+      // Deleted or shutting down while starting: do not leave an orphan listening.
+      await instance.stop();
+      return undefined;
+    }
+    this.isolate(rec.id, instance);
+    this.proxies.set(rec.id, instance);
+    if (!(await instance.ready())) throw new Error('the proxy does not accept connections');
+    return instance;
+  }
+
+  /** The box itself, its relay pointed at `proxy`. Its environment holds no secret value. */
+  private async startBox(rec: SandboxRecord, proxy: ProxyInstance): Promise<void> {
+    const template = this.deps.templates.get(rec.templateName);
+    if (!template) throw new Error(`its template '${rec.templateName}' is no longer configured (templates.json)`);
+    const resources = rec.resources ?? applyResources(template, undefined);
+    const box = await this.deps.driver.start({
+      id: rec.id,
+      template: { name: template.name, rootfs: template.rootfs, image: template.image, environment: template.environment },
+      resources,
+      env: { ...this.boxEnv(rec), ...template.environment },
+      caPem: this.deps.caCertPem,
+      caBundlePem: this.bundlePem,
+      proxy: { host: this.deps.proxyHost, port: proxy.port },
+      stateDir: this.boxStateDir(rec.id),
+    });
+    this.live.set(rec.id, { box, active: 0, lastActive: Date.now(), idleTtlMs: rec.idleTtlSeconds * 1000 });
+    await this.deps.store.touch(rec.id);
+  }
+
+  private async stopBox(id: string): Promise<void> {
+    const live = this.live.get(id);
+    if (!live) return;
+    this.live.delete(id);
+    await live.box.stop().catch((err: Error) => this.deps.logger.warn({ sandbox_id: id, err: { message: err.message } }, 'error stopping box'));
+  }
+
+  /** The proxy environment as seen from inside a box (sandbox.md, property 3). */
+  private boxEnv(rec: SandboxRecord): Record<string, string> {
+    return sandboxEnv({ proxyUrl: BOX_PROXY_URL, caCertPath: BOX_CA_PATH, bundlePath: BOX_BUNDLE_PATH, noProxy: rec.proxyConfig?.no_proxy });
   }
 
   /**
@@ -408,9 +665,20 @@ export class SandboxService {
   /** The CA certificate and the bundle (system roots + CA) the box points its tools at. */
   private writeCaFiles(id: string): void {
     const dir = this.sandboxDir(id);
+    // At a restart they are usually there already: 1,000 boxes would rewrite 200 MB of bundles.
+    try {
+      if (readFileSync(path.join(dir, CA_FILE), 'utf8') === this.deps.caCertPem && existsSync(path.join(dir, BUNDLE_FILE))) return;
+    } catch {
+      /* not there yet */
+    }
     mkdirSync(dir, { recursive: true, mode: 0o755 });
     writeFileSync(path.join(dir, CA_FILE), this.deps.caCertPem, { mode: 0o644 });
     writeCaBundle(this.deps.caCertPem, path.join(dir, BUNDLE_FILE));
+  }
+
+  /** Host-side driver state of a box (never inside the box). */
+  private boxStateDir(id: string): string {
+    return path.join(this.sandboxDir(id), 'box');
   }
 
   private removeFiles(id: string): void {
@@ -427,21 +695,30 @@ export class SandboxService {
     const port = this.proxies.get(rec.id)?.port ?? rec.proxyPort;
     const url = port ? `http://${this.deps.proxyHost.includes(':') ? `[${this.deps.proxyHost}]` : this.deps.proxyHost}:${port}` : null;
     const dir = this.sandboxDir(rec.id);
+    const template = this.deps.templates.get(rec.templateName);
+    // A real box sees its proxy through the relay at 127.0.0.1:3128; a `none` box (elsewhere) dials it directly.
+    const env = rec.driver !== 'none'
+      ? this.boxEnv(rec)
+      : url
+        ? sandboxEnv({ proxyUrl: url, caCertPath: path.join(dir, CA_FILE), bundlePath: path.join(dir, BUNDLE_FILE), noProxy: rec.proxyConfig?.no_proxy })
+        : null;
     return {
       id: rec.id,
       name: rec.name,
       template_name: rec.templateName,
+      driver: rec.driver,
       status: rec.status,
       status_reason: rec.statusReason,
+      idle_ttl_seconds: rec.idleTtlSeconds,
+      resources: rec.resources ?? (template ? applyResources(template, undefined) : applyResources({ name: '', description: '', environment: {} }, undefined)),
+      last_active_at: rec.lastActiveAt,
       created_at: rec.createdAt,
       updated_at: rec.updatedAt,
       proxy_config: rec.proxyConfig ? redactProxyConfig(rec.proxyConfig) : null,
       proxy: {
         url,
         ca_cert_pem: this.deps.caCertPem,
-        env: url
-          ? sandboxEnv({ proxyUrl: url, caCertPath: path.join(dir, CA_FILE), bundlePath: path.join(dir, BUNDLE_FILE), noProxy: rec.proxyConfig?.no_proxy })
-          : null,
+        env,
       },
     };
   }

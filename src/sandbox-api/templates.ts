@@ -3,13 +3,47 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { ajvToIssues, formatLoc } from '../validation/errors.js';
 import { jsonErrorLocation } from '../validation/json.js';
+import type { BoxResources, DriverName } from '../sandbox/driver.js';
 
-/** A sandbox template: what a box is built from (the image and its environment). */
+/**
+ * A sandbox template: what a box is built from. `rootfs` (`host` or an absolute directory) lets the
+ * `local` driver build it, `image` (a local image) the `docker` driver; `none` records any template.
+ */
 export interface Template {
   name: string;
   description: string;
-  image: string;
+  rootfs?: string;
+  image?: string;
   environment: Record<string, string>;
+  /** Defaults for boxes of this template; a create may override each. */
+  resources?: Partial<BoxResources>;
+}
+
+/** Used where neither the template nor the request says. */
+export const DEFAULT_RESOURCES: BoxResources = { memory_mb: 512, cpus: 1, pids: 256 };
+
+export const resourcesSchema = {
+  type: 'object',
+  additionalProperties: false,
+  properties: {
+    memory_mb: { type: 'integer', minimum: 16, maximum: 65536, description: 'Memory limit, MiB.' },
+    cpus: { type: 'number', exclusiveMinimum: 0, maximum: 64, description: 'CPUs (fractions allowed).' },
+    pids: { type: 'integer', minimum: 8, maximum: 65536, description: 'Most processes and threads at once.' },
+  },
+} as const;
+
+/** Which drivers can build a template. */
+export function driversFor(t: Template): DriverName[] {
+  const out: DriverName[] = [];
+  if (t.rootfs) out.push('local');
+  if (t.image) out.push('docker');
+  out.push('none');
+  return out;
+}
+
+/** The template's defaults, then the request's overrides. */
+export function applyResources(t: Template, requested: Partial<BoxResources> | undefined): BoxResources {
+  return { ...DEFAULT_RESOURCES, ...t.resources, ...requested };
 }
 
 export const TEMPLATES_FILE = 'templates.json';
@@ -17,11 +51,13 @@ export const TEMPLATES_FILE = 'templates.json';
 export const templateSchema = {
   type: 'object',
   additionalProperties: false,
-  required: ['name', 'description', 'image', 'environment'],
+  required: ['name', 'description', 'environment'],
   properties: {
     name: { type: 'string', minLength: 1, maxLength: 128, pattern: '^[A-Za-z0-9][A-Za-z0-9._-]*$' },
     description: { type: 'string', maxLength: 1000 },
-    image: { type: 'string', minLength: 1, maxLength: 512 },
+    rootfs: { type: 'string', pattern: '^(host|/.*)$', maxLength: 4096, description: "local driver: 'host' (the host's /usr, /bin, /lib*, a minimal /etc, read-only) or an absolute root filesystem directory." },
+    image: { type: 'string', minLength: 1, maxLength: 512, description: 'docker driver: a local image (no registry is asked); see scripts/build-images.sh.' },
+    resources: resourcesSchema,
     environment: {
       type: 'object',
       propertyNames: { pattern: '^[A-Za-z_][A-Za-z0-9_]*$' },

@@ -10,7 +10,7 @@ let dataDir: string;
 let server: RunningCli;
 const env = { KEYGATE_API_KEY: KEY, DATABASE_URL: '' };
 
-const start = () => startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir], { env });
+const start = () => startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir, '--sandbox-driver', 'none'], { env });
 const portOf = (url: string) => Number(new URL(url).port);
 
 async function createBox(name: string): Promise<number> {

@@ -5,7 +5,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { startEchoOrigin, type EchoOrigin } from '../../src/sandbox-api/demo-origin.js';
 import { startCli, type RunningCli } from '../helpers/cli.js';
 import { freshPgDatabase, pgAvailable } from '../helpers/pg.js';
-import { api, cleanTmp, tmp, viaProxy } from './helpers.js';
+import { api, cleanTmp, tmp, viaProxy, waitFor } from './helpers.js';
 
 const KEY = 'pg-sandbox-key-0123456789';
 const SECRET = 'pg-secret-VALUE-4444';
@@ -32,7 +32,7 @@ describe.skipIf(!pgAvailable())('sandbox API on PostgreSQL (DATABASE_URL)', () =
       KEYGATE_SANDBOX_PROXY_RESOLVE: `${HOST}:${origin.port}:127.0.0.1`,
       KEYGATE_SANDBOX_PROXY_CA_FILE: path.join(originDir, 'ca.pem'),
     };
-    server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir], { env });
+    server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir, '--sandbox-driver', 'none'], { env });
     const A = (method: string, url: string, body?: unknown) => api(server!.url, KEY, method, url, body);
 
     expect((await A('POST', '/api/v1/workspaces/current/secrets', [{ key: 'PG_TOKEN', value: SECRET }])).status).toBe(200);
@@ -87,8 +87,13 @@ describe.skipIf(!pgAvailable())('sandbox API on PostgreSQL (DATABASE_URL)', () =
     }
 
     expect(await server.stop()).toBe(0);
-    server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir], { env });
-    const after = await api(server.url, KEY, 'GET', '/api/v2/sandboxes/boxes/pg-box');
+    const restarted = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir, '--sandbox-driver', 'none'], { env });
+    server = restarted;
+    // The API answers at once; the box reads provisioning until its proxy is back.
+    const after = await waitFor(async () => {
+      const r = await api(restarted.url, KEY, 'GET', '/api/v2/sandboxes/boxes/pg-box');
+      return r.body?.status !== 'provisioning' ? r : undefined;
+    }, 'pg-box restored');
     expect(after.body).toMatchObject({ status: 'ready', proxy: { url: created.body.proxy.url } });
     const again = await viaProxy(after.body.proxy.url, after.body.proxy.ca_cert_pem, `https://${HOST}:${origin.port}/x`);
     expect(again.body.headers.authorization).toBe(`Bearer ${SECRET}`);

@@ -53,7 +53,7 @@ function expectClean(text: string) {
 }
 
 async function startServer() {
-  return startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir], { env });
+  return startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir, '--sandbox-driver', 'none'], { env });
 }
 
 beforeAll(async () => {
@@ -144,8 +144,10 @@ describe('templates', () => {
   it('lists the shipped templates', async () => {
     const r = await A('GET', '/api/v2/sandboxes/templates');
     expect(r.status).toBe(200);
-    expect(r.body.resources.map((t: { name: string }) => t.name)).toEqual(['python-3.12', 'node-22']);
-    expect(r.body.resources[0]).toMatchObject({ image: expect.any(String), environment: expect.any(Object), description: expect.any(String) });
+    expect(r.body.resources.map((t: { name: string }) => t.name)).toEqual(['host', 'python-3.12', 'node-22']);
+    expect(r.body.resources[0]).toMatchObject({ rootfs: 'host', image: expect.any(String), environment: expect.any(Object), description: expect.any(String), drivers: ['local', 'docker', 'none'] });
+    expect(r.body.resources[1].drivers).toEqual(['docker', 'none']);
+    expect(r.body.driver).toBe('none');
   });
 });
 
@@ -157,7 +159,7 @@ describe('sandboxes', () => {
     expect(r.status).toBe(201);
     expectClean(r.text);
     box = r.body;
-    expect(box).toMatchObject({ name: 'box-1', template_name: 'python-3.12', status: 'ready', status_reason: null });
+    expect(box).toMatchObject({ name: 'box-1', template_name: 'python-3.12', driver: 'none', status: 'ready', status_reason: null, idle_ttl_seconds: 600 });
     expect(box.id).toMatch(/^[0-9a-f-]{36}$/);
     expect(Date.parse(box.created_at)).not.toBeNaN();
     expect(Date.parse(box.updated_at)).not.toBeNaN();
@@ -183,6 +185,10 @@ describe('sandboxes', () => {
       REQUESTS_CA_BUNDLE: path.join(sbxDir, 'ca-bundle.pem'),
       CURL_CA_BUNDLE: path.join(sbxDir, 'ca-bundle.pem'),
       GIT_SSL_CAINFO: path.join(sbxDir, 'ca-bundle.pem'),
+      NPM_CONFIG_CAFILE: path.join(sbxDir, 'ca-bundle.pem'),
+      WSS_PROXY: box.proxy.url,
+      WS_PROXY: box.proxy.url,
+      NODE_USE_ENV_PROXY: '1',
     });
     expect(readFileSync(path.join(sbxDir, 'ca.pem'), 'utf8')).toBe(box.proxy.ca_cert_pem);
     expect(readFileSync(path.join(sbxDir, 'ca-bundle.pem'), 'utf8')).toContain(box.proxy.ca_cert_pem.trim());
@@ -362,10 +368,10 @@ describe('sandboxes', () => {
     expect(r.body).toEqual([{ key: 'GH_TOKEN' }]);
   });
 
-  it('wait_for_ready false: 201 at once with status starting and the proxy URL, ready soon after', async () => {
+  it('wait_for_ready false: 201 at once with status provisioning and the proxy URL, ready soon after', async () => {
     const r = await A('POST', '/api/v2/sandboxes/boxes', { template_name: 'node-22', name: 'bg-box', proxy_config: rules() });
     expect(r.status).toBe(201);
-    expect(r.body.status).toBe('starting');
+    expect(r.body.status).toBe('provisioning');
     expect(r.body.proxy.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
     const ready = await waitFor(async () => {
       const g = await A('GET', '/api/v2/sandboxes/boxes/bg-box');
@@ -409,7 +415,7 @@ describe('sandboxes', () => {
   });
 
   it('two workspaces are isolated: names, records, secrets, configs', async () => {
-    expect((await B('GET', '/api/v2/sandboxes/boxes')).body).toEqual({ resources: [] });
+    expect((await B('GET', '/api/v2/sandboxes/boxes')).body).toEqual({ resources: [], offset: 0 });
     expect((await B('GET', '/api/v2/sandboxes/boxes/box-1')).status).toBe(404);
     expect((await B('PATCH', '/api/v2/sandboxes/boxes/box-1', { proxy_config: {} })).status).toBe(404);
     expect((await B('DELETE', '/api/v2/sandboxes/boxes/box-1')).status).toBe(404);
@@ -480,7 +486,7 @@ describe('sandboxes', () => {
 
   it('logs never carried a secret, an opaque value or the API key', () => {
     const out = earlierOutput + server.output();
-    expect(out).toContain('sandbox proxy ready');
+    expect(out).toContain('"msg":"sandbox ready"');
     expectClean(out);
     expect(out).not.toContain(KEY);
   });
