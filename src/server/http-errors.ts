@@ -34,7 +34,7 @@ export function writeErrorResponse(res: ServerResponse, r: ErrorResponse): void 
  * left of the body must not be parsed as the next request.
  */
 export function sendError(req: IncomingMessage, res: ServerResponse, err: unknown): ErrorResponse {
-  const r = errorResponse(err);
+  const r = { ...errorResponse(err) }; // a copy: the answer may get a header below
   const unread = !res.headersSent && !req.complete && !req.destroyed;
   if (unread) {
     r.headers = { ...r.headers, Connection: 'close' };
