@@ -5,7 +5,9 @@ import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import type { Logger } from '../log.js';
 import { createFileExclusive } from '../secrets/envelope.js';
-import { answerClientError, bodyMissing, checkUrlLength, readJsonBody, sendError, sendJson } from '../server/http-json.js';
+import { HttpError, HttpValidationError } from '../server/errors.js';
+import { onClientError, sendError } from '../server/http-errors.js';
+import { bodyMissing, checkUrlLength, readJsonBody, sendJson } from '../server/http-json.js';
 import { ValidationFailure } from '../validation/errors.js';
 import { ConfigApplyError, parseConfigPush, type ConfigHolder } from './config-holder.js';
 import { METRICS_CONTENT_TYPE, type ProxyMetrics } from './metrics.js';
@@ -81,16 +83,15 @@ export async function startAdmin(opts: AdminOptions): Promise<AdminHandle> {
     // Answer 401 before looking at the path, so an unauthenticated caller learns nothing.
     if (!tokenMatches(req.headers.authorization, expected)) {
       logger?.warn({ method: req.method, path: url.pathname, reason: req.headers.authorization ? 'wrong token' : 'no token' }, 'admin request refused');
-      sendJson(res, 401, { detail: 'Missing or invalid admin credentials: send Authorization: Bearer <admin token>.' }, { 'www-authenticate': 'Bearer realm="keygate-admin"' });
-      return;
+      throw new HttpError(401, 'Missing or invalid admin credentials: send Authorization: Bearer <admin token>.', { headers: { 'www-authenticate': 'Bearer realm="keygate-admin"' } });
     }
     const route = `${req.method} ${url.pathname}`;
     switch (route) {
       case 'GET /healthz':
         return sendJson(res, 200, { status: 'ok' });
       case 'GET /readyz':
-        if (!listening) return sendJson(res, 503, { detail: 'The proxy is not listening.' });
-        if (holder.generation === 0) return sendJson(res, 503, { detail: 'No configuration has been applied yet.' });
+        if (!listening) throw new HttpError(503, 'The proxy is not listening.');
+        if (holder.generation === 0) throw new HttpError(503, 'No configuration has been applied yet.');
         return sendJson(res, 200, { status: 'ready', generation: holder.generation });
       case 'GET /metrics': {
         const text = metrics.render();
@@ -100,7 +101,7 @@ export async function startAdmin(opts: AdminOptions): Promise<AdminHandle> {
       }
       case 'GET /config': {
         const current = holder.current();
-        if (!current) return sendJson(res, 404, { detail: 'No configuration has been applied yet.' });
+        if (!current) throw new HttpError(404, 'No configuration has been applied yet.');
         return sendJson(res, 200, current);
       }
       case 'PUT /config': {
@@ -111,26 +112,26 @@ export async function startAdmin(opts: AdminOptions): Promise<AdminHandle> {
           const applied = await holder.apply(push.config, { source: 'push', secrets: push.secrets, locPrefix: push.locPrefix });
           return sendJson(res, 200, { applied: true, generation: applied.generation });
         } catch (err) {
-          if (err instanceof ValidationFailure) return sendJson(res, 422, { detail: err.issues });
-          if (err instanceof ConfigApplyError) return sendJson(res, 503, { detail: err.message });
+          if (err instanceof ValidationFailure) throw new HttpValidationError(err.issues);
+          if (err instanceof ConfigApplyError) throw new HttpError(503, err.message);
           throw err;
         }
       }
       default: {
         const known = ['/healthz', '/readyz', '/metrics', '/config'];
-        if (known.includes(url.pathname)) return sendJson(res, 405, { detail: `Method ${req.method} is not allowed on ${url.pathname}.` });
-        return sendJson(res, 404, { detail: 'Not found.' });
+        if (known.includes(url.pathname)) throw new HttpError(405, `Method ${req.method} is not allowed on ${url.pathname}.`);
+        throw new HttpError(404, 'Not found.');
       }
     }
   }
 
   const server = http.createServer({ requestTimeout: 30_000, headersTimeout: 10_000 }, (req, res) => {
     handle(req, res).catch((err: unknown) => {
-      if (sendError(req, res, err)) logger?.error({ err: { name: (err as Error).name, message: (err as Error).message } }, 'admin request failed');
+      if (sendError(req, res, err).internal) logger?.error({ err: { name: (err as Error).name, message: (err as Error).message } }, 'admin request failed');
     });
   });
   // Node's own parser refusals (431, 414, 400, 408) in the same JSON shape as everything else.
-  server.on('clientError', answerClientError);
+  server.on('clientError', onClientError);
   server.keepAliveTimeout = 5_000;
 
   const l = opts.listen;

@@ -3,7 +3,7 @@ import type { AddressInfo } from 'node:net';
 import type { Readable } from 'node:stream';
 import type { Logger } from '../log.js';
 import { filterResponseHeaderObject, upstreamRequestHeaders } from '../proxy/headers.js';
-import type { ErrorResponse } from '../server/errors.js';
+import { errorResponse, HttpError } from '../server/errors.js';
 import { onClientError, writeErrorResponse } from '../server/http-errors.js';
 import type { ReplicaSet, Slot } from './supervisor.js';
 
@@ -21,9 +21,8 @@ export interface FrontRouterOptions {
   host: string;
 }
 
-function send(res: http.ServerResponse, status: number, detail: string, extra: Record<string, string> = {}): void {
-  const r: ErrorResponse = { status, body: { detail }, code: `router_${status}` };
-  writeErrorResponse(res, r, extra);
+function send(res: http.ServerResponse, status: number, detail: string, headers: Record<string, string> = {}): void {
+  writeErrorResponse(res, errorResponse(new HttpError(status, detail, { code: `router_${status}`, headers })));
 }
 
 /** Headers the router sets itself; a client's copies never reach the app. */

@@ -3,7 +3,9 @@ import { statSync } from 'node:fs';
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { createLogger, type Logger } from '../log.js';
-import { answerClientError, bodyMissing, checkUrlLength, invalid, problem, readJsonBody, sendError, sendJson } from '../server/http-json.js';
+import { HttpError, HttpValidationError } from '../server/errors.js';
+import { onClientError, sendError } from '../server/http-errors.js';
+import { bodyMissing, checkUrlLength, readJsonBody, sendJson } from '../server/http-json.js';
 import { findAssistant, type LoadedApp, type LoadedAssistant } from './app.js';
 import { createProxyFetch } from './fetch.js';
 import { assistantView, graphView, searchAssistants } from './langgraph.js';
@@ -88,11 +90,11 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
     const body = await readJsonBody(req, { maxBytes: maxBody });
     if (body === undefined) throw bodyMissing();
     const parsed = parseRunRequest(body);
-    if (!parsed.ok) throw invalid(parsed.issues);
+    if (!parsed.ok) throw new HttpValidationError(parsed.issues);
     const request = parsed.request;
     const assistant = findAssistant(app, request.assistant_id);
-    if (!assistant) throw problem(404, `Assistant '${request.assistant_id}' not found.`);
-    if (closing) throw problem(503, 'The application is shutting down.');
+    if (!assistant) throw new HttpError(404, `Assistant '${request.assistant_id}' not found.`);
+    if (closing) throw new HttpError(503, 'The application is shutting down.');
     return { request, assistant };
   }
 
@@ -211,13 +213,13 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
     const path = new URL(req.url ?? '/', 'http://localhost').pathname;
     const method = req.method ?? 'GET';
     const allow = (...methods: string[]) => {
-      if (!methods.includes(method)) throw problem(405, 'Method Not Allowed', { Allow: methods.join(', ') });
+      if (!methods.includes(method)) throw new HttpError(405, 'Method Not Allowed', { headers: { Allow: methods.join(', ') } });
     };
     if (path === '/ok') {
       allow('GET', 'HEAD');
       return sendJson(res, 200, { ok: true });
     }
-    if (!authorised(req)) throw problem(401, 'Missing or invalid API key (X-Api-Key header).');
+    if (!authorised(req)) throw new HttpError(401, 'Missing or invalid API key (X-Api-Key header).');
     if (path === '/runs/stream') {
       allow('POST');
       return handleStream(req, res);
@@ -234,7 +236,7 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
       allow('POST');
       // No body is an empty query: the production SDKs always send one, curl users may not.
       const found = searchAssistants(views, (await readJsonBody(req, { maxBytes: maxBody })) ?? {});
-      if (!found.ok) throw invalid(found.issues);
+      if (!found.ok) throw new HttpValidationError(found.issues);
       return sendJson(res, 200, found.items, found.next !== null ? { 'X-Pagination-Next': String(found.next) } : {});
     }
     const m = /^\/assistants\/([^/]+)(\/graph)?$/.exec(path);
@@ -244,20 +246,20 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
       try {
         idOrName = decodeURIComponent(m[1]);
       } catch {
-        throw problem(404, 'Assistant not found.');
+        throw new HttpError(404, 'Assistant not found.');
       }
       const a = findAssistant(app, idOrName);
-      if (!a) throw problem(404, `Assistant '${idOrName}' not found.`);
+      if (!a) throw new HttpError(404, `Assistant '${idOrName}' not found.`);
       return sendJson(res, 200, m[2] ? graphView(a) : viewOf(a));
     }
-    throw problem(404, 'Not Found');
+    throw new HttpError(404, 'Not Found');
   }
 
   const server = http.createServer({ noDelay: true, keepAliveTimeout: 5000 }, (req, res) => {
     const started = Date.now();
     route(req, res)
       .catch((err: unknown) => {
-        if (sendError(req, res, err)) logger.error({ err: { name: (err as Error)?.name, message: (err as Error)?.message } }, 'request failed');
+        if (sendError(req, res, err).internal) logger.error({ err: { name: (err as Error)?.name, message: (err as Error)?.message } }, 'request failed');
       })
       .finally(() => {
         const path = new URL(req.url ?? '/', 'http://localhost').pathname;
@@ -265,7 +267,7 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
         logger[path === '/ok' ? 'debug' : 'info']({ method: req.method, path, status: res.statusCode, duration_ms: Date.now() - started }, 'request');
       });
   });
-  server.on('clientError', answerClientError);
+  server.on('clientError', onClientError);
 
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);

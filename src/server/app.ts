@@ -124,6 +124,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
     // Log the error class, code and message only for our own failures: messages are ours and
     // never carry secret values; client mistakes are not worth a log line.
     if (r.internal) req.log.error({ err: { type: err.name, message: err.message, code: err.code ?? r.code } }, 'request failed');
+    if (r.headers) void reply.headers(r.headers);
     return reply.status(r.status).send(r.body);
   });
   app.setNotFoundHandler((req, reply) => reply.status(404).send({ detail: 'Not Found' }));

@@ -7,15 +7,19 @@ import { ajvToIssues, type ValidationIssue } from '../validation/errors.js';
  * HTTP parser's) to that answer; the servers only write what it returns.
  */
 
-/** An error an API route wants answered as `{"detail": "sentence"}` with `status` (wire.md). */
+/** An error an API route wants answered as `{"detail": "sentence"}` with `status` (wire.md), maybe with headers (`Allow`, `WWW-Authenticate`). */
 export class HttpError extends Error {
+  readonly code: string;
+  readonly headers: Record<string, string>;
   constructor(
     readonly status: number,
     readonly detail: string,
-    readonly code = `http_${status}`,
+    opts: { code?: string; headers?: Record<string, string> } = {},
   ) {
     super(detail);
     this.name = 'HttpError';
+    this.code = opts.code ?? `http_${status}`;
+    this.headers = opts.headers ?? {};
   }
 }
 
@@ -34,6 +38,10 @@ export const forbidden = (detail: string) => new HttpError(403, detail);
 export const badGateway = (detail: string) => new HttpError(502, detail);
 export const unavailable = (detail: string) => new HttpError(503, detail);
 
+/** Longer request targets are refused with 414 (Node itself only bounds the whole header block). */
+export const MAX_URL_LENGTH = 8 * 1024;
+export const URL_TOO_LONG = `Request URL too long (limit ${MAX_URL_LENGTH} bytes).`;
+
 export interface ErrorBody {
   detail: string | ValidationIssue[];
 }
@@ -44,6 +52,8 @@ export interface ErrorResponse {
   body: ErrorBody;
   code: string;
   internal?: boolean;
+  /** Response headers the error asks for (`Allow` on a 405, `WWW-Authenticate` on a 401). */
+  headers?: Record<string, string>;
 }
 
 export const JSON_DECODE_ISSUE: ValidationIssue = { loc: ['body'], msg: 'JSON decode error', type: 'json_invalid' };
@@ -64,6 +74,7 @@ const BY_CODE: Record<string, readonly [number, string]> = {
   HPE_HEADER_OVERFLOW: [431, 'Request headers are too large.'],
   ERR_HTTP_REQUEST_TIMEOUT: [408, 'The request took too long to arrive.'],
   ERR_HTTP_HEADERS_TIMEOUT: [408, 'The request headers took too long to arrive.'],
+  HPE_HEADER_TIMEOUT: [408, 'The request took too long to arrive.'],
   HPE_INVALID_METHOD: [400, 'Malformed HTTP request: unknown method.'],
   HPE_INVALID_URL: [400, 'Malformed HTTP request: invalid request target.'],
   HPE_UNEXPECTED_CONTENT_LENGTH: [400, 'Malformed HTTP request: conflicting Content-Length and Transfer-Encoding.'],
@@ -83,6 +94,17 @@ interface ErrorLike {
   validation?: unknown;
   validationContext?: unknown;
   name?: unknown;
+  rawPacket?: unknown;
+}
+
+/**
+ * Node's parser reports an oversized head as one overflow; when the request line alone (as far as
+ * the parser's last chunk shows) is over {@link MAX_URL_LENGTH}, the URL is what is too long.
+ */
+function requestLineTooLong(raw: unknown): boolean {
+  if (!Buffer.isBuffer(raw)) return false;
+  const eol = raw.indexOf('\r\n');
+  return (eol === -1 ? raw.length : eol) > MAX_URL_LENGTH;
 }
 
 /**
@@ -90,7 +112,11 @@ interface ErrorLike {
  * own message may hold a secret or a path), so callers log `code` and the message themselves.
  */
 export function errorResponse(err: unknown): ErrorResponse {
-  if (err instanceof HttpError) return { status: err.status, body: { detail: err.detail }, code: err.code };
+  if (err instanceof HttpError) {
+    const r: ErrorResponse = { status: err.status, body: { detail: err.detail }, code: err.code };
+    if (Object.keys(err.headers).length > 0) r.headers = err.headers;
+    return r;
+  }
   if (err instanceof HttpValidationError) return { status: 422, body: { detail: err.issues }, code: err.code };
   if (!err || typeof err !== 'object') return INTERNAL;
   const e = err as ErrorLike;
@@ -102,6 +128,7 @@ export function errorResponse(err: unknown): ErrorResponse {
   if (JSON_DECODE_CODES.has(code) || (e.statusCode === 400 && err instanceof SyntaxError)) {
     return { status: 422, body: { detail: [JSON_DECODE_ISSUE] }, code: code || 'json_invalid' };
   }
+  if (code === 'HPE_HEADER_OVERFLOW' && requestLineTooLong(e.rawPacket)) return { status: 414, body: { detail: URL_TOO_LONG }, code };
   const known = BY_CODE[code];
   if (known) return { status: known[0], body: { detail: known[1] }, code, internal: known[0] >= 500 };
   if (code.startsWith('HPE_')) return { status: 400, body: { detail: 'Malformed HTTP request.' }, code };

@@ -1,37 +1,111 @@
-import { STATUS_CODES, type ServerResponse } from 'node:http';
+import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { errorResponse, type ErrorResponse } from './errors.js';
+import { sendJson } from './http-json.js';
 
 /**
- * Writing the error layer's answers on a plain node:http server (the deployment router, and the
- * hand-rolled servers), and on a socket whose request Node's HTTP parser refused before any
- * framework saw it (431 for oversized headers, 400 for malformed requests).
+ * Writing the error layer's answers ({@link errorResponse}) on a plain node:http server (`app
+ * serve`, the proxy's admin listener, the deployment router), and on a socket whose request Node's
+ * HTTP parser refused before any handler saw it (431, 414, 408, 400). The fastify surfaces use the
+ * same mapping and the same `clientError` handler (src/server/app.ts).
  */
 
+/** A request body left unread after a refusal is read and dropped up to this many bytes... */
+const DISCARD_MAX_BYTES = 64 * 1024 * 1024;
+/** ...for at most this long; past either bound the connection is cut. */
+const DISCARD_MAX_MS = 10_000;
+
 /** Writes `r` as the response, or cuts the connection when a response has already started. */
-export function writeErrorResponse(res: ServerResponse, r: ErrorResponse, headers: Record<string, string> = {}): void {
+export function writeErrorResponse(res: ServerResponse, r: ErrorResponse): void {
   if (res.headersSent) {
     res.destroy();
     return;
   }
-  const body = JSON.stringify(r.body);
-  res.writeHead(r.status, { ...headers, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
-  res.end(body);
+  sendJson(res, r.status, r.body, r.headers);
+}
+
+/**
+ * Answers an error a handler threw, through {@link errorResponse}: a typed error as it says,
+ * anything else as a 500 that names nothing. After headers went out nothing can be said any more,
+ * so the connection is cut: the client sees a truncated response, never a second status. Returns
+ * the answer (its `internal` flag is the caller's cue to log the error).
+ *
+ * A refusal that leaves the request's body unread (401, 413, 415...) ends the connection: what is
+ * left of the body must not be parsed as the next request.
+ */
+export function sendError(req: IncomingMessage, res: ServerResponse, err: unknown): ErrorResponse {
+  const r = { ...errorResponse(err) }; // a copy: the answer may get a header below
+  const unread = !res.headersSent && !req.complete && !req.destroyed;
+  if (unread) {
+    r.headers = { ...r.headers, Connection: 'close' };
+    if (!(Number(req.headers['content-length']) > DISCARD_MAX_BYTES)) lingerBeforeClosing(req);
+  }
+  writeErrorResponse(res, r);
+  return r;
+}
+
+/**
+ * Closes a `Connection: close` answer's socket only after the rest of the request body arrived
+ * (read and dropped, within {@link DISCARD_MAX_BYTES} and {@link DISCARD_MAX_MS}). Node destroys
+ * the socket as soon as the answer is written; while the client is still sending, that resets the
+ * connection, and a reset can discard the answer before the client reads it (the app's 413 became
+ * the router's 502). Here only the write side ends with the answer; the socket is destroyed when
+ * the body ended, the client closed, or a bound was hit.
+ */
+function lingerBeforeClosing(req: IncomingMessage): void {
+  const socket = req.socket as IncomingMessage['socket'] & { destroySoon?: () => void };
+  // Node's server calls destroySoon() once a `Connection: close` response is finished.
+  socket.destroySoon = () => {
+    const cut = () => {
+      clearTimeout(timer);
+      socket.destroy();
+    };
+    // Nothing more to read: close once the answer is flushed (destroy() would drop unsent bytes).
+    const close = () => (socket.writableFinished ? cut() : socket.once('finish', cut));
+    const timer = setTimeout(cut, DISCARD_MAX_MS).unref();
+    let left = DISCARD_MAX_BYTES;
+    socket.once('close', () => clearTimeout(timer));
+    socket.once('end', close);
+    socket.end();
+    if (req.complete) return close();
+    req.removeAllListeners('data');
+    req.on('data', (chunk: Buffer) => {
+      left -= chunk.length;
+      if (left < 0) cut();
+    });
+    req.once('end', close);
+    req.once('error', cut);
+    req.resume();
+  };
 }
 
 /** A complete HTTP/1.1 response for `r` that closes the connection (the parser state is lost). */
 export function rawErrorResponse(r: ErrorResponse): string {
   const body = JSON.stringify(r.body);
-  return `HTTP/1.1 ${r.status} ${STATUS_CODES[r.status] ?? 'Error'}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`;
+  return (
+    `HTTP/1.1 ${r.status} ${STATUS_CODES[r.status] ?? 'Error'}\r\n` +
+    'Content-Type: application/json\r\n' +
+    `Content-Length: ${Buffer.byteLength(body)}\r\n` +
+    'Cache-Control: no-store\r\n' +
+    'Connection: close\r\n\r\n' +
+    body
+  );
 }
 
 /**
  * The `clientError` listener of every server: Node's parser refused the request (header overflow,
- * malformed request line, timeout). Answered in the wire shape, then the socket is closed.
+ * overlong request line, malformed request, timeout). Answered in the wire shape, then the socket
+ * is closed. A socket whose current response already started cannot take another status line, so
+ * it is only destroyed.
  */
 export function onClientError(err: Error & { code?: string }, socket: Duplex): void {
-  if (err.code === 'ECONNRESET' || socket.destroyed) return;
-  if (socket.writable) socket.end(rawErrorResponse(errorResponse(err)));
+  // Node's own handler makes the same check: a response in flight on this socket has begun.
+  const inFlight = (socket as Duplex & { _httpMessage?: ServerResponse })._httpMessage;
+  if (err.code === 'ECONNRESET' || !socket.writable || inFlight?.headersSent) {
+    socket.destroy();
+    return;
+  }
+  socket.end(rawErrorResponse(errorResponse(err)));
   // end() flushes the answer; destroy afterwards in case the peer never reads it.
   setTimeout(() => socket.destroy(), 1000).unref();
 }

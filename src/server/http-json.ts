@@ -1,41 +1,13 @@
 /**
- * JSON over the hand-rolled `node:http` servers (the proxy's admin listener and `keygate app
- * serve`): one bounded body reader, one JSON writer, one error answer, and the answer to Node's own
- * parser refusals. Everything comes out in the wire.md shape: `{"detail": "sentence"}`, or 422
- * with `{"detail": [{loc, msg, type}]}`.
- *
- * The fastify surfaces get the same statuses from their own error handler (src/server/app.ts);
- * this module is for the servers that have no framework.
+ * JSON over the hand-rolled `node:http` servers (`keygate app serve`, the proxy's admin listener,
+ * the deployment router): the one JSON writer and the one bounded body reader. Refusals are the
+ * typed errors of ./errors.ts (one mapping for every surface); ./http-errors.ts writes them.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { Duplex } from 'node:stream';
-import type { ValidationIssue } from '../validation/errors.js';
 import { jsonErrorLocation } from '../validation/json.js';
+import { HttpError, HttpValidationError, MAX_URL_LENGTH, URL_TOO_LONG } from './errors.js';
 
-/** A refusal a route wants answered as JSON with `status` (and maybe extra headers). */
-export class HttpProblem extends Error {
-  constructor(
-    readonly status: number,
-    readonly body: { detail: string | ValidationIssue[] },
-    readonly headers: Record<string, string> = {},
-  ) {
-    super(typeof body.detail === 'string' ? body.detail : body.detail.map((i) => i.msg).join('; '));
-    this.name = 'HttpProblem';
-  }
-
-  /** True when the connection must not carry another request (a body was left unread). */
-  get closesConnection(): boolean {
-    return this.headers.Connection === 'close';
-  }
-}
-
-/** `{"detail": sentence}` with `status`. */
-export const problem = (status: number, sentence: string, headers?: Record<string, string>) => new HttpProblem(status, { detail: sentence }, headers);
-/** 422 with the issues' exact `loc`s. */
-export const invalid = (issues: ValidationIssue[]) => new HttpProblem(422, { detail: issues });
-
-/** Longer request targets are refused with 414 (Node itself only bounds the whole header block). */
-export const MAX_URL_LENGTH = 8 * 1024;
+export { MAX_URL_LENGTH };
 
 /** The one JSON writer: status, `application/json`, exact length, never cached. */
 export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
@@ -49,33 +21,9 @@ export function sendJson(res: ServerResponse, status: number, body: unknown, hea
   res.end(text);
 }
 
-/**
- * Answers an error a handler threw: an {@link HttpProblem} as it says, anything else as a 500 that
- * names nothing (the caller logs it). After headers went out nothing can be said any more, so the
- * connection is cut: the client sees a truncated response, never a second status. Returns true
- * when the error was unexpected (the caller's cue to log it).
- */
-export function sendError(req: IncomingMessage, res: ServerResponse, err: unknown): boolean {
-  const unexpected = !(err instanceof HttpProblem);
-  if (res.headersSent) {
-    res.destroy();
-    return unexpected;
-  }
-  if (err instanceof HttpProblem) {
-    sendJson(res, err.status, err.body, err.headers);
-    // A refused body that was not read must not be parsed as the next request on this connection.
-    if (err.closesConnection) res.once('finish', () => req.destroy());
-    return false;
-  }
-  sendJson(res, 500, { detail: 'Internal server error.' });
-  return true;
-}
-
 /** 414 for a request target over {@link MAX_URL_LENGTH}. */
 export function checkUrlLength(req: IncomingMessage): void {
-  if ((req.url ?? '').length > MAX_URL_LENGTH) {
-    throw problem(414, `Request URL too long (limit ${MAX_URL_LENGTH} bytes).`, { Connection: 'close' });
-  }
+  if ((req.url ?? '').length > MAX_URL_LENGTH) throw new HttpError(414, URL_TOO_LONG);
 }
 
 /**
@@ -103,6 +51,34 @@ export interface ReadJsonOptions {
 }
 
 /**
+ * The request's bytes, at most `maxBytes` of them (else `tooLarge()` is thrown). Reading stops at
+ * once but the request is left intact (paused, not destroyed), so the refusal can still be
+ * answered on its connection; the error writer drops the rest (./http-errors.ts).
+ */
+function readBounded(req: IncomingMessage, maxBytes: number, tooLarge: () => Error): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const done = (err?: Error) => {
+      req.off('data', onData).off('end', onEnd).off('error', onError).off('close', onClose);
+      if (err) {
+        req.pause();
+        reject(err);
+      } else resolve(Buffer.concat(chunks, size));
+    };
+    const onData = (chunk: Buffer) => {
+      size += chunk.length;
+      if (size > maxBytes) return done(tooLarge());
+      chunks.push(chunk);
+    };
+    const onEnd = () => done();
+    const onError = (err: Error) => done(err);
+    const onClose = () => done(new Error('The client closed the request before its body arrived.'));
+    req.on('data', onData).once('end', onEnd).once('error', onError).once('close', onClose);
+  });
+}
+
+/**
  * Reads a JSON body: `undefined` when the request has none (the caller decides whether that is a
  * 422 `missing`), else the parsed value. A body of another content type is 415; more than
  * `maxBytes` (declared or streamed) is 413 and stops reading at once; bytes that are not UTF-8 or
@@ -112,88 +88,27 @@ export interface ReadJsonOptions {
 export async function readJsonBody(req: IncomingMessage, opts: ReadJsonOptions): Promise<unknown> {
   if (!hasBody(req)) return undefined;
   if (!isJsonContentType(req.headers['content-type'])) {
-    throw problem(415, 'Unsupported media type: send Content-Type: application/json.', { Connection: 'close' });
+    throw new HttpError(415, 'Unsupported media type: send Content-Type: application/json.');
   }
-  const tooLarge = () => problem(413, opts.tooLarge ?? `Request body too large (limit ${opts.maxBytes} bytes).`, { Connection: 'close' });
+  const tooLarge = () => new HttpError(413, opts.tooLarge ?? `Request body too large (limit ${opts.maxBytes} bytes).`);
   const declared = Number(req.headers['content-length']);
   if (Number.isFinite(declared) && declared > opts.maxBytes) throw tooLarge();
 
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req as AsyncIterable<Buffer>) {
-    size += chunk.length;
-    if (size > opts.maxBytes) throw tooLarge();
-    chunks.push(chunk);
-  }
-  if (size === 0) return undefined; // chunked with no data: no body either
+  const bytes = await readBounded(req, opts.maxBytes, tooLarge);
+  if (bytes.length === 0) return undefined; // chunked with no data: no body either
 
   let text: string;
   try {
-    text = new TextDecoder('utf-8', { fatal: true }).decode(Buffer.concat(chunks, size));
+    text = new TextDecoder('utf-8', { fatal: true }).decode(bytes);
   } catch {
-    throw invalid([{ loc: ['body'], msg: 'JSON decode error: the body is not valid UTF-8', type: 'json_invalid' }]);
+    throw new HttpValidationError([{ loc: ['body'], msg: 'JSON decode error: the body is not valid UTF-8', type: 'json_invalid' }]);
   }
   try {
     return JSON.parse(text);
   } catch (err) {
-    throw invalid([{ loc: ['body'], msg: `JSON decode error at ${jsonErrorLocation(text, err)}`, type: 'json_invalid' }]);
+    throw new HttpValidationError([{ loc: ['body'], msg: `JSON decode error at ${jsonErrorLocation(text, err)}`, type: 'json_invalid' }]);
   }
 }
 
 /** The 422 for a route whose body is required but absent. */
-export const bodyMissing = () => invalid([{ loc: ['body'], msg: 'Field required', type: 'missing' }]);
-
-const REASONS: Record<number, string> = {
-  400: 'Bad Request',
-  408: 'Request Timeout',
-  414: 'URI Too Long',
-  431: 'Request Header Fields Too Large',
-};
-
-/**
- * What to answer when Node's HTTP parser refuses a request (pure, for testing): the status and
- * the sentence. `rawPacket` is what the parser had received; a header overflow whose request line
- * alone is over the URL limit is a 414, otherwise a 431.
- */
-export function parserRefusal(err: { code?: string; rawPacket?: Buffer }): { status: number; detail: string } | null {
-  switch (err.code) {
-    case 'ECONNRESET':
-      return null;
-    case 'HPE_HEADER_OVERFLOW': {
-      const raw = err.rawPacket;
-      const eol = raw ? raw.indexOf('\r\n') : -1;
-      const requestLine = raw ? (eol === -1 ? raw.length : eol) : 0;
-      if (requestLine > MAX_URL_LENGTH) return { status: 414, detail: `Request URL too long (limit ${MAX_URL_LENGTH} bytes).` };
-      return { status: 431, detail: 'Request header fields too large.' };
-    }
-    case 'ERR_HTTP_REQUEST_TIMEOUT':
-    case 'HPE_HEADER_TIMEOUT':
-      return { status: 408, detail: 'The request took too long to arrive.' };
-    default:
-      return { status: 400, detail: 'Malformed HTTP request.' };
-  }
-}
-
-/**
- * The server's `clientError` listener: answers Node's parser refusals (431, 414, 408, 400) with a
- * JSON body and closes the connection, instead of Node's bare status line. A socket whose current
- * response already started cannot take another status line, so it is only destroyed.
- */
-export function answerClientError(err: Error & { code?: string; rawPacket?: Buffer }, socket: Duplex): void {
-  const refusal = parserRefusal(err);
-  // Node's own handler makes the same check: a response in flight on this socket has begun.
-  const inFlight = (socket as Duplex & { _httpMessage?: ServerResponse })._httpMessage;
-  if (!refusal || !socket.writable || inFlight?.headersSent) {
-    socket.destroy();
-    return;
-  }
-  const body = JSON.stringify({ detail: refusal.detail });
-  socket.end(
-    `HTTP/1.1 ${refusal.status} ${REASONS[refusal.status]}\r\n` +
-      'Content-Type: application/json\r\n' +
-      `Content-Length: ${Buffer.byteLength(body)}\r\n` +
-      'Cache-Control: no-store\r\n' +
-      'Connection: close\r\n\r\n' +
-      body,
-  );
-}
+export const bodyMissing = () => new HttpValidationError([{ loc: ['body'], msg: 'Field required', type: 'missing' }]);

@@ -1,12 +1,13 @@
-// Every KEYGATE_* variable that the API server, the control plane, the deploy tool and the sandbox
-// area read is documented in the README or an area README (issue #17: two were documented nowhere).
+// Every KEYGATE_* variable that the API server, the control plane, the deploy tool, the sandbox
+// area, the proxy and the CLI read is documented in the README or an area README (issue #17: four
+// were documented nowhere).
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { REPO_ROOT } from '../helpers/cli.js';
 
 /** Source read by these surfaces (owners of other areas keep their own lists). */
-const SOURCES = ['src/server', 'src/control-plane', 'src/deploy', 'src/cli/deploy.ts', 'src/cli/serve.ts', 'src/sandbox-api/area.ts'];
+const SOURCES = ['src/server', 'src/control-plane', 'src/deploy', 'src/cli', 'src/sandbox-api/area.ts', 'src/proxy', 'src/admin', 'src/runtime'];
 
 function files(rel: string): string[] {
   const abs = path.join(REPO_ROOT, rel);
@@ -36,11 +37,19 @@ describe('configuration documentation', () => {
   const read = [...new Set(SOURCES.flatMap(files).flatMap((f) => variablesRead(readFileSync(f, 'utf8'))))].sort();
 
   it('finds the variables it is about (the scan works)', () => {
-    expect(read).toEqual(expect.arrayContaining(['KEYGATE_SANDBOX_PROXY_CA_FILE', 'KEYGATE_SANDBOX_PROXY_RESOLVE', 'KEYGATE_MAX_UPLOAD_BYTES']));
+    expect(read).toEqual(
+      expect.arrayContaining(['KEYGATE_SANDBOX_PROXY_CA_FILE', 'KEYGATE_SANDBOX_PROXY_RESOLVE', 'KEYGATE_MAX_UPLOAD_BYTES', 'KEYGATE_RELAY_GC', 'KEYGATE_V8_WASM_TIERUP']),
+    );
   });
 
   it('documents every one of them', () => {
     expect(read.filter((v) => !new RegExp(`\\b${v}\\b`).test(docs))).toEqual([]);
+  });
+
+  it('says what the memory switches take', () => {
+    const readme = readFileSync(path.join(REPO_ROOT, 'README.md'), 'utf8');
+    expect(readme).toMatch(/`KEYGATE_RELAY_GC=0`/);
+    expect(readme).toMatch(/`KEYGATE_V8_WASM_TIERUP=1`/);
   });
 
   it('says what the sandbox proxy variables take', () => {

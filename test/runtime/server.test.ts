@@ -261,7 +261,7 @@ describe('requests that are refused', () => {
     }
   });
 
-  it("Node's parser refusals come out as JSON: 431 for huge headers, 414 for a huge URL", async () => {
+  it("Node's parser refusals come out as JSON: 431 for huge headers, 414 for a huge URL, 400 for a malformed request", async () => {
     const send = (bytes: string) =>
       new Promise<net.Socket>((resolve, reject) => {
         const s = net.connect(Number(new URL(server.url).port), '127.0.0.1', () => resolve(s));
@@ -273,6 +273,10 @@ describe('requests that are refused', () => {
     const url = await send(`GET /assistants/${'a'.repeat(20_000)} HTTP/1.1\r\nHost: t\r\n\r\n`);
     expect(url.status).toBe(414);
     expect(JSON.parse(url.body)).toEqual({ detail: expect.any(String) });
+    const malformed = await send('GET /ok HTTP/1.1\r\nHost: t\r\nBad Header Line\r\n\r\n');
+    expect(malformed.status).toBe(400);
+    expect(malformed.headers['content-type']).toBe('application/json');
+    expect(JSON.parse(malformed.body)).toEqual({ detail: 'Malformed HTTP request.' });
   });
 
   it('413 on a body over the limit', async () => {

@@ -2,7 +2,7 @@
 // answer, with no message of a foreign error ever passed on.
 import { Ajv } from 'ajv';
 import { describe, expect, it } from 'vitest';
-import { errorResponse, frameworkStatuses, HttpError, HttpValidationError, JSON_DECODE_ISSUE } from '../../src/server/errors.js';
+import { errorResponse, frameworkStatuses, HttpError, HttpValidationError, JSON_DECODE_ISSUE, MAX_URL_LENGTH, URL_TOO_LONG } from '../../src/server/errors.js';
 
 /** A real ajv failure, shaped as fastify hands it to the error handler. */
 function ajvFailure(context: string) {
@@ -18,6 +18,17 @@ describe('errorResponse', () => {
     expect(errorResponse(new HttpError(409, 'Taken.'))).toMatchObject({ status: 409, body: { detail: 'Taken.' } });
     const issues = [{ loc: ['body', 'name'], msg: 'bad', type: 'value_error' }];
     expect(errorResponse(new HttpValidationError(issues))).toMatchObject({ status: 422, body: { detail: issues } });
+  });
+
+  it("carries the headers an error asks for (Allow, WWW-Authenticate), and none when it asks for none", () => {
+    expect(errorResponse(new HttpError(405, 'No.', { headers: { Allow: 'POST' } }))).toMatchObject({ status: 405, headers: { Allow: 'POST' } });
+    expect(errorResponse(new HttpError(404, 'Gone.')).headers).toBeUndefined();
+  });
+
+  it("a parser header overflow is 414 when the request line alone is over the URL limit, else 431", () => {
+    const overflow = (raw: string) => Object.assign(new Error('Header overflow'), { code: 'HPE_HEADER_OVERFLOW', rawPacket: Buffer.from(raw) });
+    expect(errorResponse(overflow(`GET /${'u'.repeat(MAX_URL_LENGTH)} HTTP/1.1\r\nHost: t\r\n`))).toMatchObject({ status: 414, body: { detail: URL_TOO_LONG } });
+    expect(errorResponse(overflow(`GET /x HTTP/1.1\r\nX-Big: ${'b'.repeat(20_000)}\r\n`)).status).toBe(431);
   });
 
   it('turns ajv failures into 422 with loc in the part they came from', () => {

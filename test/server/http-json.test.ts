@@ -5,7 +5,8 @@ import net from 'node:net';
 import type { AddressInfo } from 'node:net';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { answerClientError, MAX_URL_LENGTH, checkUrlLength, readJsonBody, sendError, sendJson } from '../../src/server/http-json.js';
+import { onClientError, sendError } from '../../src/server/http-errors.js';
+import { MAX_URL_LENGTH, checkUrlLength, readJsonBody, sendJson } from '../../src/server/http-json.js';
 import { rawExchange } from '../helpers/connect.js';
 
 let server: http.Server;
@@ -22,7 +23,7 @@ beforeAll(async () => {
       sendJson(res, 200, { present: body !== undefined, body: body ?? null });
     })().catch((err) => sendError(req, res, err));
   });
-  server.on('clientError', answerClientError);
+  server.on('clientError', onClientError);
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   port = (server.address() as AddressInfo).port;
   base = `http://127.0.0.1:${port}`;
@@ -102,7 +103,7 @@ describe('refusals before the handler', () => {
     expect(r.status).toBe(431);
     expect(r.headers['content-type']).toBe('application/json');
     expect(r.headers.connection).toBe('close');
-    expect(JSON.parse(r.body)).toEqual({ detail: 'Request header fields too large.' });
+    expect(JSON.parse(r.body)).toEqual({ detail: 'Request headers are too large.' });
     expect(reads).toBe(before);
   });
 
@@ -118,7 +119,7 @@ describe('refusals before the handler', () => {
 
   it('408 for a request whose headers never finish, as JSON', async () => {
     const slow = http.createServer({ headersTimeout: 300, requestTimeout: 400, connectionsCheckingInterval: 50 }, (_req, res) => sendJson(res, 200, {}));
-    slow.on('clientError', answerClientError);
+    slow.on('clientError', onClientError);
     await new Promise<void>((r) => slow.listen(0, '127.0.0.1', r));
     try {
       const s = await new Promise<net.Socket>((resolve, reject) => {
