@@ -26,7 +26,9 @@ const USAGE = `usage: npm run bench -- [options]
                        all). keygate: the bin on Node 24 LTS (scripts/node24.sh installs it from the
                        npm registry); keygate-node20: the bin on this machine's Node 20; ceiling:
                        bench/lib/bare-proxy.mjs on Node 24, TLS both ways and a byte pipe, the bound
-                       of any Node.js proxy here
+                       of any Node.js proxy here; keygate-base (not in the default list): the bin of
+                       the built checkout KEYGATE_BENCH_BASE names, on Node 24 (an earlier commit,
+                       compared in the same interleaved run)
   --keygate-arg ARG    extra argument for keygate proxy (repeatable)
   --cpu-prof           run keygate with NODE_OPTIONS=--cpu-prof (profiles in bench/.work/prof)
   --no-install         never apt-get install a missing peer
@@ -81,7 +83,7 @@ for (const [k, v] of Object.entries(cfg)) {
     process.exit(2);
   }
 }
-const unknownPeer = cfg.peers.find((p) => !['keygate', 'keygate-node20', 'squid', 'mitmproxy', 'ceiling', 'direct'].includes(p));
+const unknownPeer = cfg.peers.find((p) => !['keygate', 'keygate-node20', 'keygate-base', 'squid', 'mitmproxy', 'ceiling', 'direct'].includes(p));
 if (unknownPeer) {
   console.error(`unknown peer '${unknownPeer}'`);
   process.exit(2);
@@ -199,14 +201,19 @@ async function main() {
 
   // ---- start every proxy, record idle memory, check injection ----------------------------
   const peers = [];
-  const startKeygateOn = (name, node) => {
-    if (!node) throw new Error(`no ${name === 'keygate' ? 'Node 24' : 'Node 20'} on this machine`);
+  const startKeygateOn = (name, node, repo = undefined) => {
+    if (!node) throw new Error(`no ${name === 'keygate-node20' ? 'Node 20' : 'Node 24'} on this machine`);
     const nodeArgs = opts['cpu-prof'] ? ['--cpu-prof', `--cpu-prof-dir=${path.join(WORK, 'prof', name)}`] : [];
-    return startKeygate({ work: WORK, pki, token, names, originPort: origin.port, extraArgs: opts['keygate-arg'], nodeArgs, node: node.bin, name });
+    return startKeygate({ work: WORK, pki, token, names, originPort: origin.port, extraArgs: opts['keygate-arg'], nodeArgs, node: node.bin, name, repo });
   };
   const starters = {
     keygate: () => startKeygateOn('keygate', nodes.node24),
     'keygate-node20': () => startKeygateOn('keygate-node20', nodes.node20),
+    'keygate-base': () => {
+      const base = process.env.KEYGATE_BENCH_BASE;
+      if (!base || !existsSync(path.join(base, 'dist/cli/main.js'))) throw new Error('KEYGATE_BENCH_BASE must name a built checkout (dist/cli/main.js)');
+      return startKeygateOn('keygate-base', nodes.node24, base);
+    },
     squid: () => {
       if (!has('squid')) throw new Error('squid is not installed');
       return startSquid({ work: WORK, pki, token, names });

@@ -143,9 +143,10 @@ export const IMAGE_NODE_FLAGS = ['--max-semi-space-size=2', '--heap-growing-perc
  * through its own first line with `node` on PATH being the Node asked for, no node flags added
  * (the bin carries the servers' own). `nodeArgs` (profiling) go in NODE_OPTIONS, as a user would
  * add them. `name` keeps each variant's files apart (keygate on Node 24 and on Node 20 side by
- * side); the process is checked to run the asked-for binary.
+ * side); the process is checked to run the asked-for binary. `repo` is another built checkout for
+ * the `keygate-base` peer (an earlier commit measured in the same run).
  */
-export async function startKeygate({ work, pki, token, names, originPort, extraArgs = [], nodeArgs = [], node = process.execPath, name = 'keygate' }) {
+export async function startKeygate({ work, pki, token, names, originPort, extraArgs = [], nodeArgs = [], node = process.execPath, name = 'keygate', repo = REPO_ROOT }) {
   const dir = path.join(work, name);
   mkdirSync(dir, { recursive: true });
   // The proxy watches the directory of its config and secrets files for changes: the log goes
@@ -165,7 +166,7 @@ export async function startKeygate({ work, pki, token, names, originPort, extraA
   const resolve = names.flatMap((n) => ['--resolve', `${n}:${originPort}:127.0.0.1`]);
   const args = ['proxy', '--config', config, '--listen', '127.0.0.1:0', '--certs', certs, '--secrets', secrets, '--upstream-ca', pki.originCa, ...resolve, '--grace', '1', ...extraArgs];
   const env = { PATH: `${path.dirname(node)}:${process.env.PATH ?? ''}`, ...(nodeArgs.length ? { NODE_OPTIONS: [process.env.NODE_OPTIONS, ...nodeArgs].filter(Boolean).join(' ') } : {}) };
-  const child = launch(path.join(REPO_ROOT, 'dist/cli/main.js'), args, { cwd: dir, env, logFile, core: 0 });
+  const child = launch(path.join(repo, 'dist/cli/main.js'), args, { cwd: dir, env, logFile, core: 0 });
   const port = await listeningPort(name, child, logFile);
   const running = realpathSync(`/proc/${child.pid}/exe`);
   if (running !== realpathSync(node)) {

@@ -101,6 +101,7 @@ const KEYGATES = ['keygate', 'keygate-node20'];
 const LABEL = {
   keygate: 'keygate on Node 24 (the bin)',
   'keygate-node20': 'keygate on Node 20 (the bin)',
+  'keygate-base': 'keygate at an earlier commit (KEYGATE_BENCH_BASE), Node 24',
   squid: 'squid ssl_bump + request_header_add',
   mitmproxy: 'mitmproxy (mitmdump + injecting addon)',
   ceiling: 'Node ceiling: TLS both ways + byte pipe, no HTTP (not a product)',
