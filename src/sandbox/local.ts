@@ -300,7 +300,8 @@ export class LocalDriver implements SandboxDriver {
   /** The host-side start of every command line that ends in a box: clean descriptors, then cgroup or rlimits. */
   private wrap(keepFd: number, cg: Cgroup | null, res: BoxSpec['resources']): string[] {
     const t = this.tools!;
-    const w = [t.bash, '-c', ENTER_WRAPPER, 'keygate-box', String(keepFd), ...(cg ? procsFiles(cg) : []), '--'];
+    // --norc: bash reads ~/.bashrc of the server's user when its stdin is a socket (Node's pipes are socketpairs), the rshd rule.
+    const w = [t.bash, '--norc', '--noprofile', '-c', ENTER_WRAPPER, 'keygate-box', String(keepFd), ...(cg ? procsFiles(cg) : []), '--'];
     return cg ? w : [...w, t.prlimit!, ...rlimitArgs(res), '--'];
   }
 
