@@ -1,9 +1,9 @@
 import { createReadStream, createWriteStream, statSync } from 'node:fs';
 import { readFile, rename, rm } from 'node:fs/promises';
 import { pipeline } from 'node:stream/promises';
-import { Agent, request, type Dispatcher } from 'undici';
+import { Agent, type Dispatcher } from 'undici';
 import WebSocket from 'ws';
-import { describeDetail } from '../deploy/client.js';
+import { apiRequest, describeDetail, errorDetail, parseJsonText } from '../api-client.js';
 import { resolveSettings } from '../deploy/settings.js';
 import { parseCliArgs } from './args.js';
 import { CliError } from './errors.js';
@@ -51,28 +51,18 @@ class SandboxClient {
   }
 
   async call(what: string, method: Dispatcher.HttpMethod, path: string, opts: { json?: unknown; body?: Dispatcher.DispatchOptions['body']; headers?: Record<string, string> } = {}): Promise<Dispatcher.ResponseData> {
-    const headers = this.headers(opts.headers);
-    let body = opts.body;
-    if (opts.json !== undefined) {
-      headers['content-type'] = 'application/json';
-      body = JSON.stringify(opts.json);
-    }
-    let res: Dispatcher.ResponseData;
-    try {
-      res = await request(this.baseUrl + path, { method, headers, body, dispatcher: this.agent, headersTimeout: 0, bodyTimeout: 0 });
-    } catch (err) {
-      throw new CliError(`cannot reach the sandbox API at ${this.baseUrl}: ${(err as Error).message}; is 'keygate serve' running there? (set KEYGATE_URL)`);
-    }
+    const res = await apiRequest(
+      this.agent,
+      this.baseUrl + path,
+      method,
+      this.headers(opts.headers),
+      { json: opts.json, body: opts.body, timeoutMs: 0 },
+      (err) => new CliError(`cannot reach the sandbox API at ${this.baseUrl}: ${(err as Error).message}; is 'keygate serve' running there? (set KEYGATE_URL)`),
+    );
     if (res.statusCode >= 400) {
-      const text = await res.body.text();
-      let parsed: unknown;
-      try {
-        parsed = JSON.parse(text);
-      } catch {
-        parsed = undefined;
-      }
+      const detail = await errorDetail(res);
       if (res.statusCode === 401) throw new CliError('the sandbox API rejected the API key (401)');
-      throw new CliError(`${what}: ${describeDetail(parsed, `HTTP ${res.statusCode}`)} (${res.statusCode})`);
+      throw new CliError(`${what}: ${detail} (${res.statusCode})`);
     }
     return res;
   }
@@ -234,14 +224,8 @@ function streamExec(c: SandboxClient, name: string, req: Record<string, unknown>
       let text = '';
       res.on('data', (d: Buffer) => (text += d.toString('utf8')));
       res.on('end', () => {
-        let parsed: unknown;
-        try {
-          parsed = JSON.parse(text);
-        } catch {
-          parsed = undefined;
-        }
         cleanup();
-        reject(new CliError(res.statusCode === 401 ? 'the sandbox API rejected the API key (401)' : `cannot execute: ${describeDetail(parsed, `HTTP ${res.statusCode}`)} (${res.statusCode})`));
+        reject(new CliError(res.statusCode === 401 ? 'the sandbox API rejected the API key (401)' : `cannot execute: ${describeDetail(parseJsonText(text), `HTTP ${res.statusCode}`)} (${res.statusCode})`));
       });
     });
     ws.on('open', () => {

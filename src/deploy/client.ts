@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 import { Transform } from 'node:stream';
 import { Agent, request, type Dispatcher } from 'undici';
+import { apiRequest, describeDetail, errorDetail, parseJsonText } from '../api-client.js';
 import { CliError } from '../command-error.js';
 
 // Shapes of the control-plane API (see the control plane's route schemas); only what the CLI reads.
@@ -73,17 +74,7 @@ export class ApiError extends CliError {
   }
 }
 
-/** `{detail: "..."}` or `{detail: [{loc, msg}]}` as one sentence. */
-export function describeDetail(body: unknown, fallback: string): string {
-  const detail = (body as { detail?: unknown } | null)?.detail;
-  if (typeof detail === 'string' && detail) return detail;
-  if (Array.isArray(detail) && detail.length) {
-    return detail
-      .map((d: { loc?: unknown[]; msg?: unknown }) => `${Array.isArray(d.loc) ? d.loc.join('.') + ': ' : ''}${String(d.msg ?? '')}`)
-      .join('; ');
-  }
-  return fallback;
-}
+export { describeDetail };
 
 const NETWORK_CODES: Record<string, string> = {
   ECONNREFUSED: 'connection refused',
@@ -156,34 +147,16 @@ export class ControlPlaneClient {
     pathAndQuery: string,
     opts: { json?: unknown; body?: Dispatcher.DispatchOptions['body']; headers?: Record<string, string>; timeoutMs?: number } = {},
   ): Promise<{ status: number; body: unknown }> {
-    const headers = this.#headers(opts.headers);
-    let body = opts.body;
-    if (opts.json !== undefined) {
-      headers['content-type'] = 'application/json';
-      body = JSON.stringify(opts.json);
-    }
-    let res: Dispatcher.ResponseData;
-    try {
-      res = await request(this.baseUrl + pathAndQuery, {
-        method,
-        headers,
-        body,
-        dispatcher: this.#agent,
-        headersTimeout: opts.timeoutMs ?? this.#timeoutMs,
-        bodyTimeout: opts.timeoutMs ?? this.#timeoutMs,
-      });
-    } catch (err) {
-      throw this.#unreachable(err);
-    }
+    const res = await apiRequest(
+      this.#agent,
+      this.baseUrl + pathAndQuery,
+      method,
+      this.#headers(opts.headers),
+      { json: opts.json, body: opts.body, timeoutMs: opts.timeoutMs ?? this.#timeoutMs },
+      (err) => this.#unreachable(err),
+    );
     const text = await res.body.text();
-    let parsed: unknown;
-    if (text) {
-      try {
-        parsed = JSON.parse(text);
-      } catch {
-        parsed = undefined;
-      }
-    }
+    const parsed = parseJsonText(text);
     if (res.statusCode >= 400) {
       throw new ApiError(res.statusCode, describeDetail(parsed, `HTTP ${res.statusCode}`), what);
     }
@@ -345,16 +318,7 @@ export class ControlPlaneClient {
       if (signal.aborted) return;
       throw this.#unreachable(err);
     }
-    if (res.statusCode >= 400) {
-      const text = await res.body.text();
-      let parsed: unknown;
-      try {
-        parsed = JSON.parse(text);
-      } catch {
-        parsed = undefined;
-      }
-      throw new ApiError(res.statusCode, describeDetail(parsed, `HTTP ${res.statusCode}`), 'cannot follow the logs');
-    }
+    if (res.statusCode >= 400) throw new ApiError(res.statusCode, await errorDetail(res), 'cannot follow the logs');
     const parser = new SseParser((event, data) => {
       if (event !== 'log') return;
       try {

@@ -1,7 +1,7 @@
 import net from 'node:net';
 import type { Duplex, Readable } from 'node:stream';
 import { PassThrough } from 'node:stream';
-import { Client } from 'undici';
+import { Client, Pool } from 'undici';
 
 /**
  * A small Docker Engine API client on the engine's unix socket (undici), shared by whatever talks to
@@ -34,12 +34,19 @@ export function engineMessage(body: unknown, status: number): string {
 export class DockerEngine {
   readonly socketPath: string;
   readonly where: string;
-  private readonly client: Client;
+  private readonly client: Client | Pool;
 
-  constructor(socketPath: string) {
+  /**
+   * `pool`: as many connections as there are requests in flight, for callers that hold requests
+   * open for long (container waits, followed logs), which on one connection would hold up every
+   * later call. Without it, one connection.
+   */
+  constructor(socketPath: string, opts: { pool?: boolean } = {}) {
     this.socketPath = socketPath;
     this.where = `unix://${socketPath}`;
-    this.client = new Client('http://docker', { socketPath, connect: { timeout: 2000 }, pipelining: 0 });
+    this.client = opts.pool
+      ? new Pool('http://docker', { socketPath, connect: { timeout: 2000 } })
+      : new Client('http://docker', { socketPath, connect: { timeout: 2000 }, pipelining: 0 });
   }
 
   /** A raw request; the caller consumes or dumps the body. `timeoutMs` 0 means none (long streams). */
@@ -74,15 +81,22 @@ export class DockerEngine {
     return { status: res.statusCode, body: parsed as T };
   }
 
-  /** null when the engine answers `/_ping`, else why not (no secret can be in it: it names the socket). */
-  async unavailableReason(): Promise<string | null> {
+  /** The engine's answer to `/_ping`: its status, or why no answer came (the error code or message). */
+  async ping(): Promise<{ status: number } | { error: string }> {
     try {
       const res = await this.client.request({ method: 'GET', path: '/_ping', headersTimeout: 2000, bodyTimeout: 2000 });
       await res.body.dump();
-      return res.statusCode === 200 ? null : `the engine at ${this.where} answered /_ping with ${res.statusCode}`;
+      return { status: res.statusCode };
     } catch (err) {
-      return `no Docker engine answers at ${this.where} (${(err as { code?: string }).code ?? (err as Error).message})`;
+      return { error: (err as { code?: string }).code ?? (err as Error).message };
     }
+  }
+
+  /** null when the engine answers `/_ping`, else why not (no secret can be in it: it names the socket). */
+  async unavailableReason(): Promise<string | null> {
+    const p = await this.ping();
+    if ('error' in p) return `no Docker engine answers at ${this.where} (${p.error})`;
+    return p.status === 200 ? null : `the engine at ${this.where} answered /_ping with ${p.status}`;
   }
 
   /**

@@ -1,5 +1,39 @@
 import { execFileSync } from 'node:child_process';
-import { api, waitFor, type ApiResult } from './helpers.js';
+import path from 'node:path';
+import { expect } from 'vitest';
+import { startEchoOrigin, type EchoOrigin } from '../../src/sandbox-api/demo-origin.js';
+import { runCli } from '../helpers/cli.js';
+import { api, tmp, waitFor, type ApiResult } from './helpers.js';
+
+export interface ServeSetup {
+  origin: EchoOrigin;
+  dataDir: string;
+  /** The environment of `keygate serve` (and of its CLI commands on the same data). */
+  env: NodeJS.ProcessEnv;
+  /** An API key of a second workspace (team-b, user bob). */
+  keyB: string;
+}
+
+/**
+ * What a real `keygate serve` on SQLite needs for the sandbox API tests, short of starting it: a
+ * real HTTPS origin for `originHost` with its own CA, which the sandbox proxy resolves to loopback
+ * and trusts; a data directory; the API key `key` (in the environment); a second workspace's key.
+ */
+export async function setUpServe(key: string, originHost: string, extraEnv: NodeJS.ProcessEnv = {}): Promise<ServeSetup> {
+  const originDir = tmp();
+  const origin = await startEchoOrigin({ caDir: originDir, hosts: [originHost] });
+  const dataDir = tmp();
+  const env: NodeJS.ProcessEnv = {
+    DATABASE_URL: '',
+    KEYGATE_API_KEY: key,
+    KEYGATE_SANDBOX_PROXY_RESOLVE: `${originHost}:${origin.port}:127.0.0.1`,
+    KEYGATE_SANDBOX_PROXY_CA_FILE: path.join(originDir, 'ca.pem'),
+    ...extraEnv,
+  };
+  const created = runCli(['serve', 'keys', 'create', '--workspace', 'team-b', '--user', 'bob', '--data', dataDir], { env });
+  expect(created.status, created.stderr).toBe(0);
+  return { origin, dataDir, env, keyB: created.stdout.trim() };
+}
 
 /**
  * Why the `local` driver cannot run boxes on this machine (bubblewrap missing, or the kernel refuses

@@ -3,12 +3,12 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket from 'ws';
-import { startEchoOrigin, type EchoOrigin } from '../../src/sandbox-api/demo-origin.js';
+import type { EchoOrigin } from '../../src/sandbox-api/demo-origin.js';
 import { DockerEngine } from '../../src/docker/engine.js';
 import { boxImageUnavailableReason, ensureBoxImage } from '../helpers/box-image.js';
-import { runCli, startCli, waitForLine, type RunningCli } from '../helpers/cli.js';
+import { startCli, waitForLine, type RunningCli } from '../helpers/cli.js';
 import { dockerSocket, engineUnavailableReason } from '../helpers/docker-engine.js';
-import { execIn, hostProcesses, localBoxesUnavailable, noProcessesLeft, waitStatus } from './box-helpers.js';
+import { execIn, hostProcesses, localBoxesUnavailable, noProcessesLeft, setUpServe, waitStatus } from './box-helpers.js';
 import { api, cleanTmp, tmp, waitFor } from './helpers.js';
 
 // Real boxes behind a real `keygate serve`, on both real drivers (local: bubblewrap; docker: a real
@@ -68,19 +68,7 @@ describe.each(['local', 'docker'] as const)('real boxes through the API (%s driv
   beforeAll(async () => {
     driver = which;
     serveArgs = ['--sandbox-driver', which, '--config-dir', await configFor(which)];
-    const originDir = tmp();
-    origin = await startEchoOrigin({ caDir: originDir, hosts: [ORIGIN_HOST] });
-    dataDir = tmp();
-    env = {
-      DATABASE_URL: '',
-      KEYGATE_API_KEY: KEY,
-      KEYGATE_SANDBOX_PROXY_RESOLVE: `${ORIGIN_HOST}:${origin.port}:127.0.0.1`,
-      KEYGATE_SANDBOX_PROXY_CA_FILE: path.join(originDir, 'ca.pem'),
-      KEYGATE_SANDBOX_MAX_FILE_BYTES: String(4 * 1024 * 1024),
-    };
-    const created = runCli(['serve', 'keys', 'create', '--workspace', 'team-b', '--user', 'bob', '--data', dataDir], { env });
-    expect(created.status, created.stderr).toBe(0);
-    keyB = created.stdout.trim();
+    ({ origin, dataDir, env, keyB } = await setUpServe(KEY, ORIGIN_HOST, { KEYGATE_SANDBOX_MAX_FILE_BYTES: String(4 * 1024 * 1024) }));
     server = await startServer();
     await waitForLine(server, (l) => l.startsWith(`sandbox driver ${which}`));
     const s = await A('POST', '/api/v1/workspaces/current/secrets', [{ key: 'GH_TOKEN', value: SECRET }]);

@@ -1,9 +1,10 @@
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startEchoOrigin, type EchoOrigin } from '../../src/sandbox-api/demo-origin.js';
+import type { EchoOrigin } from '../../src/sandbox-api/demo-origin.js';
 import { runCli, startCli, type RunningCli } from '../helpers/cli.js';
-import { api, cleanTmp, portAccepts, tmp, viaProxy, waitFor } from './helpers.js';
+import { setUpServe } from './box-helpers.js';
+import { api, cleanTmp, portAccepts, viaProxy, waitFor } from './helpers.js';
 
 // The real `keygate serve` (spawned from dist/) on SQLite, a real HTTPS origin with its own CA,
 // and requests from "inside the sandbox" through the proxy URL the API returned.
@@ -57,18 +58,7 @@ async function startServer() {
 }
 
 beforeAll(async () => {
-  const originDir = tmp();
-  origin = await startEchoOrigin({ caDir: originDir, hosts: [ORIGIN_HOST] });
-  dataDir = tmp();
-  env = {
-    DATABASE_URL: '',
-    KEYGATE_API_KEY: KEY,
-    KEYGATE_SANDBOX_PROXY_RESOLVE: `${ORIGIN_HOST}:${origin.port}:127.0.0.1`,
-    KEYGATE_SANDBOX_PROXY_CA_FILE: path.join(originDir, 'ca.pem'),
-  };
-  const created = runCli(['serve', 'keys', 'create', '--workspace', 'team-b', '--user', 'bob', '--data', dataDir], { env });
-  expect(created.status).toBe(0);
-  keyB = created.stdout.trim();
+  ({ origin, dataDir, env, keyB } = await setUpServe(KEY, ORIGIN_HOST));
   server = await startServer();
 });
 

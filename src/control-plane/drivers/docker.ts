@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { readlinkSync } from 'node:fs';
-import { Pool, request } from 'undici';
+import { request } from 'undici';
+import { DockerEngine, dockerSocketPath, type EngineMethod } from '../../docker/engine.js';
 import { LineSplitter } from '../logs.js';
 import { bootId, isSameProcess, readProcStat } from '../proc.js';
 import { BuildError, DeployError, type BuildContext, type BuildOutput, type ExitInfo, type Replica, type RuntimeDriver, type StartSpec } from './types.js';
@@ -9,12 +10,7 @@ import { BuildError, DeployError, type BuildContext, type BuildOutput, type Exit
 export const CONTAINER_PORT = 8000;
 
 /** `DOCKER_HOST=unix:///path` or the default socket; other schemes are not supported (local only). */
-export function dockerSocketPath(env: NodeJS.ProcessEnv): string | null {
-  const h = env.DOCKER_HOST;
-  if (!h) return '/var/run/docker.sock';
-  if (h.startsWith('unix://')) return h.slice('unix://'.length);
-  return null;
-}
+export { dockerSocketPath };
 
 interface DockerReplica extends Replica {
   containerId: string;
@@ -68,10 +64,11 @@ export function ownerGone(owner: string | undefined, here: { boot: string | null
 export class DockerDriver implements RuntimeDriver {
   readonly name = 'docker';
   /**
-   * A pool, not a single Client: each replica holds two requests open for its whole life (the
-   * wait and the followed logs), and on one connection every later call would queue behind them.
+   * A pooled engine client, not a single connection: each replica holds two requests open for its
+   * whole life (the wait and the followed logs), and on one connection every later call would
+   * queue behind them. null when DOCKER_HOST is not a unix socket.
    */
-  private readonly client: Pool | null;
+  private readonly engine: DockerEngine | null;
   private readonly where: string;
   private readonly owner = ownerIdentity() ?? 'unknown';
 
@@ -81,42 +78,27 @@ export class DockerDriver implements RuntimeDriver {
   ) {
     const socketPath = dockerSocketPath(env);
     this.where = socketPath ? `unix://${socketPath}` : String(env.DOCKER_HOST);
-    this.client = socketPath ? new Pool('http://docker', { socketPath, connect: { timeout: 2000 } }) : null;
+    this.engine = socketPath ? new DockerEngine(socketPath, { pool: true }) : null;
   }
 
-  private async call(method: 'GET' | 'POST' | 'DELETE', path: string, body?: unknown, timeoutMs = 30_000) {
-    if (!this.client) throw new DeployError(`DOCKER_HOST ${this.where} is not a unix socket; only local engines are supported`);
-    return this.client.request({
-      method,
-      path: `/v1.41${path}`,
-      headers: body === undefined ? {} : { 'content-type': 'application/json' },
-      body: body === undefined ? undefined : JSON.stringify(body),
-      headersTimeout: timeoutMs,
-      bodyTimeout: timeoutMs,
-    });
+  private requireEngine(): DockerEngine {
+    if (!this.engine) throw new DeployError(`DOCKER_HOST ${this.where} is not a unix socket; only local engines are supported`);
+    return this.engine;
   }
 
-  private async json<T>(method: 'GET' | 'POST' | 'DELETE', path: string, body?: unknown, timeoutMs?: number): Promise<{ status: number; body: T }> {
-    const res = await this.call(method, path, body, timeoutMs);
-    const text = await res.body.text();
-    let parsed: unknown = undefined;
-    try {
-      parsed = text ? JSON.parse(text) : undefined;
-    } catch {
-      parsed = { message: text.slice(0, 300) };
-    }
-    return { status: res.statusCode, body: parsed as T };
+  private async call(method: EngineMethod, path: string, body?: unknown, timeoutMs = 30_000) {
+    return this.requireEngine().request(method, path, { json: body, timeoutMs });
+  }
+
+  private async json<T>(method: EngineMethod, path: string, body?: unknown, timeoutMs?: number): Promise<{ status: number; body: T }> {
+    return this.requireEngine().json<T>(method, path, body, timeoutMs);
   }
 
   async unavailableReason(): Promise<string | null> {
-    if (!this.client) return `DOCKER_HOST ${this.where} is not a unix socket; the Docker driver needs a local engine`;
-    try {
-      const res = await this.client.request({ method: 'GET', path: '/_ping', headersTimeout: 2000, bodyTimeout: 2000 });
-      await res.body.dump();
-      return res.statusCode === 200 ? null : `the container engine at ${this.where} answered /_ping with ${res.statusCode}`;
-    } catch (err) {
-      return `no container engine answers at ${this.where} (${(err as { code?: string }).code ?? (err as Error).message}); docker sources need one`;
-    }
+    if (!this.engine) return `DOCKER_HOST ${this.where} is not a unix socket; the Docker driver needs a local engine`;
+    const p = await this.engine.ping();
+    if ('error' in p) return `no container engine answers at ${this.where} (${p.error}); docker sources need one`;
+    return p.status === 200 ? null : `the container engine at ${this.where} answered /_ping with ${p.status}`;
   }
 
   async build(ctx: BuildContext): Promise<BuildOutput> {
@@ -232,7 +214,7 @@ export class DockerDriver implements RuntimeDriver {
    */
   async reapOrphans(graceMs: number): Promise<{ removed: string[] }> {
     const removed: string[] = [];
-    if (!this.client || (await this.unavailableReason())) return { removed };
+    if (!this.engine || (await this.unavailableReason())) return { removed };
     const filters = encodeURIComponent(JSON.stringify({ label: [LABELS.deployment] }));
     const list = await this.json<{ Id: string; Names?: string[]; Labels?: Record<string, string> }[]>('GET', `/containers/json?all=1&filters=${filters}`);
     if (list.status !== 200 || !Array.isArray(list.body)) throw new DeployError(`cannot list containers: engine answered ${list.status}`);
