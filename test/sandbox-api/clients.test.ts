@@ -79,9 +79,11 @@ describe.skipIf(UNAVAILABLE)('common clients inside a box, no extra step', () =>
   }, 60_000);
 
   it('node: https and fetch with NODE_USE_ENV_PROXY on Node >= 22.21/24; on Node 20 they do not use the proxy (docs/clients.md)', async () => {
-    const major = Number(process.versions.node.split('.')[0]);
+    // The node inside the box (the host's, through the `host` template), not the one running vitest.
+    const version = (await run(['node', '-p', 'process.versions.node'])).stdout.trim();
+    const [major, minor] = version.split('.').map(Number);
     const r = await run(['node', '-e', 'fetch(process.argv[1]).then((r) => r.text()).then(console.log, (e) => { console.error(e.cause?.code ?? e.message); process.exit(1); })', url]);
-    if (major >= 24 || (major === 22 && Number(process.versions.node.split('.')[1]) >= 21)) {
+    if (major >= 24 || (major === 22 && minor >= 21)) {
       expect(r.exit_code, r.stderr).toBe(0);
       expect(injected(r.stdout)).toBe(`Bearer ${SECRET}`);
     } else {

@@ -186,7 +186,10 @@ describe('OpenAPI lists every status a route answers (walked)', () => {
         check(o, 'xml', typed.status, typed.body);
         const big = await call(o.method, target, { headers: { 'content-type': 'application/json' }, body: Buffer.alloc(3 * 1024 * 1024, 0x20) });
         check(o, 'too large', big.status, big.body);
-        expect(big.status).toBe(413);
+        // A required query parameter the probe leaves out is checked first (422, as fastify
+        // validates query before body): the size refusal is for requests valid up to their body.
+        const needsQuery = (o.op.parameters ?? []).some((x: any) => x.in === 'query' && x.required);
+        expect(big.status, `${o.method} ${o.path} too large`).toBe(needsQuery ? 422 : 413);
       }
     }
     expect(undocumented).toEqual([]);
