@@ -125,10 +125,18 @@ function digits(v: string): number | undefined {
 
 /**
  * Comma-separated tokens of a list header, lower-cased, delimited as llhttp reads Connection:
- * spaces and tabs before a token, only spaces after it (`close<HTAB>,` is not `close`).
+ * spaces and tabs before a token, only spaces after it (`keep-alive<HTAB>,` is not `keep-alive`).
  */
 function tokens(v: string): string[] {
   return v.split(',').map((t) => t.replace(/^[ \t]+| +$/g, '').toLowerCase());
+}
+
+/**
+ * `close`, also with tabs after it: llhttp versions differ on `close<HTAB>, x` (Node 20 keeps
+ * the connection, Node 24 closes it), and closing is the safe direction of the two.
+ */
+function isClose(t: string): boolean {
+  return t.replace(/[ \t]+$/, '') === 'close';
 }
 
 /**
@@ -181,7 +189,7 @@ export function parseRequestHead(buf: Buffer, limits: HeadLimits): RequestParse 
       case 'proxy-connection':
         for (const t of tokens(raw[k + 1])) {
           if (t === 'upgrade') return 'fallback';
-          if (t === 'close') close = true;
+          if (isClose(t)) close = true;
         }
         break;
     }
@@ -254,7 +262,7 @@ export function parseResponseHead(buf: Buffer, method: string, maxHeaderBytes: n
       if (length === undefined) return { error: 'malformed upstream Content-Length' };
     } else if (name === 'connection' || name === 'proxy-connection') {
       for (const t of tokens(raw[k + 1])) {
-        if (t === 'close') close = true;
+        if (isClose(t)) close = true;
         else if (t === 'keep-alive') keepAlive = true;
       }
     }
