@@ -21,6 +21,8 @@ export interface ForwardTarget {
   decision: Decision;
   rule?: CompiledRule;
   client: string;
+  /** HTTP/2 (h2/exchange.ts): the request fields without pseudo-headers (instead of `req.rawHeaders`), whether a body follows, and response trailers relayed. */
+  h2?: { fields: string[]; body: boolean };
 }
 
 /** Answers with the proxy's own error and records it. */
@@ -50,6 +52,18 @@ function responseHeaders(raw: Buffer[]): string[] {
   return filterRawResponseHeaders(strings, false);
 }
 
+/** Upstream trailers for an HTTP/2 answer: latin1, without hop-by-hop or pseudo fields, lower case. */
+function trailerObject(raw: (Buffer | string)[]): Record<string, string[]> {
+  const out: Record<string, string[]> = {};
+  const kept = filterRawResponseHeaders(raw.map((b) => (typeof b === 'string' ? b : b.toString('latin1'))), false);
+  for (let i = 0; i < kept.length; i += 2) {
+    const name = kept[i].toLowerCase();
+    if (name.startsWith(':') || name === 'content-length') continue;
+    (out[name] ??= []).push(kept[i + 1]);
+  }
+  return out;
+}
+
 /**
  * Sends one request upstream through the shared undici pool and streams the answer back: the
  * request body as it arrives, the response chunk by chunk with backpressure both ways. Nothing is
@@ -64,7 +78,7 @@ function responseHeaders(raw: Buffer[]): string[] {
 export function forward(core: ProxyCore, req: IncomingMessage, res: ServerResponse, t: ForwardTarget, rec: RequestRecord, started: number): void {
   rec.rule = t.rule?.name ?? null;
   rec.injected = t.rule?.headerNames ?? [];
-  const headers = upstreamRequestHeaders(req.rawHeaders, { rule: t.rule });
+  const headers = upstreamRequestHeaders(t.h2?.fields ?? req.rawHeaders, { rule: t.rule });
   let abortUpstream: ((err: Error) => void) | undefined;
   let clientGone = false;
   let finished = false;
@@ -106,7 +120,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
       method: req.method as 'GET',
       headers,
       // undici streams async iterables; the generator counts bytes without buffering.
-      body: hasBody(req) ? (counted(req, rec) as unknown as Readable) : null,
+      body: (t.h2 ? t.h2.body : hasBody(req)) ? (counted(req, rec) as unknown as Readable) : null,
     },
     {
       onConnect(abort: (err?: Error) => void) {
@@ -154,8 +168,10 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         waitingForDrain = true;
         return false;
       },
-      onComplete() {
+      onComplete(trailers: string[] | null) {
         if (finished) return;
+        // HTTP/2 carries trailers (gRPC's grpc-status); an HTTP/1.1 answer here never has them.
+        if (t.h2 && trailers?.length) (res as unknown as { addTrailers(h: Record<string, string[]>): void }).addTrailers(trailerObject(trailers));
         res.end();
         done();
       },
