@@ -5,7 +5,7 @@ import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore, RequestRecord } from './context.js';
 import { finishRecord } from './record.js';
 import { sendError, upstreamError, type ProxyError } from './errors.js';
-import { filterRawResponseHeaders, upstreamRequestHeaders } from './headers.js';
+import { filterRawResponseHeaders, filterResponseHeaderObject, upstreamRequestHeaders } from './headers.js';
 import { idleCutsExchange } from './limits.js';
 import { upstreamEnding } from './upstream.js';
 import { chunkRelayed } from './buffer-gc.js';
@@ -52,16 +52,35 @@ function responseHeaders(raw: Buffer[]): string[] {
   return filterRawResponseHeaders(strings, false);
 }
 
-/** Upstream trailers for an HTTP/2 answer: latin1, without hop-by-hop or pseudo fields, lower case. */
-function trailerObject(raw: (Buffer | string)[]): Record<string, string[]> {
+/**
+ * Upstream trailers for an HTTP/2 answer, without hop-by-hop or pseudo fields, lower case: undici
+ * gives a raw list from an HTTP/1.1 origin and a header object from an HTTP/2 one.
+ */
+function trailerObject(given: (Buffer | string)[] | Record<string, string | string[] | undefined>): Record<string, string[]> {
   const out: Record<string, string[]> = {};
-  const kept = filterRawResponseHeaders(raw.map((b) => (typeof b === 'string' ? b : b.toString('latin1'))), false);
+  const kept = Array.isArray(given) ? filterRawResponseHeaders(given.map((b) => (typeof b === 'string' ? b : b.toString('latin1'))), false) : filterResponseHeaderObject(given);
   for (let i = 0; i < kept.length; i += 2) {
     const name = kept[i].toLowerCase();
     if (name.startsWith(':') || name === 'content-length') continue;
     (out[name] ??= []).push(kept[i + 1]);
   }
   return out;
+}
+
+const GRPC_STATUS_FIELDS = new Set(['grpc-status', 'grpc-message', 'grpc-status-details-bin']);
+
+/** Response headers without gRPC status fields, which go to the response's trailers. */
+function moveGrpcStatus(headers: string[], res: ServerResponse): string[] {
+  if (!headers.some((n, i) => i % 2 === 0 && GRPC_STATUS_FIELDS.has(n.toLowerCase()))) return headers;
+  const kept: string[] = [];
+  const moved: Record<string, string> = {};
+  for (let i = 0; i < headers.length; i += 2) {
+    const lower = headers[i].toLowerCase();
+    if (GRPC_STATUS_FIELDS.has(lower)) moved[lower] = headers[i + 1];
+    else kept.push(headers[i], headers[i + 1]);
+  }
+  res.addTrailers(moved);
+  return kept;
 }
 
 /**
@@ -113,7 +132,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
     if (!finished && !res.headersSent) res.flushHeaders();
   };
 
-  core.upstream.agent.dispatch(
+  (t.h2 ? core.upstream.h2Agent : core.upstream.agent).dispatch(
     {
       origin: `${t.scheme}://${formatAuthority(t.host, t.port)}`,
       path: t.pathAndQuery,
@@ -135,8 +154,13 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         if (clientGone || res.destroyed) return true;
         rec.status = statusCode;
         if (core.draining()) res.shouldKeepAlive = false;
+        let headers = responseHeaders(rawHeaders);
+        // A gRPC "trailers-only" answer (grpc-status in a HEADERS frame that ends the stream)
+        // cannot be re-sent as one frame through Node's compatibility API: its status fields go
+        // in the trailers instead, an equivalent gRPC answer with no message.
+        if (t.h2) headers = moveGrpcStatus(headers, res);
         try {
-          res.writeHead(statusCode, responseHeaders(rawHeaders));
+          res.writeHead(statusCode, headers);
         } catch {
           // An upstream header Node refuses to relay: report it instead of half a response.
           abortUpstream?.(new Error('invalid upstream response header'));
@@ -171,7 +195,8 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
       onComplete(trailers: string[] | null) {
         if (finished) return;
         // HTTP/2 carries trailers (gRPC's grpc-status); an HTTP/1.1 answer here never has them.
-        if (t.h2 && trailers?.length) (res as unknown as { addTrailers(h: Record<string, string[]>): void }).addTrailers(trailerObject(trailers));
+        const given = trailers as unknown as Parameters<typeof trailerObject>[0] | null;
+        if (t.h2 && given && Object.keys(given).length) (res as unknown as { addTrailers(h: Record<string, string[]>): void }).addTrailers(trailerObject(given));
         res.end();
         done();
       },
