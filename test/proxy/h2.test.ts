@@ -10,7 +10,7 @@ import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { startOrigin, type TestOrigin } from '../helpers/origin.js';
-import { spawnProxy, type SpawnedProxy } from '../helpers/proxy.js';
+import { memoryOf, spawnProxy, type SpawnedProxy } from '../helpers/proxy.js';
 import tls from 'node:tls';
 import { connectTunnel, interceptedTls, rawExchange } from '../helpers/connect.js';
 import { CONFIG, NAMES, OPAQUE, SECRET } from './fixture.js';
@@ -29,6 +29,21 @@ beforeAll(async () => {
   origin = await startOrigin(pki);
   // An HTTP/1.1 origin answering with trailers (chunked), and echoing what it got.
   trailerOrigin = https.createServer({ key: pki.keyPem, cert: pki.certPem }, (req, res) => {
+    if (req.url === '/big') {
+      // 96 MiB, written as fast as the proxy reads it (backpressure respected).
+      res.writeHead(200, { 'content-type': 'application/octet-stream' });
+      const chunk = Buffer.alloc(64 * 1024, 'q');
+      let left = 1536;
+      const pump = () => {
+        while (left > 0) {
+          left--;
+          if (!res.write(chunk)) return void res.once('drain', pump);
+        }
+        res.end();
+      };
+      pump();
+      return;
+    }
     req.resume();
     req.on('end', () => {
       res.writeHead(200, { 'content-type': 'text/plain', trailer: 'x-checksum' });
@@ -202,6 +217,31 @@ describe('HTTP/2 through interception', () => {
       expect(a.trailers['x-checksum']).toBe('abc123');
     } finally {
       s.close();
+    }
+  });
+
+  it('a slow reader of a large h2 response: flow control holds it, memory stays bounded, others are served', async () => {
+    const rssBefore = memoryOf(proxy.pid).rssKb;
+    const slow = await h2Through(proxy.port, 'tr.test.local', trailerPort, proxy.caPem);
+    try {
+      const req = slow.request({ ':path': '/big', ':authority': `tr.test.local:${trailerPort}` });
+      let got = 0;
+      req.on('data', (d: Buffer) => {
+        got += d.length;
+        if (got > 256 * 1024) req.pause();
+      });
+      await new Promise((r) => setTimeout(r, 1500));
+      // The reader stopped early; the 96 MiB answer is not buffered in the proxy.
+      expect(got).toBeLessThan(8 * 1024 * 1024);
+      expect(memoryOf(proxy.pid).rssKb - rssBefore).toBeLessThan(48 * 1024);
+      const s = await session();
+      try {
+        expect((await h2Request(s, { ':path': '/repos/ok', ':authority': authority() })).status).toBe(200);
+      } finally {
+        s.close();
+      }
+    } finally {
+      slow.destroy();
     }
   });
 
