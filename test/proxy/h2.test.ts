@@ -5,7 +5,11 @@
  * stream both ways with trailers kept, and HTTP/1.1 clients (WebSocket included) are served on
  * the same host as before. The upstream here is an HTTP/1.1 origin.
  */
+import { execFile } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
 import https from 'node:https';
+import path from 'node:path';
+import { promisify } from 'node:util';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
@@ -23,6 +27,7 @@ let trailerOrigin: https.Server;
 let trailerPort: number;
 let proxy: SpawnedProxy;
 const HOST = 'api.test.local';
+const execFileAsync = promisify(execFile);
 
 beforeAll(async () => {
   pki = await createTestPki([...NAMES, 'tr.test.local']);
@@ -85,6 +90,15 @@ describe('HTTP/2 through interception', () => {
     const r = await rawExchange(t1, `GET /repos/one HTTP/1.1\r\nHost: ${authority()}\r\nAuthorization: client-value\r\nConnection: close\r\n\r\n`);
     expect(r.status).toBe(200);
     const echo = JSON.parse(r.body) as Echo;
+    expect(echo.headers.filter(([n]) => n.toLowerCase() === 'authorization')).toEqual([['authorization', `Bearer ${SECRET}`]]);
+  });
+
+  it('curl --http2 through the proxy speaks h2 and gets the credential injected', async () => {
+    const caFile = path.join(proxy.dir, 'ca-for-curl.pem');
+    writeFileSync(caFile, proxy.caPem);
+    const { stdout, stderr } = await execFileAsync('curl', ['-sS', '-v', '--http2', '-x', proxy.url, '--cacert', caFile, '-H', 'Authorization: client', `https://${authority()}/repos/curl`], { timeout: 20_000 });
+    expect(stderr).toMatch(/< HTTP\/2 200/);
+    const echo = JSON.parse(stdout) as Echo;
     expect(echo.headers.filter(([n]) => n.toLowerCase() === 'authorization')).toEqual([['authorization', `Bearer ${SECRET}`]]);
   });
 
