@@ -37,8 +37,10 @@ export interface RequestRecord {
   port: number;
   path: string;
   decision: Decision;
-  /** Which path served it: the intercepted fast path (src/proxy/h1) or Node's HTTP server. */
-  via: 'fast' | 'node';
+  /** Which path served it: the intercepted fast path (src/proxy/h1), Node's HTTP server, or the HTTP/2 exchange (src/proxy/h2). */
+  via: 'fast' | 'node' | 'h2';
+  /** The client's protocol. */
+  proto: 'h1' | 'h2';
   rule: string | null;
   injected: readonly string[];
   status: number;

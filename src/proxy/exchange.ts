@@ -3,7 +3,7 @@ import type { TunnelTarget } from './context.js';
 
 /**
  * An exchange reads requests on an intercepted (TLS-terminated) connection and relays each one:
- * Node's HTTP server (node-exchange.ts), the strict HTTP/1.1 fast path (h1/), HTTP/2 next. Every
+ * Node's HTTP server (node-exchange.ts), the strict HTTP/1.1 fast path (h1/), HTTP/2 (h2/). Every
  * exchange, for every request it reads:
  *
  * - turns it into `RequestFacts` (plan.ts: method, target, version, fields; HTTP/2 gives
@@ -20,18 +20,25 @@ import type { TunnelTarget } from './context.js';
  * `serve` takes the connection once its TLS handshake has started; the tunnel target is fixed.
  */
 export interface Exchange {
-  readonly name: 'fast' | 'node';
+  readonly name: 'fast' | 'node' | 'h2';
   serve(socket: TLSSocket, t: TunnelTarget): void;
 }
 
-/** Protocols offered to intercepted clients (ALPN), in preference order. `h2` joins with its exchange. */
-export const ALPN_PROTOCOLS = ['http/1.1'];
+/** Protocols offered to intercepted clients (ALPN), in preference order: a client offering both gets h2. */
+export const ALPN_PROTOCOLS = ['h2', 'http/1.1'];
+
+export interface Exchanges {
+  fast?: Exchange;
+  node: Exchange;
+  h2: Exchange;
+}
 
 /**
  * The one switch point between exchanges, as undici's client picks `connectH1` or `connectH2`:
- * by the protocol the client's handshake asked for (known before its first request), then by
- * whether the fast path is on. HTTP/2 will be one more case here.
+ * by the protocol the client's handshake negotiated (known at the TLS 'secure' event, before its
+ * first request), then by whether the fast path is on. No ALPN at all is HTTP/1.1.
  */
-export function chooseExchange(_alpn: string | false | null, exchanges: { fast?: Exchange; node: Exchange }): Exchange {
+export function chooseExchange(alpn: string | false | null, exchanges: Exchanges): Exchange {
+  if (alpn === 'h2') return exchanges.h2;
   return exchanges.fast ?? exchanges.node;
 }

@@ -5,7 +5,7 @@ import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore, RequestRecord } from './context.js';
 import { finishRecord } from './record.js';
 import { sendError, upstreamError, type ProxyError } from './errors.js';
-import { filterRawResponseHeaders, upstreamRequestHeaders } from './headers.js';
+import { filterRawResponseHeaders, filterResponseHeaderObject, upstreamRequestHeaders } from './headers.js';
 import { idleCutsExchange } from './limits.js';
 import { upstreamEnding } from './upstream.js';
 import { chunkRelayed } from './buffer-gc.js';
@@ -21,6 +21,8 @@ export interface ForwardTarget {
   decision: Decision;
   rule?: CompiledRule;
   client: string;
+  /** HTTP/2 (h2/exchange.ts): the request fields without pseudo-headers (instead of `req.rawHeaders`), whether a body follows, and response trailers relayed. */
+  h2?: { fields: string[]; body: boolean };
 }
 
 /** Answers with the proxy's own error and records it. */
@@ -51,6 +53,37 @@ function responseHeaders(raw: Buffer[]): string[] {
 }
 
 /**
+ * Upstream trailers for an HTTP/2 answer, without hop-by-hop or pseudo fields, lower case: undici
+ * gives a raw list from an HTTP/1.1 origin and a header object from an HTTP/2 one.
+ */
+function trailerObject(given: (Buffer | string)[] | Record<string, string | string[] | undefined>): Record<string, string[]> {
+  const out: Record<string, string[]> = {};
+  const kept = Array.isArray(given) ? filterRawResponseHeaders(given.map((b) => (typeof b === 'string' ? b : b.toString('latin1'))), false) : filterResponseHeaderObject(given);
+  for (let i = 0; i < kept.length; i += 2) {
+    const name = kept[i].toLowerCase();
+    if (name.startsWith(':') || name === 'content-length') continue;
+    (out[name] ??= []).push(kept[i + 1]);
+  }
+  return out;
+}
+
+const GRPC_STATUS_FIELDS = new Set(['grpc-status', 'grpc-message', 'grpc-status-details-bin']);
+
+/** Response headers without gRPC status fields, which go to the response's trailers. */
+function moveGrpcStatus(headers: string[], res: ServerResponse): string[] {
+  if (!headers.some((n, i) => i % 2 === 0 && GRPC_STATUS_FIELDS.has(n.toLowerCase()))) return headers;
+  const kept: string[] = [];
+  const moved: Record<string, string> = {};
+  for (let i = 0; i < headers.length; i += 2) {
+    const lower = headers[i].toLowerCase();
+    if (GRPC_STATUS_FIELDS.has(lower)) moved[lower] = headers[i + 1];
+    else kept.push(headers[i], headers[i + 1]);
+  }
+  res.addTrailers(moved);
+  return kept;
+}
+
+/**
  * Sends one request upstream through the shared undici pool and streams the answer back: the
  * request body as it arrives, the response chunk by chunk with backpressure both ways. Nothing is
  * buffered.
@@ -64,7 +97,7 @@ function responseHeaders(raw: Buffer[]): string[] {
 export function forward(core: ProxyCore, req: IncomingMessage, res: ServerResponse, t: ForwardTarget, rec: RequestRecord, started: number): void {
   rec.rule = t.rule?.name ?? null;
   rec.injected = t.rule?.headerNames ?? [];
-  const headers = upstreamRequestHeaders(req.rawHeaders, { rule: t.rule });
+  const headers = upstreamRequestHeaders(t.h2?.fields ?? req.rawHeaders, { rule: t.rule });
   let abortUpstream: ((err: Error) => void) | undefined;
   let clientGone = false;
   let finished = false;
@@ -99,14 +132,14 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
     if (!finished && !res.headersSent) res.flushHeaders();
   };
 
-  core.upstream.agent.dispatch(
+  (t.h2 ? core.upstream.h2Agent : core.upstream.agent).dispatch(
     {
       origin: `${t.scheme}://${formatAuthority(t.host, t.port)}`,
       path: t.pathAndQuery,
       method: req.method as 'GET',
       headers,
       // undici streams async iterables; the generator counts bytes without buffering.
-      body: hasBody(req) ? (counted(req, rec) as unknown as Readable) : null,
+      body: (t.h2 ? t.h2.body : hasBody(req)) ? (counted(req, rec) as unknown as Readable) : null,
     },
     {
       onConnect(abort: (err?: Error) => void) {
@@ -121,8 +154,13 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         if (clientGone || res.destroyed) return true;
         rec.status = statusCode;
         if (core.draining()) res.shouldKeepAlive = false;
+        let headers = responseHeaders(rawHeaders);
+        // A gRPC "trailers-only" answer (grpc-status in a HEADERS frame that ends the stream)
+        // cannot be re-sent as one frame through Node's compatibility API: its status fields go
+        // in the trailers instead, an equivalent gRPC answer with no message.
+        if (t.h2) headers = moveGrpcStatus(headers, res);
         try {
-          res.writeHead(statusCode, responseHeaders(rawHeaders));
+          res.writeHead(statusCode, headers);
         } catch {
           // An upstream header Node refuses to relay: report it instead of half a response.
           abortUpstream?.(new Error('invalid upstream response header'));
@@ -154,8 +192,11 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         waitingForDrain = true;
         return false;
       },
-      onComplete() {
+      onComplete(trailers: string[] | null) {
         if (finished) return;
+        // HTTP/2 carries trailers (gRPC's grpc-status); an HTTP/1.1 answer here never has them.
+        const given = trailers as unknown as Parameters<typeof trailerObject>[0] | null;
+        if (t.h2 && given && Object.keys(given).length) (res as unknown as { addTrailers(h: Record<string, string[]>): void }).addTrailers(trailerObject(given));
         res.end();
         done();
       },

@@ -4,7 +4,7 @@ import type { LeafMinter } from '../certs/leaf.js';
 import { formatAuthority } from '../rules/host.js';
 import type { DataPath } from './boundary.js';
 import { internal, malformed, refused, writeRawError } from './errors.js';
-import { ALPN_PROTOCOLS, chooseExchange, type Exchange } from './exchange.js';
+import { ALPN_PROTOCOLS, chooseExchange, type Exchanges } from './exchange.js';
 import { finishRecord, newRecord, refusedPath } from './record.js';
 import { CONNECT_OK } from './tunnel.js';
 
@@ -31,7 +31,7 @@ function firstChunk(socket: Socket, timeoutMs: number): Promise<Buffer | undefin
  * minted for the host, and the connection given to an exchange (the one switch point,
  * exchange.ts). Cleartext HTTP sent into the tunnel is refused like `http://` to a rule host.
  */
-export async function intercept(dp: DataPath, minter: LeafMinter, exchanges: { fast?: Exchange; node: Exchange }, client: Socket, head: Buffer, host: string, port: number, clientAddr: string): Promise<void> {
+export async function intercept(dp: DataPath, minter: LeafMinter, exchanges: Exchanges, client: Socket, head: Buffer, host: string, port: number, clientAddr: string): Promise<void> {
   const { core } = dp;
   // The upstream handshake (for an origin with no connection open) overlaps the client's.
   core.upstream.prewarm(host, port);
@@ -62,30 +62,52 @@ export async function intercept(dp: DataPath, minter: LeafMinter, exchanges: { f
   dp.tunnels.set(tlsSocket, t);
   dp.track(tlsSocket);
   let secured = false;
+  let readAtSecure = 0;
   const handshakeTimer = setTimeout(() => tlsSocket.destroy(), core.timeouts.tlsHandshakeMs);
   tlsSocket.once('secure', () => {
     secured = true;
+    readAtSecure = client.bytesRead;
     clearTimeout(handshakeTimer);
     // From here the exchange's idle clock (on the TLS socket) applies, request-aware.
     client.setTimeout(0);
-    core.events.emit('tls_handshake', { host, ok: true });
+    core.events.emit('tls_handshake', { host, ok: true, proto: tlsSocket.alpnProtocol === 'h2' ? 'h2' : 'h1' });
+    // The one switch point, now that the negotiated protocol is known (before the first request
+    // is read: the socket buffers what arrives until the exchange reads it).
+    chooseExchange(tlsSocket.alpnProtocol, exchanges).serve(tlsSocket, t);
   });
   tlsSocket.on('error', (err: NodeJS.ErrnoException) => {
-    if (!secured) {
+    // With TLS 1.3 the client checks the certificate after the server's side of the handshake is
+    // done: its alert (unknown CA, bad certificate) arrives after 'secure', and is still a handshake failure.
+    if (!secured || /^ERR_SSL_.*ALERT/.test(err.code ?? '')) {
       clearTimeout(handshakeTimer);
       const reason = err.code ?? 'handshake failed';
       core.events.emit('tls_handshake', { host, ok: false, reason });
-      core.logger.info({ type: 'tls_handshake', client: clientAddr, host, port, ok: false, reason }, 'client TLS handshake failed (does the client trust the keygate CA?)');
+      core.logger.info({ type: 'tls_handshake', client: clientAddr, host, port, ok: false, reason }, `client TLS handshake failed: ${handshakeFailure(err)}`);
     }
     tlsSocket.destroy();
   });
   tlsSocket.once('close', () => {
     clearTimeout(handshakeTimer);
+    // A TLS 1.3 client that rejects the certificate often just closes, no alert: after 'secure'
+    // nothing came but at most a close_notify (24 bytes), too little for any request.
+    if (secured && client.bytesRead - readAtSecure < 40) {
+      core.logger.info({ type: 'tls_handshake', client: clientAddr, host, port, ok: false, reason: 'closed after handshake' }, 'client closed the connection right after the TLS handshake, without a request (does the client trust the keygate CA?)');
+    }
     client.destroy();
   });
-  // Chosen now, with only HTTP/1.1 offered, so the first request is read the moment it arrives;
-  // with h2 offered the choice moves to 'secure', where the negotiated protocol is known.
-  chooseExchange(tlsSocket.alpnProtocol, exchanges).serve(tlsSocket, t);
+}
+
+/**
+ * What a failed client handshake means, for the log: no protocol in common (ALPN), the client
+ * not trusting the keygate CA, a TLS version either side refuses, or something else.
+ */
+export function handshakeFailure(err: NodeJS.ErrnoException): string {
+  const what = `${err.code ?? ''} ${err.message}`.toUpperCase();
+  if (/NO_APPLICATION_PROTOCOL|NO APPLICATION PROTOCOL/.test(what)) return `no application protocol in common (ALPN: keygate offers ${ALPN_PROTOCOLS.join(', ')})`;
+  if (/UNKNOWN_CA|UNKNOWN CA|BAD_CERTIFICATE|BAD CERTIFICATE|CERTIFICATE_UNKNOWN|CERTIFICATE UNKNOWN/.test(what)) return 'the client does not trust the certificate (does it trust the keygate CA?)';
+  if (/PROTOCOL_VERSION|PROTOCOL VERSION|UNSUPPORTED_PROTOCOL|WRONG_VERSION_NUMBER|VERSION_TOO_LOW|VERSION TOO LOW/.test(what)) return 'no TLS protocol version in common (keygate accepts TLS 1.2 and 1.3)';
+  if (/ECONNRESET|EPIPE|SOCKET HANG UP/.test(what)) return 'the client closed the connection during the handshake';
+  return `handshake error (${(err.code ?? 'unknown').slice(0, 60)})`;
 }
 
 /**

@@ -9,9 +9,9 @@ import type { ProxyLimits } from './limits.js';
  * The plan step of the data path: what to do with one request, decided from what an exchange
  * read of it, the configuration snapshot the request took and the limits. Pure: no socket, no
  * clock, no log line, no event (the caller reports an egress refusal: `EgressDenied`). Every
- * exchange (Node's parser, the strict HTTP/1.1 fast path, HTTP/2 next) calls it, so every
+ * exchange (Node's parser, the strict HTTP/1.1 fast path, HTTP/2 in h2/) calls it, so every
  * request meets the same checks in the same order, and a refusal is a value the exchange
- * renders (errors.ts) and after which it closes the connection.
+ * renders (errors.ts) and after which it closes the connection (HTTP/1.1) or the stream (HTTP/2).
  *
  * Order: the head against the limits, its framing, the method, the destination (the egress
  * policy by name, then the authority), the path; then the rule.
@@ -19,7 +19,7 @@ import type { ProxyLimits } from './limits.js';
 
 /**
  * One request as an exchange read it. HTTP/1.x fills it from the request line and the fields;
- * HTTP/2 would fill `method` and `target` from `:method` and `:path`, and give `:authority` as
+ * HTTP/2 (h2/fields.ts) fills `method` and `target` from `:method` and `:path`, and gives `:authority` as
  * the one `host` value (`version` 20).
  */
 export interface RequestFacts {

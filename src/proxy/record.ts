@@ -25,6 +25,7 @@ export function newRecord(method: string, t: RecordTarget, path: string, via: Re
     path,
     decision: t.decision,
     via,
+    proto: via === 'h2' ? 'h2' : 'h1',
     rule: null,
     injected: [],
     status: 0,

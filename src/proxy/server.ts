@@ -18,6 +18,7 @@ import { intercept } from './intercept.js';
 import { limitsFromTimeouts, resolveLimits, timeoutsOf, type ProxyLimits } from './limits.js';
 import { createListener } from './listener.js';
 import { createNodeExchange } from './node-exchange.js';
+import { createH2Exchange } from './h2/exchange.js';
 import { planIntercepted } from './plan.js';
 import { Upstream } from './upstream.js';
 
@@ -175,7 +176,8 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     fallback: node.adopt,
   };
   const fast: Exchange | undefined = fastPath ? { name: 'fast', serve: (socket, t) => serveFast(socket, t, fastOptions) } : undefined;
-  const exchanges = { fast, node };
+  const h2 = createH2Exchange(dp);
+  const exchanges = { fast, node, h2 };
   const front = createListener(dp, (client, head, host, port, clientAddr) => void intercept(dp, minter, exchanges, client, head, host, port, clientAddr));
 
   await new Promise<void>((resolve, reject) => {
@@ -242,6 +244,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
         for (const s of openSockets) s.destroy();
         await stopped;
         node.close();
+        h2.close();
         await upstream.close();
       })();
       return closed;

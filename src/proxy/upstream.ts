@@ -152,11 +152,15 @@ interface Warm {
  */
 export class Upstream {
   #agent: Agent;
+  /** The pool for HTTP/2 clients' requests: h2 where the origin offers it in ALPN, HTTP/1.1 otherwise. */
+  #h2Agent: Agent;
   readonly secureContext: tls.SecureContext;
   private readonly resolveMap: ReadonlyMap<string, string>;
   private readonly connector: Undici.buildConnector.connector;
   /** Dials a new connection (the connector without the connections opened ahead). */
   private readonly dial: Undici.buildConnector.connector;
+  /** The same, offering h2 and http/1.1 in ALPN (the HTTP/2 clients' pool; never given a warm connection, which offered only http/1.1). */
+  private readonly dialH2: Undici.buildConnector.connector;
   /** Upstream connections open now, by origin key (`https://host:port`, as undici names it). */
   private readonly live = new Map<string, number>();
   private readonly warm = new Map<string, Warm>();
@@ -167,12 +171,25 @@ export class Upstream {
     this.resolveMap = opts.resolve ?? new Map();
     const ca = [...tls.rootCertificates, ...extraCaFromEnv(), ...(opts.upstreamCa ?? []).flatMap((p) => p.match(PEM_CERT) ?? [])];
     this.secureContext = tls.createSecureContext({ ca, minVersion: 'TLSv1.2' });
-    const base = buildConnector({
-      secureContext: this.secureContext,
-      rejectUnauthorized: true,
-      timeout: opts.timeouts.connectMs,
-    } as Undici.buildConnector.BuildOptions);
-    this.dial = (o: ConnectOptions, cb: ConnectCallback) => {
+    const tlsOptions = { secureContext: this.secureContext, rejectUnauthorized: true, timeout: opts.timeouts.connectMs };
+    this.dial = this.dialWith(buildConnector(tlsOptions as Undici.buildConnector.BuildOptions));
+    this.dialH2 = this.dialWith(buildConnector({ ...tlsOptions, allowH2: true } as Undici.buildConnector.BuildOptions));
+    this.connector = (o, cb) => {
+      const warm = this.takeWarm(`${o.protocol}//${o.host}`);
+      if (!warm) return this.dial(o, cb);
+      // Never synchronously: undici's connect() is not re-entrant (a request would never be written).
+      if (warm.socket) return process.nextTick(cb, null, warm.socket);
+      if (warm.error) return process.nextTick(cb, warm.error, null);
+      warm.waiter = cb;
+    };
+    this.#agent = this.newAgent(false);
+    this.#h2Agent = this.newAgent(true);
+    this.h1 = new H1Pool((host, port, cb) => this.connector(connectOptions(host, port), cb as ConnectCallback), opts.timeouts.keepAliveMs);
+  }
+
+  /** A dialler over undici's TLS connector `base`: egress policy and pins first, then verified TLS. */
+  private dialWith(base: Undici.buildConnector.connector): Undici.buildConnector.connector {
+    return (o: ConnectOptions, cb: ConnectCallback) => {
       const hostname = o.hostname.startsWith('[') ? o.hostname.slice(1, -1) : o.hostname;
       const port = Number(o.port) || (o.protocol === 'https:' ? 443 : 80);
       // Resolved once and checked against the egress policy; the connection goes to exactly that
@@ -189,16 +206,6 @@ export class Upstream {
         (err: Error) => cb(err, null),
       );
     };
-    this.connector = (o, cb) => {
-      const warm = this.takeWarm(`${o.protocol}//${o.host}`);
-      if (!warm) return this.dial(o, cb);
-      // Never synchronously: undici's connect() is not re-entrant (a request would never be written).
-      if (warm.socket) return process.nextTick(cb, null, warm.socket);
-      if (warm.error) return process.nextTick(cb, warm.error, null);
-      warm.waiter = cb;
-    };
-    this.#agent = this.newAgent();
-    this.h1 = new H1Pool((host, port, cb) => this.connector(connectOptions(host, port), cb as ConnectCallback), opts.timeouts.keepAliveMs);
   }
 
   /** Keeps `live` current: an origin with a connection open needs no connection opened ahead. */
@@ -272,10 +279,11 @@ export class Upstream {
     this.warm.clear();
   }
 
-  private newAgent(): Agent {
+  private newAgent(h2: boolean): Agent {
     const opts = this.opts;
     return new Agent({
-      connect: this.connector,
+      connect: h2 ? this.dialH2 : this.connector,
+      allowH2: h2,
       keepAliveTimeout: opts.timeouts.keepAliveMs,
       keepAliveMaxTimeout: 10 * 60_000,
       headersTimeout: opts.timeouts.headersMs,
@@ -289,6 +297,11 @@ export class Upstream {
     return this.#agent;
   }
 
+  /** The pool HTTP/2 clients' requests go through (h2 upstream where the origin offers it). */
+  get h2Agent(): Agent {
+    return this.#h2Agent;
+  }
+
   /**
    * Starts a fresh pool (the egress policy changed: connections opened under the old one must
    * not carry new requests). The old pool finishes what it has in flight, then closes.
@@ -296,9 +309,10 @@ export class Upstream {
   renewPool(): void {
     this.dropWarm();
     this.h1.clear();
-    const old = this.#agent;
-    this.#agent = this.newAgent();
-    void old.close().catch(() => undefined);
+    const old = [this.#agent, this.#h2Agent];
+    this.#agent = this.newAgent(false);
+    this.#h2Agent = this.newAgent(true);
+    for (const a of old) void a.close().catch(() => undefined);
   }
 
   /**
@@ -340,12 +354,13 @@ export class Upstream {
   async close(): Promise<void> {
     this.dropWarm();
     this.h1.clear();
-    await this.#agent.close().catch(() => undefined);
+    await Promise.all([this.#agent.close().catch(() => undefined), this.#h2Agent.close().catch(() => undefined)]);
   }
 
   destroy(): void {
     this.dropWarm();
     this.h1.clear();
     void this.#agent.destroy().catch(() => undefined);
+    void this.#h2Agent.destroy().catch(() => undefined);
   }
 }

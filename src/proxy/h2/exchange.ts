@@ -1,0 +1,100 @@
+import http2, { type Http2ServerRequest, type Http2ServerResponse, type ServerHttp2Session } from 'node:http2';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { TLSSocket } from 'node:tls';
+import type { DataPath } from '../boundary.js';
+import type { TunnelTarget } from '../context.js';
+import { ProxyError } from '../errors.js';
+import type { Exchange } from '../exchange.js';
+import { forward, refuse } from '../forward.js';
+import { planIntercepted } from '../plan.js';
+import { newRecord, refusedPath } from '../record.js';
+import { readH2Request } from './fields.js';
+import { h2ServerOptions } from './limits.js';
+
+/**
+ * The HTTP/2 exchange: intercepted connections whose client chose `h2` in ALPN, fed to an
+ * internal `http2` server that never listens (nghttp2 does the framing, HPACK and flow
+ * control). Each stream is one request: its header block is read and checked (fields.ts), the
+ * plan step decides, and `forward` sends it upstream with the rule's headers and streams the
+ * answer back, trailers included. A refusal answers the stream only; the connection's other
+ * streams go on (HTTP/2 framing cannot be desynchronised by one stream's fields).
+ */
+export interface H2Exchange extends Exchange {
+  close(): void;
+}
+
+export function createH2Exchange(dp: DataPath): H2Exchange {
+  const { core, limits } = dp;
+  const sessions = new WeakMap<ServerHttp2Session, TunnelTarget>();
+  let pending: TunnelTarget | undefined;
+  const inner = http2.createServer(h2ServerOptions(limits));
+  // 'session' is emitted synchronously while 'connection' is handled (serve below).
+  inner.on('session', (session: ServerHttp2Session) => {
+    const t = pending;
+    if (!t) {
+      session.destroy();
+      return;
+    }
+    sessions.set(session, t);
+    // The idle clock: a connection with no stream in flight and no frame for a while is closed.
+    session.setTimeout(limits.idleTimeoutMs, () => {
+      if (t.inFlight === 0) session.close();
+    });
+    session.on('error', () => session.destroy());
+  });
+
+  inner.on('request', (req: Http2ServerRequest, res: Http2ServerResponse) => {
+    const started = performance.now();
+    const t = sessions.get(req.stream.session as ServerHttp2Session);
+    if (!t) {
+      req.stream.close(http2.constants.NGHTTP2_REFUSED_STREAM);
+      return;
+    }
+    const config = core.config(); // one snapshot for the whole request
+    const method = req.method ?? '';
+    const rec = newRecord(method, { client: t.client, host: t.host, port: t.port, decision: 'intercept' }, '', 'h2');
+    t.inFlight++;
+    req.stream.once('close', () => {
+      t.inFlight--;
+      if (core.draining() && t.inFlight === 0) req.stream.session?.close();
+    });
+    // Node's compatibility objects are close enough to HTTP/1's for refuse and forward.
+    const hreq = req as unknown as IncomingMessage;
+    const hres = res as unknown as ServerResponse;
+    const read = readH2Request(req.rawHeaders);
+    let planned = read instanceof ProxyError ? read : dp.reportRefusal(planIntercepted(read.facts, t, config, limits));
+    if (!(read instanceof ProxyError) && !(planned instanceof ProxyError) && read.hostField !== undefined) {
+      // A `host` field besides `:authority` must name the tunnel too (RFC 9113 8.3.1).
+      const other = planIntercepted({ ...read.facts, rawHeaders: [...read.fields, 'host', read.hostField] }, t, config, limits);
+      if (other instanceof ProxyError) planned = other;
+    }
+    if (planned instanceof ProxyError) {
+      rec.path = refusedPath(req.headers[':path'] ?? '');
+      req.resume();
+      refuse(core, hres, rec, started, planned);
+      return;
+    }
+    const fields = (read as Exclude<typeof read, ProxyError>).fields;
+    rec.path = planned.path;
+    forward(core, hreq, hres, { scheme: 'https', host: t.host, port: t.port, pathAndQuery: planned.pathAndQuery, logPath: planned.path, decision: 'intercept', rule: planned.rule, client: t.client, h2: { fields, body: !req.stream.endAfterHeaders } }, rec, started);
+  });
+
+  return {
+    name: 'h2',
+    serve(socket: TLSSocket, t: TunnelTarget) {
+      pending = t;
+      // A TLSSocket built by hand (intercept.ts) still says `secureConnecting` after its server
+      // handshake ('secure'); Node's http2 session would wait for a 'secureConnect' that a server
+      // socket never emits. tls.Server clears the same flag for the sockets it hands out.
+      (socket as TLSSocket & { secureConnecting: boolean }).secureConnecting = false;
+      try {
+        inner.emit('connection', socket);
+      } finally {
+        pending = undefined;
+      }
+    },
+    close() {
+      inner.close();
+    },
+  };
+}

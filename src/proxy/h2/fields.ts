@@ -1,0 +1,92 @@
+import { malformed, type ProxyError } from '../errors.js';
+import type { RequestFacts } from '../plan.js';
+
+/**
+ * An HTTP/2 request's header block turned into what the plan step and the upstream take, or
+ * refused. Pure.
+ *
+ * The request may go upstream as HTTP/1.1, so nothing in it may become HTTP/1.1 framing (the
+ * h2-to-h1 desync class): connection-specific fields (`transfer-encoding`, `connection`, ...),
+ * `te` other than `trailers`, a `content-length` that is not one plain number, names that are
+ * not lower-case tokens, values with CR, LF, NUL or surrounding whitespace, and misused
+ * pseudo-headers are refused, never forwarded. nghttp2 (under Node's http2) checks most of this
+ * too; this is the proxy's own check, in front of whatever the next hop does.
+ */
+export interface H2Request {
+  /** For the plan: `:method`, `:path`, version 20, the fields with `:authority` as the one `host`. */
+  facts: RequestFacts;
+  /** A `host` field sent besides `:authority` (checked against the tunnel too), or undefined. */
+  hostField: string | undefined;
+  /** The regular fields to filter and send upstream (no pseudo-header, no `host`, cookies joined). */
+  fields: string[];
+  /** The declared body length, or undefined. */
+  contentLength: number | undefined;
+}
+
+/** Fields that are connection-specific (RFC 9113 8.2.2): never in an HTTP/2 request. */
+const CONNECTION_SPECIFIC = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade']);
+const REQUEST_PSEUDO = new Set([':method', ':scheme', ':authority', ':path']);
+/** Lower-case token characters (RFC 9110 5.6.2 tchar, without upper case). */
+const NAME = /^[!#$%&'*+\-.^_`|~0-9a-z]+$/;
+/** Field value bytes: no NUL, CR, LF (RFC 9113 8.2.1), nothing outside latin1, no whitespace at either end. */
+const BAD_VALUE = /[\0\r\n]|[^\x00-\xff]|^[ \t]|[ \t]$/;
+
+/** Reads an HTTP/2 request's raw header list (`[name, value, ...]`, pseudo-headers first). */
+export function readH2Request(raw: readonly string[]): H2Request | ProxyError {
+  const pseudo = new Map<string, string>();
+  const fields: string[] = [];
+  const cookies: string[] = [];
+  let hostField: string | undefined;
+  let contentLength: number | undefined;
+  let regular = false;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i];
+    const value = raw[i + 1];
+    if (name.startsWith(':')) {
+      if (regular) return malformed('HTTP/2 pseudo-header after a regular field');
+      if (!REQUEST_PSEUDO.has(name)) return malformed(`HTTP/2 pseudo-header not accepted: ${name.slice(0, 20)}`);
+      if (pseudo.has(name)) return malformed(`HTTP/2 pseudo-header repeated: ${name}`);
+      if (BAD_VALUE.test(value)) return malformed(`invalid value in ${name}`);
+      pseudo.set(name, value);
+      continue;
+    }
+    regular = true;
+    if (!NAME.test(name)) return malformed('invalid HTTP/2 field name');
+    if (BAD_VALUE.test(value)) return malformed('invalid HTTP/2 field value');
+    if (CONNECTION_SPECIFIC.has(name)) return malformed(`connection-specific field in an HTTP/2 request: ${name}`);
+    if (name === 'te') {
+      if (value !== 'trailers') return malformed('TE other than "trailers" in an HTTP/2 request');
+      continue; // hop-by-hop: meaningful only on this connection
+    }
+    if (name === 'content-length') {
+      if (contentLength !== undefined || !/^[0-9]{1,15}$/.test(value)) return malformed('invalid Content-Length in an HTTP/2 request');
+      contentLength = Number(value);
+    }
+    if (name === 'host') {
+      if (hostField !== undefined) return malformed('more than one Host header');
+      hostField = value;
+      continue;
+    }
+    // RFC 9113 8.2.3: cookie crumbs are joined before the request goes on as HTTP/1.1.
+    if (name === 'cookie') {
+      cookies.push(value);
+      continue;
+    }
+    fields.push(name, value);
+  }
+  const method = pseudo.get(':method');
+  const path = pseudo.get(':path');
+  if (method === undefined || path === undefined || path === '' || pseudo.get(':scheme') === undefined) return malformed('HTTP/2 request without :method, :scheme or :path');
+  if (method === 'CONNECT') return malformed('CONNECT is not accepted inside a tunnel');
+  if (pseudo.get(':scheme') !== 'https') return malformed('only https requests are accepted inside a tunnel');
+  if (!/^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/.test(method)) return malformed('invalid HTTP/2 :method');
+  if (cookies.length) fields.push('cookie', cookies.join('; '));
+  const authority = pseudo.get(':authority') ?? hostField;
+  const factsHeaders = authority === undefined ? fields : [...fields, 'host', authority];
+  return {
+    facts: { method, target: path, version: 20, rawHeaders: factsHeaders },
+    hostField: pseudo.has(':authority') ? hostField : undefined,
+    fields,
+    contentLength,
+  };
+}

@@ -1,0 +1,100 @@
+/**
+ * Hand-built HTTP/2 frames for what Node's http2 client refuses to send: a header block of
+ * HPACK literals (never indexed, no Huffman), so any name and value bytes go on the wire as
+ * given, and a reader that reports what came back on stream 1.
+ */
+import type tls from 'node:tls';
+
+export const PREFACE = Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n', 'latin1');
+
+export function frame(type: number, flags: number, stream: number, payload: Buffer = Buffer.alloc(0)): Buffer {
+  const h = Buffer.alloc(9);
+  h.writeUIntBE(payload.length, 0, 3);
+  h[3] = type;
+  h[4] = flags;
+  h.writeUInt32BE(stream & 0x7fffffff, 5);
+  return Buffer.concat([h, payload]);
+}
+
+/** An HPACK integer with an N-bit prefix (RFC 7541 5.1), the prefix's high bits given in `first`. */
+function int(n: number, bits: number, first = 0): Buffer {
+  const max = (1 << bits) - 1;
+  if (n < max) return Buffer.from([first | n]);
+  const out = [first | max];
+  n -= max;
+  while (n >= 128) {
+    out.push((n % 128) + 128);
+    n = Math.floor(n / 128);
+  }
+  out.push(n);
+  return Buffer.from(out);
+}
+
+/** A header block of "literal, never indexed, new name" fields, bytes exactly as given (latin1). */
+export function literalBlock(fields: [string, string][]): Buffer {
+  const parts: Buffer[] = [];
+  for (const [name, value] of fields) {
+    const n = Buffer.from(name, 'latin1');
+    const v = Buffer.from(value, 'latin1');
+    parts.push(Buffer.from([0x10]), int(n.length, 7), n, int(v.length, 7), v);
+  }
+  return Buffer.concat(parts);
+}
+
+export const END_STREAM = 0x1;
+export const END_HEADERS = 0x4;
+
+/** The frames received for a while: type, flags, stream and payload of each. */
+export interface Frame {
+  type: number;
+  flags: number;
+  stream: number;
+  payload: Buffer;
+}
+
+/** Sends the preface, an empty SETTINGS and `frames`, then collects frames until `until` holds, the socket closes or `ms` pass. */
+export function converseH2(socket: tls.TLSSocket, frames: Buffer[], until: (f: Frame[]) => boolean, ms = 3000): Promise<Frame[]> {
+  return new Promise((resolve) => {
+    let buf = Buffer.alloc(0);
+    const got: Frame[] = [];
+    const finish = () => {
+      clearTimeout(timer);
+      socket.destroy();
+      resolve(got);
+    };
+    const timer = setTimeout(finish, ms);
+    socket.on('data', (d: Buffer) => {
+      buf = Buffer.concat([buf, d]);
+      while (buf.length >= 9) {
+        const len = buf.readUIntBE(0, 3);
+        if (buf.length < 9 + len) break;
+        const f = { type: buf[3], flags: buf[4], stream: buf.readUInt32BE(5) & 0x7fffffff, payload: buf.subarray(9, 9 + len) };
+        buf = buf.subarray(9 + len);
+        got.push(f);
+        // SETTINGS from the server is acknowledged, as a client must.
+        if (f.type === 4 && !(f.flags & 1)) socket.write(frame(4, 1, 0));
+      }
+      if (until(got)) finish();
+    });
+    socket.on('close', finish);
+    socket.on('error', () => undefined);
+    socket.write(Buffer.concat([PREFACE, frame(4, 0, 0), ...frames]));
+  });
+}
+
+/** The status of a response header block that starts with `:status` (static-table index or a literal), or 0. */
+export function statusOf(block: Buffer | undefined): number {
+  if (!block) return 0;
+  const indexed: Record<number, number> = { 0x88: 200, 0x89: 204, 0x8a: 206, 0x8b: 304, 0x8c: 400, 0x8d: 404, 0x8e: 500 };
+  if (indexed[block[0]]) return indexed[block[0]];
+  // Literal with an indexed name (:status is index 8), any of the three literal kinds.
+  if ((block[0] & 0x3f) === 8 || (block[0] & 0x0f) === 8) return Number(block.subarray(2, 2 + block[1]).toString('latin1'));
+  return 0;
+}
+
+/** What stream 1 got: 'reset' (RST_STREAM or GOAWAY), or the first byte of its response header block. */
+export function outcome(frames: Frame[]): { reset: boolean; headers?: Buffer } {
+  const reset = frames.some((f) => (f.type === 3 && f.stream === 1) || f.type === 7);
+  const h = frames.find((f) => f.type === 1 && f.stream === 1);
+  return { reset, headers: h?.payload };
+}
