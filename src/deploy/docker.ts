@@ -124,9 +124,12 @@ export interface BuildImageOptions extends DockerRunOptions {
   arch?: string;
 }
 
-/** The exact `docker` arguments of an image build on a host of `arch`. */
+/**
+ * The exact `docker` arguments of an image build on a host of `arch`. `--force-rm`: the classic
+ * builder keeps the container of a failed step (a stopped container per failed deploy, forever).
+ */
 export function buildArgs(tag: string, dir: string, arch: string = process.arch): string[] {
-  return ['build', ...platformArgs(arch), '-t', tag, dir];
+  return ['build', '--force-rm', ...platformArgs(arch), '-t', tag, dir];
 }
 
 /** `docker build [--platform linux/amd64] -t TAG DIR`, streamed. Throws a one-line CliError on failure. */

@@ -4,7 +4,7 @@ import { ensureCa, type Ca } from '../certs/ca.js';
 import { formatAuthority, normaliseHost, parseAuthority } from '../rules/host.js';
 import { secretsFilePath } from '../secrets/file-store.js';
 import type { ServerContext } from '../server/context.js';
-import type { Area } from '../server/plugins.js';
+import type { Area } from '../server/area.js';
 import type { SandboxDriver } from '../sandbox/driver.js';
 import { registerExecWebSocket } from './exec-ws.js';
 import { DEFAULT_MAX_FILE_BYTES, registerSandboxRoutes, registerSecretRoutes } from './routes.js';

@@ -1,8 +1,5 @@
 import type { Area } from './area.js';
 
-// Kept for areas not yet importing './area.js' directly (a type-only import: no runtime cycle).
-export type { Area, AreaHooks } from './area.js';
-
 /** The areas, in registration order. Each area adds its import and entry here. */
 export async function loadAreas(): Promise<Area[]> {
   const areas: Area[] = [];

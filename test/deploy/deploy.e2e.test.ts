@@ -459,7 +459,7 @@ describe('prerequisites and failures are one clear line', () => {
       const hostPlatform = process.arch === 'arm64' || process.arch === 'arm' ? ['--platform', 'linux/amd64'] : [];
       expect(calls).toEqual([
         ['info', '--format', '{{.ServerVersion}}'],
-        ['build', ...hostPlatform, '-t', TAG, ctx],
+        ['build', '--force-rm', ...hostPlatform, '-t', TAG, ctx],
         ['image', 'inspect', '--format', '{{.Os}}/{{.Architecture}}', TAG],
         ['push', TAG],
       ]);

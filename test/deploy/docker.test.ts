@@ -94,13 +94,13 @@ describe('the build context', () => {
 describe('docker build and push', () => {
   it('cross-builds for linux/amd64 on arm64 and arm hosts, natively on amd64', async () => {
     for (const [arch, want] of [
-      ['arm64', ['build', '--platform', 'linux/amd64', '-t', 'reg.io/app:1', '/ctx']],
-      ['arm', ['build', '--platform', 'linux/amd64', '-t', 'reg.io/app:1', '/ctx']],
-      ['x64', ['build', '-t', 'reg.io/app:1', '/ctx']],
+      ['arm64', ['build', '--force-rm', '--platform', 'linux/amd64', '-t', 'reg.io/app:1', '/ctx']],
+      ['arm', ['build', '--force-rm', '--platform', 'linux/amd64', '-t', 'reg.io/app:1', '/ctx']],
+      ['x64', ['build', '--force-rm', '-t', 'reg.io/app:1', '/ctx']],
     ] as const) {
       expect(buildArgs('reg.io/app:1', '/ctx', arch)).toEqual(want);
     }
-    expect(buildArgs('app', '/ctx')).toEqual(['build', ...(process.arch === 'arm64' || process.arch === 'arm' ? ['--platform', 'linux/amd64'] : []), '-t', 'app', '/ctx']);
+    expect(buildArgs('app', '/ctx')).toEqual(['build', '--force-rm', ...(process.arch === 'arm64' || process.arch === 'arm' ? ['--platform', 'linux/amd64'] : []), '-t', 'app', '/ctx']);
 
     // The same through a real docker process: the arguments it received, per host architecture.
     const d = tmp();
@@ -109,8 +109,8 @@ describe('docker build and push', () => {
     await buildImage({ tag: 'reg.io/team/app:1', dir: d, arch: 'arm64', docker: fake.bin, onLine: (l, s) => lines.push(`${s}: ${l}`) });
     await buildImage({ tag: 'reg.io/team/app:1', dir: d, arch: 'x64', docker: fake.bin, onLine: () => undefined });
     expect(fake.calls().map((c) => c.args)).toEqual([
-      ['build', '--platform', 'linux/amd64', '-t', 'reg.io/team/app:1', d],
-      ['build', '-t', 'reg.io/team/app:1', d],
+      ['build', '--force-rm', '--platform', 'linux/amd64', '-t', 'reg.io/team/app:1', d],
+      ['build', '--force-rm', '-t', 'reg.io/team/app:1', d],
     ]);
     expect(lines).toContain(`stdout: build step 1/2 for ${d}`);
     expect(lines).toContain('stderr: build progress on stderr');
@@ -132,7 +132,7 @@ describe('docker build and push', () => {
     expect(perr.message).toBe('pushing reg.io/app:1 failed: docker push exited with status 3 (its output is above; are you logged in? docker login reg.io)');
     await pushImage({ tag: 'reg.io/app:1', registry: 'reg.io', docker: fake.bin, env, onLine: () => undefined });
     expect(fake.calls().map((c) => c.args)).toEqual([
-      ['build', '-t', 'app:1', d],
+      ['build', '--force-rm', '-t', 'app:1', d],
       ['push', 'reg.io/app:1'],
       ['push', 'reg.io/app:1'],
     ]);
@@ -193,9 +193,13 @@ describe.skipIf(noEngine)('docker build on a real engine', () => {
 
   it('a Dockerfile step that fails is one line naming the exit status', async () => {
     const d = tmp();
-    writeFileSync(path.join(d, 'Dockerfile'), `FROM ${DEBIAN_IMAGE}\nRUN exit 3\n`);
+    const marker = uniqueName('failing-step');
+    writeFileSync(path.join(d, 'Dockerfile'), `FROM ${DEBIAN_IMAGE}\nRUN echo ${marker}; exit 3\n`);
     const lines: string[] = [];
     await expect(buildImage({ tag, dir: d, onLine: (l) => lines.push(l) })).rejects.toThrow('the image build failed: docker build exited with status 3 (its output is above)');
     expect(lines.join('\n')).toMatch(/returned a non-zero code: 3/);
+    // The failed step's container is not left behind (one per failed deploy otherwise).
+    const left = docker(['ps', '-a', '--no-trunc', '--format', '{{.Command}}']).stdout;
+    expect(left).not.toContain(marker);
   });
 });

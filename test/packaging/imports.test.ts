@@ -31,9 +31,6 @@ function reaches(from: string, to: string): boolean {
   return false;
 }
 
-/** Areas owned by other branches that still import the compatibility re-export (type only). */
-const PENDING = new Set(['src/sandbox-api/area.ts']);
-
 describe('module boundaries', () => {
   it('the scan sees imports (plugins.ts loads the three areas)', () => {
     expect(graph.get('src/server/plugins.ts')).toEqual(expect.arrayContaining(['src/auth/area.ts', 'src/control-plane/area.ts', 'src/sandbox-api/area.ts']));
@@ -46,6 +43,6 @@ describe('module boundaries', () => {
 
   it('nothing plugins.ts imports imports plugins.ts back', () => {
     const back = graph.get('src/server/plugins.ts')!.filter((m) => reaches(m, 'src/server/plugins.ts'));
-    expect(back.filter((m) => !PENDING.has(m))).toEqual([]);
+    expect(back).toEqual([]);
   });
 });
