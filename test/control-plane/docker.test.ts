@@ -192,7 +192,8 @@ describe.skipIf(skip)('Docker driver and keygate deploy --build-image against a 
     expect(await restartAndAsk('again')).toBe('v2: again');
     // Reaping runs beside the restore: wait (bounded) for it instead of sampling one moment.
     let now = containers();
-    for (const until = Date.now() + 30_000; (now.length !== 1 || now.includes(left)) && Date.now() < until; now = containers()) await new Promise((res) => setTimeout(res, 250));
+    const reaped = () => server!.output().includes('removing 1 replica container(s) left by a previous server');
+    for (const until = Date.now() + 30_000; (now.length !== 1 || now.includes(left) || !reaped()) && Date.now() < until; now = containers()) await new Promise((res) => setTimeout(res, 250));
     expect(server!.output()).toContain('removing 1 replica container(s) left by a previous server');
     expect(now).toHaveLength(1);
     expect(now).not.toContain(left);
