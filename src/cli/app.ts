@@ -85,10 +85,12 @@ async function serve(argv: string[]): Promise<number> {
     { app: app.name, host: handle.host, port: handle.port, assistants: app.assistants.map((a) => ({ name: a.name, id: a.id })), env_applied: app.envApplied, auth: apiKey !== undefined },
     'application ready',
   );
+  // Handlers before the line: the supervisor may stop the app as soon as it reads it.
+  const stopRequested = untilShutdown((sig) => logger.warn({ signal: sig }, sig === 'SIGINT' ? 'second interrupt: exiting now' : 'still shutting down'));
   // The supervisor (control plane) parses this exact line for the real port.
   process.stdout.write(`listening on ${shown}:${handle.port}\n`);
 
-  const signal = await untilShutdown((sig) => logger.warn({ signal: sig }, sig === 'SIGINT' ? 'second interrupt: exiting now' : 'still shutting down'));
+  const signal = await stopRequested;
   logger.info({ signal, active_runs: handle.activeRuns(), grace_ms: graceMs }, 'shutting down');
   try {
     await handle.close(graceMs);

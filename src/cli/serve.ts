@@ -101,13 +101,16 @@ export async function run(argv: string[]): Promise<number> {
   const logger = createLogger({ name: 'keygate-serve' });
   const choice = await chooseSandboxDriver(values['sandbox-driver'], dataDir);
   const server = await buildServer({ dataDir, logger, configDir: values['config-dir'], areas: await areasWith(choice) });
+  // Handlers first: a supervisor may send SIGTERM the moment it reads the line below, and until
+  // Node has a handler the default action (dying at once, no drain) applies.
+  const stopRequested = untilShutdown((sig) => logger.warn({ signal: sig }, 'still shutting down'));
   const url = await server.listen(host, port);
   const addr = new URL(url);
   process.stdout.write(`keygate serve listening on ${addr.host} (data: ${dataDir}${process.env.DATABASE_URL ? ', database: PostgreSQL' : ''})\n`);
   process.stdout.write(`${choice.why}\n`);
   if (server.keyFile) process.stdout.write(`API key file: ${server.keyFile}\n`);
 
-  const signal = await untilShutdown((sig) => logger.warn({ signal: sig }, 'still shutting down'));
+  const signal = await stopRequested;
   logger.info({ signal }, 'shutting down');
   const force = setTimeout(() => process.exit(1), 15_000);
   force.unref();

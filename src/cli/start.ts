@@ -169,6 +169,8 @@ export async function run(argv: string[]): Promise<number> {
     await server?.close().catch(() => undefined);
     await origin?.close().catch(() => undefined);
   };
+  // Handlers before anything is announced: a SIGTERM right after the first line must drain.
+  const stopRequested = untilShutdown();
   try {
     origin = await startEchoOrigin({ caDir: path.join(dataDir, 'demo-origin-ca'), hosts: [DEMO_HOST] });
     const choice = await chooseSandboxDriver(values['sandbox-driver'], dataDir);
@@ -208,7 +210,7 @@ export async function run(argv: string[]): Promise<number> {
     throw err;
   }
 
-  await untilShutdown();
+  await stopRequested;
   process.stdout.write('\nstopping keygate ...\n');
   const force = setTimeout(() => process.exit(1), 15_000);
   force.unref();
