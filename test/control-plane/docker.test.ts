@@ -191,10 +191,13 @@ describe.skipIf(skip)('Docker driver and keygate deploy --build-image against a 
     expect(ownerGone(owner)).toBe(true);
     expect(await restartAndAsk('again')).toBe('v2: again');
     // Reaping runs beside the restore: wait (bounded) for it instead of sampling one moment.
+    // Which server reaps is not asserted: every serve on this engine reaps the containers of
+    // servers that are gone, and the suite runs other serves beside this file (one of them can
+    // start between the SIGKILL and this restart and reap first; seen in CI). What must hold is
+    // that the orphan is removed, not merely stopped (`containers()` lists stopped ones too),
+    // and that exactly one replica runs again.
     let now = containers();
-    const reaped = () => server!.output().includes('removing 1 replica container(s) left by a previous server');
-    for (const until = Date.now() + 30_000; (now.length !== 1 || now.includes(left) || !reaped()) && Date.now() < until; now = containers()) await new Promise((res) => setTimeout(res, 250));
-    expect(server!.output()).toContain('removing 1 replica container(s) left by a previous server');
+    for (const until = Date.now() + 30_000; (now.length !== 1 || now.includes(left)) && Date.now() < until; now = containers()) await new Promise((res) => setTimeout(res, 250));
     expect(now).toHaveLength(1);
     expect(now).not.toContain(left);
     expect(await server!.stop()).toBe(0);
