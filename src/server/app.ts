@@ -9,7 +9,7 @@ import { openDb, type Db } from '../store/db.js';
 import { apiKeyAuthenticator, authenticate, bootstrapAuth, type Authenticator } from './auth.js';
 import type { ServerContext } from './context.js';
 import { errorResponse, HttpValidationError, unavailable } from './errors.js';
-import { onClientError } from './http-errors.js';
+import { lingerIfUnread, onClientError } from './http-errors.js';
 import { registerOpenApi } from './openapi.js';
 import type { Area } from './area.js';
 import { loadAreas } from './plugins.js';
@@ -128,6 +128,13 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
     return reply.status(r.status).send(r.body);
   });
   app.setNotFoundHandler((req, reply) => reply.status(404).send({ detail: 'Not Found' }));
+  // An answer that closes the connection while the client is still sending its body (fastify's
+  // 413 for a declared length over the limit) lingers: Node would close at once, and the
+  // client's next write would meet a reset that can discard the answer.
+  app.addHook('onSend', async (req, reply, payload) => {
+    if (/\bclose\b/i.test(String(reply.getHeader('connection') ?? ''))) lingerIfUnread(req.raw);
+    return payload;
+  });
 
   let closing = false;
   app.addHook('preClose', async () => {

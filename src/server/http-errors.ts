@@ -38,10 +38,22 @@ export function sendError(req: IncomingMessage, res: ServerResponse, err: unknow
   const unread = !res.headersSent && !req.complete && !req.destroyed;
   if (unread) {
     r.headers = { ...r.headers, Connection: 'close' };
-    if (!(Number(req.headers['content-length']) > DISCARD_MAX_BYTES)) lingerBeforeClosing(req);
+    lingerIfUnread(req);
   }
   writeErrorResponse(res, r);
   return r;
+}
+
+/**
+ * For an answer that closes the connection before the request's body was read: the rest of the
+ * body is read and dropped before the socket closes (see {@link lingerBeforeClosing}), unless it
+ * is declared larger than is worth reading. The fastify surfaces call it for their own closing
+ * answers (fastify's 413 for a declared length over the limit says `Connection: close`).
+ */
+export function lingerIfUnread(req: IncomingMessage): void {
+  if (req.complete || req.destroyed) return;
+  if (Number(req.headers['content-length']) > DISCARD_MAX_BYTES) return;
+  lingerBeforeClosing(req);
 }
 
 /**
