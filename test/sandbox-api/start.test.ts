@@ -46,10 +46,12 @@ describe('keygate start', () => {
     running = await startCli(['start', '--data', dataDir, '--listen', '127.0.0.1:0'], { env: { DATABASE_URL: '', KEYGATE_API_KEY: '', KEYGATE_SANDBOX_DRIVER: '' }, ready: READY });
     const out = running.output();
     expect(out).toContain('Sandbox driver  local');
+    // start created the box itself, through its own API: the first printed command already runs in it.
+    expect(out).toMatch(/Demo box +'demo' created \(status ready\)/);
+    const box = JSON.parse(shell(`curl -s ${running.url}/api/v2/sandboxes/boxes/demo -H "x-api-key: $(cat ${dataDir}/api-key)"`, dataDir));
+    expect(box).toMatchObject({ name: 'demo', status: 'ready', driver: 'local', template_name: 'host' });
     const execs = out.split('\n').map((l, i) => (l.startsWith('curl -s -X POST') && l.includes('/execute') ? i : -1)).filter((i) => i >= 0);
     expect(execs.length).toBe(2);
-    const created = JSON.parse(shell(block(out, 'curl -s -X POST'), dataDir));
-    expect(created).toMatchObject({ name: 'demo', status: 'ready', driver: 'local', template_name: 'host' });
     const lines = out.split('\n');
     const blockAt = (i: number) => block(lines.slice(i).join('\n'), 'curl -s -X POST');
     const through = JSON.parse(shell(blockAt(execs[0]), dataDir));
@@ -64,20 +66,24 @@ describe('keygate start', () => {
     expect(running.output()).not.toContain((await demoToken(dataDir))!);
     expect(await running.stop('SIGINT')).toBe(0);
     running = undefined;
-  }, 90_000);
 
-  it('driver none: prints commands that, pasted into a shell, create a sandbox and show the injected header', async () => {
+    // A second start keeps the box it finds (it survives restarts) and says so.
+    running = await startCli(['start', '--data', dataDir, '--listen', '127.0.0.1:0'], { env: { DATABASE_URL: '', KEYGATE_API_KEY: '', KEYGATE_SANDBOX_DRIVER: '' }, ready: READY });
+    expect(running.output()).toMatch(/Demo box +'demo' already there \(status (ready|provisioning)\)/);
+    expect(await running.stop('SIGINT')).toBe(0);
+    running = undefined;
+  }, 120_000);
+
+  it('driver none: creates the demo sandbox and prints commands that, pasted into a shell, show the injected header', async () => {
     const dataDir = path.join(tmp(), 'data'); // does not exist yet: zero set-up
     running = await startCli(['start', '--data', dataDir, '--listen', '127.0.0.1:0', '--sandbox-driver', 'none'], { env: { DATABASE_URL: '', KEYGATE_API_KEY: '' }, ready: READY });
     const out = running.output();
-    const create = block(out, 'curl -s -X POST');
+    expect(out).toMatch(/Demo box +'demo' created \(status ready\)/);
     const step2 = [block(out, 'PROXY_URL='), block(out, 'curl -s -x')].join('\n');
-    expect(create).toContain(`$(cat ${dataDir}/api-key)`);
     expect(step2).toContain(`--cacert ${dataDir}/ca/ca.pem`);
     expect(step2).toMatch(/https:\/\/demo-api\.keygate\.test:\d+\/hello/);
-
-    const created = JSON.parse(shell(create, dataDir));
-    expect(created).toMatchObject({ name: 'demo', status: 'ready' });
+    const created = JSON.parse(shell(`curl -s ${running.url}/api/v2/sandboxes/boxes/demo -H "x-api-key: $(cat ${dataDir}/api-key)"`, dataDir));
+    expect(created).toMatchObject({ name: 'demo', status: 'ready', driver: 'none' });
     expect(created.proxy_config.rules[0].headers[0]).toEqual({ name: 'Authorization', type: 'workspace_secret', value: 'Bearer {DEMO_TOKEN}' });
 
     const echoed = JSON.parse(shell(step2, dataDir));
@@ -95,11 +101,20 @@ describe('keygate start', () => {
     shell(rotate, dataDir);
     expect(JSON.parse(shell(step2, dataDir)).headers.authorization).toBe('Bearer rotated-demo-value');
 
+    // The printed create command (under "what to do next") makes the box again once deleted.
+    const del = out.split('\n').find((l) => l.includes('curl -s -X DELETE'))!.trim();
+    shell(del, dataDir);
+    const create = block(out.split('\n').map((l) => l.replace(/^ {4}/, '')).join('\n'), `curl -s -X POST ${running.url}/api/v2/sandboxes/boxes \\`);
+    expect(create).toContain(`$(cat ${dataDir}/api-key)`);
+    const again = JSON.parse(shell(create, dataDir));
+    expect(again).toMatchObject({ name: 'demo', status: 'ready' });
+    expect(JSON.parse(shell(step2, dataDir)).headers.authorization).toBe('Bearer rotated-demo-value');
+
     // Ctrl-C stops everything: the API and the sandbox's proxy.
     expect(await running.stop('SIGINT')).toBe(0);
     expect(running.output()).toContain('stopped.');
     running = undefined;
-    const proxyPort = Number(new URL(created.proxy.url).port);
+    const proxyPort = Number(new URL(again.proxy.url).port);
     const net = await import('node:net');
     const accepts = await new Promise<boolean>((resolve) => {
       const s = net.connect({ host: '127.0.0.1', port: proxyPort });
