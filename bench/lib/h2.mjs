@@ -100,6 +100,10 @@ export function renderH2({ peers, summary, cfg, label, f0, f2, fx, ratio }) {
     const c = s.h2check;
     const why = (skip) => `not measured: ${String(skip).replace(/\|/g, '/')}`;
     const direct = p.name === 'direct';
+    if (!c?.h2 && !c?.grpc && c?.h2Skip === c?.grpcSkip) {
+      L.push(`| ${label[p.name]} | ${why(c?.h2Skip ?? 'no check')} ||||||| `);
+      continue;
+    }
     L.push(`| ${label[p.name]} | ${c?.h2 ? f0(s.h2_rps) : why(c?.h2Skip ?? 'no check')} | ${c?.h2 ? `${f2(s.h2_p50)} / ${f2(s.h2_p99)}` : ''} | ${c?.h2 && !direct ? f0(s.h2_cpu) : ''} | ${c?.grpc ? f0(s.grpc_rps) : why(c?.grpcSkip ?? 'no check')} | ${c?.grpc ? f2(s.grpc_p99) : ''} | ${c?.grpc && !direct ? f0(s.grpc_cpu) : ''} | ${c?.originProtocol ?? ''} |`);
   }
   L.push('');
