@@ -12,6 +12,7 @@ import net from 'node:net';
 import tls from 'node:tls';
 import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
+import { summary } from './lib/stats.mjs';
 
 const spec = JSON.parse(process.argv[2] ?? '{}');
 const ca = (spec.ca ?? []).map((f) => readFileSync(f, 'utf8'));
@@ -164,25 +165,6 @@ class ResponseReader {
       }
     }
   }
-}
-
-function percentile(sorted, p) {
-  if (!sorted.length) return null;
-  const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1));
-  return sorted[i];
-}
-
-function summary(lat) {
-  const sorted = Float64Array.from(lat).sort();
-  const sum = sorted.reduce((a, b) => a + b, 0);
-  return {
-    n: sorted.length,
-    p50_ms: percentile(sorted, 50),
-    p90_ms: percentile(sorted, 90),
-    p99_ms: percentile(sorted, 99),
-    mean_ms: sorted.length ? sum / sorted.length : null,
-    max_ms: sorted.length ? sorted[sorted.length - 1] : null,
-  };
 }
 
 /** N keep-alive connections each looping one small GET for warmup + duration. */

@@ -9,6 +9,7 @@ import { parseArgs } from 'node:util';
 import { ensureContent, ensurePackages, ensurePki, findNodes, has, machineInfo } from './lib/setup.mjs';
 import { BENCH_DIR, REPO_ROOT, startBare, startKeygate, startMitmproxy, startOrigin, startSquid } from './lib/peers.mjs';
 import { cpuSeconds, peakRssMiB, rssMiB } from './lib/proc.mjs';
+import { GRPC_HOST, measureH2, showH2, startGrpcOrigin, verifyH2 } from './lib/h2.mjs';
 
 /** When idle memory is read the second time, ms after the proxies started. */
 const SETTLE_MS = 20_000;
@@ -34,6 +35,8 @@ const USAGE = `usage: npm run bench -- [options]
   --no-install         never apt-get install a missing peer
   --no-build           use dist/ as it is (default: npm run build first)
   --node-origin        use the Node origin instead of nginx
+  --no-h2              skip the h2 phase (one h2 connection with --connections streams; gRPC unary
+                       calls; keygate, mitmproxy and direct)
   --out FILE           results file (default bench/results.md)`;
 
 let opts;
@@ -53,6 +56,7 @@ try {
       'no-install': { type: 'boolean', default: false },
       'no-build': { type: 'boolean', default: false },
       'node-origin': { type: 'boolean', default: false },
+      'no-h2': { type: 'boolean', default: false },
       out: { type: 'string', default: path.join(BENCH_DIR, 'results.md') },
       help: { type: 'boolean', short: 'h', default: false },
     },
@@ -146,10 +150,10 @@ for (const sig of ['SIGINT', 'SIGTERM']) {
   });
 }
 
-/** Runs bench/client.mjs on core 1 and returns its JSON answer. */
-function client(spec) {
+/** Runs bench/client.mjs (or another load generator: `script`) on core 1 and returns its JSON answer. */
+function client(spec, script = path.join(BENCH_DIR, 'client.mjs')) {
   return new Promise((resolve) => {
-    const argv = [process.execPath, path.join(BENCH_DIR, 'client.mjs'), JSON.stringify(spec)];
+    const argv = [process.execPath, script, JSON.stringify(spec)];
     const full = has('taskset') ? ['taskset', '-c', '1', ...argv] : argv;
     const child = spawn(full[0], full.slice(1), { stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
@@ -192,19 +196,30 @@ async function main() {
   // New host names per round (and per run, so no disk cache from a previous run can help).
   const runId = randomBytes(3).toString('hex');
   const newHosts = Array.from({ length: cfg.rounds }, (_, r) => Array.from({ length: cfg.hosts }, (_, i) => `r${r + 1}h${i + 1}-${runId}.bench.test`));
-  const names = ['bench.test', 'plain.test', 'verify.bench.test', ...newHosts.flat()];
+  const names = ['bench.test', 'plain.test', 'verify.bench.test', GRPC_HOST, ...newHosts.flat()];
 
   const origin = await startOrigin({ work: WORK, pki, content, forceNode: opts['node-origin'] });
   running.push(origin);
   if (origin.kind !== 'nginx') notes.push('nginx unavailable: the origin was the Node fallback server (slower; direct figures are not comparable with nginx runs)');
   log(`origin (${origin.kind}) on 127.0.0.1:${origin.port}, pid ${origin.pid}, core 1`);
+  // The h2 phase's gRPC origin, before the proxies: keygate is told where its name points.
+  let grpcOrigin = null;
+  if (!opts['no-h2']) {
+    try {
+      grpcOrigin = await startGrpcOrigin({ work: WORK, pki });
+      running.push(grpcOrigin);
+      log(`grpc origin on 127.0.0.1:${grpcOrigin.port}, pid ${grpcOrigin.pid}, core 1`);
+    } catch (err) {
+      notes.push(`gRPC origin could not start (${err.message.split('\n')[0]}): gRPC not measured`);
+    }
+  }
 
   // ---- start every proxy, record idle memory, check injection ----------------------------
   const peers = [];
   const startKeygateOn = (name, node, repo = undefined) => {
     if (!node) throw new Error(`no ${name === 'keygate-node20' ? 'Node 20' : 'Node 24'} on this machine`);
     const nodeArgs = opts['cpu-prof'] ? ['--cpu-prof', `--cpu-prof-dir=${path.join(WORK, 'prof', name)}`] : [];
-    return startKeygate({ work: WORK, pki, token, names, originPort: origin.port, extraArgs: opts['keygate-arg'], nodeArgs, node: node.bin, name, repo });
+    return startKeygate({ work: WORK, pki, token, names, originPort: origin.port, extraResolve: grpcOrigin?.resolve ?? [], extraArgs: opts['keygate-arg'], nodeArgs, node: node.bin, name, repo });
   };
   const starters = {
     keygate: () => startKeygateOn('keygate', nodes.node24),
@@ -296,6 +311,17 @@ async function main() {
     }
     log(`${p.name}: injection verified${p.name !== 'direct' ? `; plain.test ${p.tunnelOk ? 'is a blind tunnel' : 'NOT a blind tunnel'}` : ''}`);
   }
+  // The h2 phase's own checks (h2 negotiated, injection on h2 and on gRPC, the origin leg's protocol).
+  const h2ctx = { client, cfg, token, originPort: origin.port, grpcPort: grpcOrigin?.port, originCa: pki.originCa };
+  if (!opts['no-h2']) {
+    for (const p of peers) {
+      if (p.skip) continue;
+      p.h2check = await verifyH2(p, h2ctx);
+      if (!grpcOrigin) Object.assign(p.h2check, { grpc: false, grpcSkip: 'no gRPC origin' });
+      const c = p.h2check;
+      log(`${p.name} h2: ${c.h2 ? `verified (origin leg ${c.originProtocol})` : c.h2Skip}; gRPC: ${c.grpc ? 'verified' : c.grpcSkip}`);
+    }
+  }
 
   // ---- interleaved rounds ---------------------------------------------------------------
   const active = peers.filter((p) => !p.skip);
@@ -328,6 +354,10 @@ async function main() {
       res.newHost = await client({ ...b, mode: 'fresh', hosts: newHosts[r] });
       res.knownHost = await client({ ...b, mode: 'fresh', hosts: Array(cfg.hosts).fill('bench.test') });
       log(`round ${r + 1} ${p.name} first request: new host p50 ${res.newHost.ok ? res.newHost.p50_ms.toFixed(2) : res.newHost.error} ms, known host p50 ${res.knownHost.ok ? res.knownHost.p50_ms.toFixed(2) : res.knownHost.error} ms`);
+      if (p.h2check?.h2 || p.h2check?.grpc) {
+        res.h2 = await measureH2(p, h2ctx);
+        log(`round ${r + 1} ${p.name} h2 x${cfg.connections} streams: ${res.h2.h2 ? showH2(res.h2.h2) : 'not measured'}; gRPC unary x${cfg.connections}: ${res.h2.grpc ? showH2(res.h2.grpc) : 'not measured'}`);
+      }
       p.rounds.push(res);
     }
   }
@@ -356,7 +386,7 @@ async function main() {
   }
   const summary = summarise(peers, cfg);
   const command = `npm run bench${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(' ')}` : ''}`;
-  const md = renderResults({ machine, cfg, peers, summary, notes, command, origin: origin.kind, wrk, elapsedS: (Date.now() - t0) / 1000 });
+  const md = renderResults({ machine, cfg, peers, summary, notes, command, origin: origin.kind, wrk, elapsedS: (Date.now() - t0) / 1000, h2: !opts['no-h2'] });
   writeFileSync(opts.out, md);
   writeFileSync(path.join(WORK, 'results.json'), JSON.stringify({ machine, cfg, peers: peers.map(({ handle, ...rest }) => rest), summary, notes, wrk }, null, 2));
   console.log('\n' + md.split('\n## Per round')[0]);

@@ -1,7 +1,8 @@
-// Fallback HTTPS origin when nginx cannot be installed: the same three documents as the nginx
-// configuration. Slower than nginx, so the results say which origin served them.
+// Fallback HTTPS origin when nginx cannot be installed: the same documents as the nginx
+// configuration. Slower than nginx, so the results say which origin served them. It speaks h2 to
+// clients that offer it (the h2 phase) and HTTP/1.1 to the others, as nginx's `http2` listen does.
 // usage: node node-origin.mjs PORT CERT KEY WWWDIR
-import https from 'node:https';
+import http2 from 'node:http2';
 import { createReadStream, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
 
@@ -10,7 +11,7 @@ const small = readFileSync(path.join(www, 'small.txt'));
 const bulkPath = path.join(www, 'bulk.bin');
 const bulkSize = statSync(bulkPath).size;
 
-const server = https.createServer({ cert: readFileSync(cert), key: readFileSync(key), keepAliveTimeout: 120_000 }, (req, res) => {
+const server = http2.createSecureServer({ cert: readFileSync(cert), key: readFileSync(key), allowHTTP1: true }, (req, res) => {
   if (req.url === '/small') {
     res.writeHead(200, { 'content-type': 'text/plain', 'content-length': small.length });
     res.end(small);
@@ -18,6 +19,10 @@ const server = https.createServer({ cert: readFileSync(cert), key: readFileSync(
     const seen = Buffer.from(req.headers.authorization ?? '');
     res.writeHead(200, { 'content-type': 'text/plain', 'content-length': seen.length });
     res.end(seen);
+  } else if (req.url === '/proto') {
+    const proto = Buffer.from(`HTTP/${req.httpVersion}`);
+    res.writeHead(200, { 'content-type': 'text/plain', 'content-length': proto.length });
+    res.end(proto);
   } else if (req.url === '/bulk.bin') {
     res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': bulkSize });
     createReadStream(bulkPath, { highWaterMark: 1 << 20 }).pipe(res);
@@ -26,5 +31,7 @@ const server = https.createServer({ cert: readFileSync(cert), key: readFileSync(
     res.end();
   }
 });
+// For its HTTP/1.1 connections (allowHTTP1 serves them with Node's HTTP/1.1 server code).
+server.keepAliveTimeout = 120_000;
 server.listen(Number(port), '127.0.0.1', () => process.stdout.write(`origin listening on 127.0.0.1:${port}\n`));
 process.on('SIGTERM', () => process.exit(0));

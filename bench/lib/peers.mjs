@@ -61,6 +61,13 @@ async function stopChild(child, signal = 'SIGTERM', waitMs = 5000) {
   }
 }
 
+/** Another local server of the bench (a child on `core`), ready once `port` accepts connections. */
+export async function startLocalServer({ what, cmd, args, logFile, core, port }) {
+  const child = launch(cmd, args, { logFile, core });
+  await waitFor(what, () => portOpen(port), child, logFile);
+  return { port, pid: child.pid, stop: () => stopChild(child) };
+}
+
 /** The port a Node proxy prints in its `listening on 127.0.0.1:PORT` line. */
 function listeningPort(what, child, logFile) {
   return waitFor(
@@ -109,7 +116,8 @@ http {
   keepalive_requests 10000000;
   keepalive_timeout 300s;
   server {
-    listen 127.0.0.1:${port} ssl;
+    # http2: for the h2 phase (bench/lib/h2.mjs); clients offering only http/1.1 get HTTP/1.1 as before.
+    listen 127.0.0.1:${port} ssl http2;
     server_name _;
     ssl_certificate ${pki.originCert};
     ssl_certificate_key ${pki.originKey};
@@ -118,6 +126,8 @@ http {
     location = /small { default_type text/plain; alias ${content.dir}/small.txt; }
     # What the origin saw: the injection check reads it back.
     location = /echo { default_type text/plain; return 200 "$http_authorization"; }
+    # The protocol of the leg that reached the origin: the h2 phase checks a proxy spoke h2 to it.
+    location = /proto { default_type text/plain; return 200 "$server_protocol"; }
     location = /bulk.bin { default_type application/octet-stream; }
   }
 }
@@ -146,7 +156,7 @@ export const IMAGE_NODE_FLAGS = ['--max-semi-space-size=2', '--heap-growing-perc
  * side); the process is checked to run the asked-for binary. `repo` is another built checkout for
  * the `keygate-base` peer (an earlier commit measured in the same run).
  */
-export async function startKeygate({ work, pki, token, names, originPort, extraArgs = [], nodeArgs = [], node = process.execPath, name = 'keygate', repo = REPO_ROOT }) {
+export async function startKeygate({ work, pki, token, names, originPort, extraResolve = [], extraArgs = [], nodeArgs = [], node = process.execPath, name = 'keygate', repo = REPO_ROOT }) {
   const dir = path.join(work, name);
   mkdirSync(dir, { recursive: true });
   // The proxy watches the directory of its config and secrets files for changes: the log goes
@@ -163,7 +173,8 @@ export async function startKeygate({ work, pki, token, names, originPort, extraA
   writeFileSync(secrets, JSON.stringify({ BENCH_TOKEN: token }), { mode: 0o600 });
   const certs = path.join(dir, 'certs');
   const logFile = path.join(dir, 'stdout.log');
-  const resolve = names.flatMap((n) => ['--resolve', `${n}:${originPort}:127.0.0.1`]);
+  // extraResolve: host:port:address entries for other local servers (the h2 phase's gRPC origin).
+  const resolve = [...names.map((n) => `${n}:${originPort}:127.0.0.1`), ...extraResolve].flatMap((r) => ['--resolve', r]);
   const args = ['proxy', '--config', config, '--listen', '127.0.0.1:0', '--certs', certs, '--secrets', secrets, '--upstream-ca', pki.originCa, ...resolve, '--grace', '1', ...extraArgs];
   const env = { PATH: `${path.dirname(node)}:${process.env.PATH ?? ''}`, ...(nodeArgs.length ? { NODE_OPTIONS: [process.env.NODE_OPTIONS, ...nodeArgs].filter(Boolean).join(' ') } : {}) };
   const child = launch(path.join(repo, 'dist/cli/main.js'), args, { cwd: dir, env, logFile, core: 0 });

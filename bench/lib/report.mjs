@@ -1,4 +1,5 @@
 // Medians over rounds, keygate's ratios to each peer, the issue's targets, and bench/results.md.
+import { renderH2, renderH2Rounds, summariseH2 } from './h2.mjs';
 
 function median(values) {
   const v = values.filter((x) => typeof x === 'number' && Number.isFinite(x)).sort((a, b) => a - b);
@@ -47,6 +48,7 @@ export function summarise(peers) {
       end_rss: p.endRssMiB ?? null,
       errors: R.reduce((a, r) => a + (r.c1?.errors ?? 0) + (r.cN?.errors ?? 0), 0),
       failures: R.flatMap((r) => ['c1', 'cN', 'bulk', 'tunnel', 'newHost', 'knownHost'].filter((k) => r[k] && !r[k].ok).map((k) => `round ${r.round} ${k}: ${r[k].error}`)),
+      ...summariseH2(p, pick, okv),
     };
   }
   return out;
@@ -108,7 +110,7 @@ const LABEL = {
   direct: 'direct (no proxy)',
 };
 
-export function renderResults({ machine, cfg, peers, summary, notes, command, origin, wrk, elapsedS }) {
+export function renderResults({ machine, cfg, peers, summary, notes, command, origin, wrk, elapsedS, h2 = false }) {
   const N = cfg.connections;
   const L = [];
   L.push('# keygate benchmark results', '');
@@ -162,6 +164,7 @@ export function renderResults({ machine, cfg, peers, summary, notes, command, or
     for (const t of targets(summary, cfg, name)) L.push(`| ${t.name} | ${t.value} | ${t.pass == null ? 'not measured' : t.pass ? 'yes' : '**no**'} |`);
     L.push('');
   }
+  if (h2) L.push(...renderH2({ peers, summary, cfg, label: LABEL, f0, f2, fx, ratio }));
   if (wrk != null) {
     L.push(`Client check: \`wrk -t1 -c${N}\` straight at the origin made ${f0(wrk)} req/s on core 1, the bench client ${f0(summary.direct?.cN_rps)} req/s (the client, not the origin, bounds the direct figure when these differ a lot).`, '');
   }
@@ -183,5 +186,6 @@ export function renderResults({ machine, cfg, peers, summary, notes, command, or
     }
   }
   L.push('');
+  if (h2) L.push(...renderH2Rounds({ peers, cfg, f0, f2, okv }));
   return L.join('\n');
 }

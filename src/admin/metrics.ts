@@ -118,6 +118,8 @@ interface RequestEvent {
   status: number;
   injected?: readonly string[];
   duration_ms: number;
+  /** The client's protocol (h1 or h2), whichever exchange served it. */
+  proto: string;
 }
 interface TunnelEvent {
   phase: 'open' | 'close';
@@ -126,7 +128,7 @@ interface TunnelEvent {
 }
 
 export class ProxyMetrics {
-  readonly requests = new Counter('keygate_proxy_requests_total', 'HTTP requests handled by the proxy, by decision, matching rule and response status.');
+  readonly requests = new Counter('keygate_proxy_requests_total', 'HTTP requests handled by the proxy, by decision, matching rule, response status and client protocol (h1, h2).');
   readonly injections = new Counter('keygate_proxy_injections_total', 'Requests into which a rule injected headers, by rule.');
   readonly injectedHeaders = new Counter('keygate_proxy_injected_headers_total', 'Header values injected, by rule.');
   readonly upstreamErrors = new Counter('keygate_proxy_upstream_errors_total', 'Upstream connections or requests that failed (unreachable, TLS verification, timeout).', 'counter', true);
@@ -135,7 +137,7 @@ export class ProxyMetrics {
   readonly certMints = new Counter('keygate_proxy_certificates_minted_total', 'Host certificates minted by the proxy CA.', 'counter', true);
   readonly tunnels = new Counter('keygate_proxy_tunnels_total', 'Blind tunnels closed, by decision and CONNECT status.');
   readonly openTunnels = new Counter('keygate_proxy_open_tunnels', 'Blind tunnels currently open.', 'gauge', true);
-  readonly duration = new Histogram('keygate_proxy_request_duration_seconds', 'Time from request to the end of the response, by decision.', DURATION_BUCKETS);
+  readonly duration = new Histogram('keygate_proxy_request_duration_seconds', 'Time from request to the end of the response, by decision and client protocol (h1, h2).', DURATION_BUCKETS);
   readonly configGeneration = new Counter('keygate_proxy_config_generation', 'Generation of the configuration in force (0: none applied).', 'gauge', true);
   readonly configApplies = new Counter('keygate_proxy_config_applies_total', 'Configuration pushes and reloads, by source and result (applied or rejected).');
   readonly egressDenied = new Counter('keygate_proxy_egress_denied_total', 'Destinations refused by the egress policy, by kind of refusal.');
@@ -173,13 +175,13 @@ export class ProxyMetrics {
     this.caExpirySource = caExpiry;
     const onRequest = (r: RequestEvent) => {
       const rule = r.rule ?? '';
-      this.requests.inc({ decision: r.decision, rule, status: String(r.status) });
+      this.requests.inc({ decision: r.decision, rule, status: String(r.status), proto: r.proto });
       const injected = r.injected?.length ?? 0;
       if (injected > 0) {
         this.injections.inc({ rule });
         this.injectedHeaders.inc({ rule }, injected);
       }
-      this.duration.observe({ decision: r.decision }, r.duration_ms / 1000);
+      this.duration.observe({ decision: r.decision, proto: r.proto }, r.duration_ms / 1000);
     };
     const onTunnel = (t: TunnelEvent) => {
       if (t.phase === 'open') {

@@ -63,7 +63,15 @@ export async function intercept(dp: DataPath, minter: LeafMinter, exchanges: Exc
   dp.track(tlsSocket);
   let secured = false;
   let readAtSecure = 0;
-  const handshakeTimer = setTimeout(() => tlsSocket.destroy(), core.timeouts.tlsHandshakeMs);
+  const writtenBefore = client.bytesWritten;
+  const handshakeFailed = (reason: string, msg: string) => {
+    core.events.emit('tls_handshake', { host, ok: false, reason });
+    core.logger.info({ type: 'tls_handshake', client: clientAddr, host, port, ok: false, reason }, msg);
+  };
+  const handshakeTimer = setTimeout(() => {
+    handshakeFailed('handshake timeout', 'client TLS handshake failed: timed out');
+    tlsSocket.destroy();
+  }, core.timeouts.tlsHandshakeMs);
   tlsSocket.once('secure', () => {
     secured = true;
     readAtSecure = client.bytesRead;
@@ -80,10 +88,21 @@ export async function intercept(dp: DataPath, minter: LeafMinter, exchanges: Exc
     // done: its alert (unknown CA, bad certificate) arrives after 'secure', and is still a handshake failure.
     if (!secured || /^ERR_SSL_.*ALERT/.test(err.code ?? '')) {
       clearTimeout(handshakeTimer);
-      const reason = err.code ?? 'handshake failed';
-      core.events.emit('tls_handshake', { host, ok: false, reason });
-      core.logger.info({ type: 'tls_handshake', client: clientAddr, host, port, ok: false, reason }, `client TLS handshake failed: ${handshakeFailure(err)}`);
+      handshakeFailed(err.code ?? 'handshake failed', `client TLS handshake failed: ${handshakeFailure(err)}`);
     }
+    tlsSocket.destroy();
+  });
+  // A client that leaves mid-handshake without an alert (Node's TLS client rejecting the
+  // certificate closes before its Finished) half-closes a socket that allows half-open: without
+  // this the connection waited out the handshake timeout and nothing said why.
+  tlsSocket.once('end', () => {
+    if (secured) return;
+    clearTimeout(handshakeTimer);
+    const sawCertificate = client.bytesWritten > writtenBefore;
+    handshakeFailed(
+      'closed during handshake',
+      `client TLS handshake failed: the client closed the connection ${sawCertificate ? 'after receiving the certificate (does it trust the keygate CA?)' : 'before the server answered its hello'}`,
+    );
     tlsSocket.destroy();
   });
   tlsSocket.once('close', () => {

@@ -16,6 +16,7 @@ import { startProxy, type ProxyHandle } from '../../src/proxy/server.js';
 import { loadKeyring } from '../../src/secrets/keyring.js';
 import { EncryptedFileSecretStore } from '../../src/secrets/store.js';
 import { connectTunnel, rawExchange } from '../helpers/connect.js';
+import { h2Request, h2Through } from '../proxy/h2-helpers.js';
 import { startOrigin, type TestOrigin } from '../helpers/origin.js';
 import { createTestPki } from '../helpers/pki.js';
 
@@ -349,7 +350,7 @@ describe('health and metrics', () => {
     const m0 = await scrape();
     const key = (name: string, labels = '') => `${name}${labels}`;
     const get = (m: Map<string, number>, k: string) => m.get(k) ?? 0;
-    const reqKey = key('keygate_proxy_requests_total', '{decision="intercept",rule="api",status="200"}');
+    const reqKey = key('keygate_proxy_requests_total', '{decision="intercept",rule="api",status="200",proto="h1"}');
 
     // 5 requests over one fresh connection: one CONNECT, one handshake, one certificate lookup.
     const fresh = new ProxyAgent({ uri: proxy.url, requestTls: { ca: [ca.certPem] }, connections: 1 });
@@ -383,14 +384,36 @@ describe('health and metrics', () => {
     expect(get(m1, 'keygate_proxy_open_tunnels')).toBe(get(m0, 'keygate_proxy_open_tunnels'));
     expect(get(m1, 'keygate_proxy_tunnels_total{decision="tunnel",status="200"}') - get(m0, 'keygate_proxy_tunnels_total{decision="tunnel",status="200"}')).toBe(1);
     expect(get(m1, 'keygate_proxy_upstream_errors_total') - get(m0, 'keygate_proxy_upstream_errors_total')).toBe(1);
-    const count = 'keygate_proxy_request_duration_seconds_count{decision="intercept"}';
+    const count = 'keygate_proxy_request_duration_seconds_count{decision="intercept",proto="h1"}';
     expect(get(m1, count) - get(m0, count)).toBe(5);
-    expect(get(m1, 'keygate_proxy_request_duration_seconds_bucket{decision="intercept",le="+Inf"}')).toBe(get(m1, count));
-    expect(get(m1, 'keygate_proxy_request_duration_seconds_sum{decision="intercept"}')).toBeGreaterThan(0);
+    expect(get(m1, 'keygate_proxy_request_duration_seconds_bucket{decision="intercept",proto="h1",le="+Inf"}')).toBe(get(m1, count));
+    expect(get(m1, 'keygate_proxy_request_duration_seconds_sum{decision="intercept",proto="h1"}')).toBeGreaterThan(0);
     expect(get(m1, 'keygate_proxy_config_generation')).toBe(holder.generation);
     expect(get(m1, 'keygate_proxy_config_applies_total{source="push",result="rejected"}')).toBeGreaterThanOrEqual(2);
     const text = (await adminCall('GET', '/metrics')).text;
     for (const v of [TOKEN_V1, TOKEN_V2, PUSHED, OPAQUE]) expect(text).not.toContain(v);
+  });
+
+  it('labels requests and their latency with the client protocol: h1 and h2 clients on the same host', async () => {
+    expect((await adminCall('PUT', '/config', config('p'))).status).toBe(200);
+    const m0 = await scrape();
+    const get = (m: Map<string, number>, k: string) => m.get(k) ?? 0;
+    const req = (proto: string) => `keygate_proxy_requests_total{decision="intercept",rule="api",status="200",proto="${proto}"}`;
+    const dur = (proto: string) => `keygate_proxy_request_duration_seconds_count{decision="intercept",proto="${proto}"}`;
+    // 3 over HTTP/1.1 (undici offers only http/1.1), 2 over one h2 connection.
+    for (let i = 0; i < 3; i++) expect((await viaProxy('/p1')).status).toBe(200);
+    const s = await h2Through(proxy.port, HOST, origin.port, ca.certPem);
+    try {
+      for (let i = 0; i < 2; i++) expect((await h2Request(s, { ':path': '/p2', ':authority': `${HOST}:${origin.port}` })).status).toBe(200);
+    } finally {
+      s.close();
+    }
+    await new Promise((r) => setTimeout(r, 50));
+    const m1 = await scrape();
+    expect(get(m1, req('h1')) - get(m0, req('h1'))).toBe(3);
+    expect(get(m1, req('h2')) - get(m0, req('h2'))).toBe(2);
+    expect(get(m1, dur('h1')) - get(m0, dur('h1'))).toBe(3);
+    expect(get(m1, dur('h2')) - get(m0, dur('h2'))).toBe(2);
   });
 });
 

@@ -126,7 +126,7 @@ describe('keygate proxy --data --admin', () => {
       expect(await push.body.json()).toMatchObject({ applied: true });
       expect((await seen(proxy, agent))['x-gen']).toBe('pushed');
       const metrics = await (await request(`${admin}/metrics`, { headers: auth })).body.text();
-      expect(metrics).toMatch(/keygate_proxy_requests_total\{decision="intercept",rule="api",status="200"\} \d+/);
+      expect(metrics).toMatch(/keygate_proxy_requests_total\{decision="intercept",rule="api",status="200",proto="h1"\} \d+/);
       expect(metrics).toMatch(/keygate_proxy_config_applies_total\{source="file",result="rejected"\} [1-9]/);
       expect(metrics).toMatch(/keygate_proxy_config_applies_total\{source="sighup",result="applied"\} [1-9]/);
       expect((await request(`${admin}/readyz`, { headers: auth })).statusCode).toBe(200);
