@@ -94,6 +94,71 @@ export function framingProblem(req: RequestFacts): ProxyError | undefined {
   return undefined;
 }
 
+/**
+ * Methods whose answer is the request itself: TRACE (RFC 9110 9.3.8) and IIS's TRACK. Compared
+ * upper-cased: HTTP/1.1's parsers refuse other cases, but an HTTP/2 `:method` may be any token,
+ * and an origin that upper-cases methods (PHP frameworks do) would read `trace` as TRACE.
+ */
+const REFLECTING = new Set(['TRACE', 'TRACK']);
+/**
+ * Fields by which frameworks let a request name the method to use instead of its own (Express's
+ * method-override, Symfony/Laravel, ASP.NET, Google's APIs), compared with `_` read as `-` (CGI
+ * and PHP map both to the same variable).
+ */
+const METHOD_OVERRIDE_FIELDS = new Set(['x-http-method-override', 'x-http-method', 'x-method-override']);
+
+/** A method or an override value (maybe a list) that names a reflecting method. */
+function namesReflecting(value: string): boolean {
+  for (const part of value.split(',')) if (REFLECTING.has(part.trim().toUpperCase())) return true;
+  return false;
+}
+
+/** One query component percent-decoded (and `+` as a space), or undefined when it does not decode. */
+function queryDecode(s: string): string | undefined {
+  try {
+    return decodeURIComponent(s.replace(/\+/g, ' '));
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * A `_method` query parameter (Symfony, Laravel, Rails' Rack::MethodOverride read it) naming a
+ * reflecting method. The name is read as PHP does: leading spaces dropped, space, `.` and `[` as
+ * `_`. An undecodable name or value counts as one, so what cannot be read is never let through.
+ */
+function queryAsksReflecting(target: string): boolean {
+  const q = target.indexOf('?');
+  if (q < 0) return false;
+  for (const pair of target.slice(q + 1).split(/[&;]/)) {
+    const eq = pair.indexOf('=');
+    if (eq < 0) continue;
+    const name = queryDecode(pair.slice(0, eq));
+    const value = queryDecode(pair.slice(eq + 1));
+    if (name === undefined || value === undefined) {
+      if (/METHOD/i.test(pair) && /TRAC[EK]/i.test(pair)) return true;
+      continue;
+    }
+    if (name.trimStart().replace(/[ .[]/g, '_').toLowerCase() === '_method' && namesReflecting(value)) return true;
+  }
+  return false;
+}
+
+/**
+ * A request whose answer would reflect it, injected headers included: a reflecting method in any
+ * case, or a GET/POST asking a framework to treat it as one (an override field or `_method` in the
+ * query). An override in a form body is not seen (bodies stream, unread): docs/hardening.md.
+ */
+export function reflectionProblem(req: RequestFacts): ProxyError | undefined {
+  if (REFLECTING.has(req.method.toUpperCase())) return reflecting();
+  for (let i = 0; i < req.rawHeaders.length; i += 2) {
+    const name = req.rawHeaders[i];
+    if (name.length >= 12 && name.length <= 22 && METHOD_OVERRIDE_FIELDS.has(name.toLowerCase().replace(/_/g, '-')) && namesReflecting(req.rawHeaders[i + 1])) return reflecting();
+  }
+  if (queryAsksReflecting(req.target)) return reflecting();
+  return undefined;
+}
+
 /** The Host values of a request. */
 function hostValues(req: RequestFacts): string[] {
   const out: string[] = [];
@@ -146,7 +211,8 @@ export function planIntercepted(req: RequestFacts, t: TunnelDestination, config:
   const bad = checkHead(req, limits) ?? framingProblem(req);
   if (bad) return bad;
   // A method whose answer reflects the request would hand the injected value back.
-  if (req.method === 'TRACE') return reflecting();
+  const reflects = reflectionProblem(req);
+  if (reflects) return reflects;
   const denied = config.egress.checkName(t.host, t.port);
   if (denied) return new EgressDenied(denied, t.host, t.port);
   const target = tunnelTarget(req, t);

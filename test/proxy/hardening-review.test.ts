@@ -25,6 +25,7 @@ import { compileConfig } from '../../src/rules/index.js';
 import { connectTunnel, tlsOverTunnel } from '../helpers/connect.js';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { sleep } from './hardening-helpers.js';
+import { h2Request, h2Through } from './h2-helpers.js';
 
 const HOST = 'review.test.local';
 /** The injected value: it must never come back to a client, nor appear in a log. */
@@ -494,5 +495,76 @@ describe('4. 431 or 414 whatever the segmentation', () => {
       const a = await converse(await plain(px), parts, 15);
       expect(a.statuses, how).toEqual([431]);
     }
+  });
+});
+
+// ---- siblings of the four classes (a second hostile pass) -------------------------------------------
+
+describe.each([true, false])('1. siblings: a request that asks for TRACE another way (fast path %s)', (fastPath) => {
+  const px = () => byPath.get(fastPath)!;
+
+  it.each([
+    ['X-HTTP-Method-Override: TRACE on a GET', `GET /o HTTP/1.1\r\nHost: {HOST}\r\nX-HTTP-Method-Override: TRACE\r\n\r\n`],
+    ['X-HTTP-Method-Override: trace on a POST', `POST /o HTTP/1.1\r\nHost: {HOST}\r\nX-HTTP-Method-Override: trace\r\nContent-Length: 0\r\n\r\n`],
+    ['X-HTTP-Method: TRACE', `POST /o HTTP/1.1\r\nHost: {HOST}\r\nX-HTTP-Method: TRACE\r\nContent-Length: 0\r\n\r\n`],
+    ['X-Method-Override: Track', `POST /o HTTP/1.1\r\nHost: {HOST}\r\nx-method-override: Track\r\nContent-Length: 0\r\n\r\n`],
+    ['the override in a list', `POST /o HTTP/1.1\r\nHost: {HOST}\r\nX-HTTP-Method-Override: TRACE, GET\r\nContent-Length: 0\r\n\r\n`],
+    ['the override spelled with underscores (CGI reads it the same)', `POST /o HTTP/1.1\r\nHost: {HOST}\r\nX_HTTP_METHOD_OVERRIDE: TRACE\r\nContent-Length: 0\r\n\r\n`],
+    ['_method=TRACE in the query', `POST /o?_method=TRACE HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 0\r\n\r\n`],
+    ['_method=trace after another parameter', `GET /o?a=1&_method=trace HTTP/1.1\r\nHost: {HOST}\r\n\r\n`],
+    ['_method encoded', `GET /o?%5Fmethod=%54RACE HTTP/1.1\r\nHost: {HOST}\r\n\r\n`],
+    ['_method with a PHP-mangled name', `GET /o?.method=TRACE HTTP/1.1\r\nHost: {HOST}\r\n\r\n`],
+    ['the override on a WebSocket upgrade', `GET /o HTTP/1.1\r\nHost: {HOST}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nX-HTTP-Method-Override: TRACE\r\n\r\n`],
+    ['the override on HTTP/1.0', `GET /o HTTP/1.0\r\nHost: {HOST}\r\nX-HTTP-Method-Override: TRACE\r\n\r\n`],
+  ])('%s: 403, nothing reaches the origin', async (_name, raw) => {
+    const mark = tlsOrigin.all().length;
+    const a = await converse(await tunnel(px()), [raw.replaceAll('{HOST}', hostHeader()) + follower()], 0, 1500);
+    expect(a.statuses, a.text.slice(0, 300)).toEqual([403]);
+    expect(a.text).not.toContain(SECRET);
+    expect(a.closed).toBe(true);
+    expect(since(tlsOrigin, mark)).toBe('');
+  });
+
+  it.each([
+    ['an override that asks for another method', `POST /o HTTP/1.1\r\nHost: {HOST}\r\nX-HTTP-Method-Override: PATCH\r\nContent-Length: 0\r\nConnection: close\r\n\r\n`],
+    ['a parameter that only looks like it', `GET /o?x_method=TRACE&_methods=TRACE HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n`],
+  ])('%s is forwarded', async (_name, raw) => {
+    const a = await converse(await tunnel(px()), [raw.replaceAll('{HOST}', hostHeader())]);
+    expect(a.statuses).toEqual([200]);
+  });
+});
+
+describe('1. siblings on HTTP/2: :method in any case, TRACK, overrides', () => {
+  it.each([
+    ['trace', {}],
+    ['Trace', {}],
+    ['TRACK', {}],
+    ['track', {}],
+    ['GET', { 'x-http-method-override': 'TRACE' }],
+    ['POST', { 'x-method-override': 'trace' }],
+  ] as [string, Record<string, string>][])(':method %s %j: refused, nothing reaches the origin', async (method, extra) => {
+    const mark = tlsOrigin.all().length;
+    const s = await h2Through(byPath.get(true)!.handle.port, HOST, tlsOrigin.port, ca.certPem);
+    try {
+      const a = await h2Request(s, { ':method': method, ':path': '/o', ':authority': hostHeader(), ...extra });
+      expect(a.status).toBe(403);
+      expect(a.body).not.toContain(SECRET);
+    } finally {
+      s.destroy();
+    }
+    await sleep(50);
+    expect(since(tlsOrigin, mark)).toBe('');
+  });
+
+  it(':path with _method=TRACE is refused', async () => {
+    const mark = tlsOrigin.all().length;
+    const s = await h2Through(byPath.get(true)!.handle.port, HOST, tlsOrigin.port, ca.certPem);
+    try {
+      const a = await h2Request(s, { ':method': 'POST', ':path': '/o?_method=TRACE', ':authority': hostHeader() });
+      expect(a.status).toBe(403);
+    } finally {
+      s.destroy();
+    }
+    expect(since(tlsOrigin, mark)).toBe('');
   });
 });
