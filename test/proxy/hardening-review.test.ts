@@ -273,9 +273,13 @@ describe.each([true, false])('2. path encodings (fast path %s)', (fastPath) => {
     ['a full-width dot pair (NFKC ..)', '/a/%ef%bc%8e%ef%bc%8e/x'],
     ['a two-dot leader (NFKC ..)', '/a/%e2%80%a5/x'],
     ['a full-width solidus (NFKC /)', '/a/..%ef%bc%8fx'],
+    ['an encoded ? (decoded once more, the path ends there)', '/a/b%3F/x'],
+    ['an encoded # in lower case', '/a/b%23c/x'],
+    ['an escape of an escape in the absolute form', `https://{HOST}/a/%252e%252e/x`],
+    ['an encoded ? in the absolute form', `https://{HOST}/a/b%3f/x`],
   ])('%s (%s): 400, nothing reaches the origin', async (_name, target) => {
     const mark = tlsOrigin.all().length;
-    const a = await converse(await tunnel(px()), [`GET ${target} HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n`]);
+    const a = await converse(await tunnel(px()), [`GET ${target.replace('{HOST}', hostHeader())} HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n`]);
     expect(a.statuses, a.text.slice(0, 300)).toEqual([400]);
     expect(a.closed).toBe(true);
     expect(since(tlsOrigin, mark)).toBe('');
@@ -566,5 +570,52 @@ describe('1. siblings on HTTP/2: :method in any case, TRACK, overrides', () => {
       s.destroy();
     }
     expect(since(tlsOrigin, mark)).toBe('');
+  });
+});
+
+const upgrade = (target: string) =>
+  `GET ${target} HTTP/1.1\r\nHost: ${hostHeader()}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n`;
+
+describe.each([true, false])('2. siblings: the WebSocket path (fast path %s)', (fastPath) => {
+  const px = () => byPath.get(fastPath)!;
+
+  it.each(['/a/%25%32%65%25%32%65/x', '/a/b/..%3b/x', '/a/b%3F/x', '/a/%c0%ae%c0%ae/x'])('an upgrade to %s: 400, nothing reaches the origin', async (target) => {
+    const mark = tlsOrigin.all().length;
+    const a = await converse(await tunnel(px()), [upgrade(target)]);
+    expect(a.statuses, a.text.slice(0, 300)).toEqual([400]);
+    expect(since(tlsOrigin, mark)).toBe('');
+  });
+
+  it('an upgrade goes upstream on exactly the normalised path', async () => {
+    const mark = tlsOrigin.all().length;
+    const a = await converse(await tunnel(px()), [upgrade('/a/./b/%2e%2E/%7ec?q=%2e%2e')]);
+    expect(a.statuses).toEqual([200]); // the keeper does not speak WebSocket: its 200 is relayed and the connection closed
+    expect(since(tlsOrigin, mark).startsWith('GET /a/~c?q=%2e%2e HTTP/1.1\r\n')).toBe(true);
+  });
+});
+
+describe('2. siblings: the HTTP/2 :path', () => {
+  it.each(['/a/%25%32%65%25%32%65/x', '/a/b/..%3B/x', '/a/b%23/x', '/a/%ef%bc%8e%ef%bc%8e/x', '/../x'])(':path %s: 400, nothing reaches the origin', async (p) => {
+    const mark = tlsOrigin.all().length;
+    const s = await h2Through(byPath.get(true)!.handle.port, HOST, tlsOrigin.port, ca.certPem);
+    try {
+      const a = await h2Request(s, { ':method': 'GET', ':path': p, ':authority': hostHeader() });
+      expect(a.status).toBe(400);
+    } finally {
+      s.destroy();
+    }
+    expect(since(tlsOrigin, mark)).toBe('');
+  });
+
+  it(':path goes upstream as exactly the normalised path', async () => {
+    const mark = tlsOrigin.all().length;
+    const s = await h2Through(byPath.get(true)!.handle.port, HOST, tlsOrigin.port, ca.certPem);
+    try {
+      const a = await h2Request(s, { ':method': 'GET', ':path': '/a/./b/%2e%2E/%7ec?q=%2e%2e', ':authority': hostHeader() });
+      expect(a.status).toBe(200);
+    } finally {
+      s.destroy();
+    }
+    expect(since(tlsOrigin, mark).startsWith('GET /a/~c?q=%2e%2e HTTP/1.1\r\n')).toBe(true);
   });
 });
