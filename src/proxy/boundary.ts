@@ -59,6 +59,16 @@ export function serverOptions(l: ProxyLimits): http.ServerOptions {
   };
 }
 
+/**
+ * Node's server answers an `Expect` other than `100-continue` with its own 417 and goes on
+ * reading the connection (a request pipelined behind it was forwarded, credential included):
+ * such a request is handed to the server's 'request' handler instead, where the plan step
+ * refuses it and the connection closes.
+ */
+export function checkExpectationsInPlan(server: http.Server): void {
+  server.on('checkExpectation', (req: IncomingMessage, res: http.ServerResponse) => server.emit('request', req, res));
+}
+
 type ParserError = NodeJS.ErrnoException & { rawPacket?: Buffer; bytesParsed?: number };
 
 /** The answer to a request Node's parser refused (or timed out). */

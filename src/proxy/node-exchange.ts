@@ -1,7 +1,7 @@
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
-import { factsOf, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';
+import { checkExpectationsInPlan, factsOf, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';
 import { malformed, ProxyError } from './errors.js';
 import type { Exchange } from './exchange.js';
 import { forward, refuse } from './forward.js';
@@ -29,6 +29,7 @@ export function createNodeExchange(dp: DataPath): NodeExchange {
   // 'listening': start it by hand, stopped again in close().
   inner.emit('listening');
   inner.on('connection', (s: Duplex) => boundary.follow(s));
+  checkExpectationsInPlan(inner);
 
   inner.on('request', (req: IncomingMessage, res: ServerResponse) => {
     const started = performance.now();

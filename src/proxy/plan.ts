@@ -2,7 +2,7 @@ import type { CompiledConfig, CompiledRule, Decision } from '../rules/compile.js
 import { formatAuthority, parseAuthority, RuleInputError } from '../rules/host.js';
 import { isPathRefusal, normalisePath } from '../rules/path.js';
 import { EgressDenied } from './egress.js';
-import { malformed, misdirected, ProxyError, reflecting, refused, tooLarge, uriTooLong } from './errors.js';
+import { expectationFailed, malformed, misdirected, ProxyError, reflecting, refused, tooLarge, uriTooLong } from './errors.js';
 import type { ProxyLimits } from './limits.js';
 
 /**
@@ -13,8 +13,8 @@ import type { ProxyLimits } from './limits.js';
  * request meets the same checks in the same order, and a refusal is a value the exchange
  * renders (errors.ts) and after which it closes the connection (HTTP/1.1) or the stream (HTTP/2).
  *
- * Order: the head against the limits, its framing, the method, the destination (the egress
- * policy by name, then the authority), the path; then the rule.
+ * Order: the head against the limits, its framing and expectation, the method, the destination
+ * (the egress policy by name, then the authority), the path; then the rule.
  */
 
 /**
@@ -159,6 +159,19 @@ export function reflectionProblem(req: RequestFacts): ProxyError | undefined {
   return undefined;
 }
 
+/**
+ * An expectation the proxy cannot meet: any `Expect` but `100-continue` (RFC 9110 10.1.1), a
+ * `417` that closes like every refusal (Node's server would answer it itself and go on reading
+ * the connection; the servers hand it here instead: `boundary.ts`, `checkExpectation`).
+ */
+export function expectationProblem(req: RequestFacts): ProxyError | undefined {
+  for (let i = 0; i < req.rawHeaders.length; i += 2) {
+    const name = req.rawHeaders[i];
+    if (name.length === 6 && name.toLowerCase() === 'expect' && req.rawHeaders[i + 1].trim().toLowerCase() !== '100-continue') return expectationFailed();
+  }
+  return undefined;
+}
+
 /** The Host values of a request. */
 function hostValues(req: RequestFacts): string[] {
   const out: string[] = [];
@@ -208,7 +221,7 @@ export function tunnelTarget(req: RequestFacts, t: TunnelDestination): { pathAnd
 
 /** A request inside an intercepted tunnel to `t`: where it goes and with which rule, or why not. */
 export function planIntercepted(req: RequestFacts, t: TunnelDestination, config: CompiledConfig, limits: ProxyLimits): InterceptPlan | ProxyError {
-  const bad = checkHead(req, limits) ?? framingProblem(req);
+  const bad = checkHead(req, limits) ?? framingProblem(req) ?? expectationProblem(req);
   if (bad) return bad;
   // A method whose answer reflects the request would hand the injected value back.
   const reflects = reflectionProblem(req);
@@ -226,7 +239,7 @@ export function planIntercepted(req: RequestFacts, t: TunnelDestination, config:
  * the proxy's own listeners (a loop, or the admin API).
  */
 export function planPlain(req: RequestFacts, config: CompiledConfig, limits: ProxyLimits, isDenied: (host: string, port: number) => boolean): PlainPlan | ProxyError {
-  const bad = checkHead(req, limits) ?? framingProblem(req);
+  const bad = checkHead(req, limits) ?? framingProblem(req) ?? expectationProblem(req);
   if (bad) return bad;
   const m = ABSOLUTE.exec(req.target);
   if (!m) return malformed('this is a proxy: send absolute-form requests (http://host/path) or CONNECT');

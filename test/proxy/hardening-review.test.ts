@@ -619,3 +619,93 @@ describe('2. siblings: the HTTP/2 :path', () => {
     expect(since(tlsOrigin, mark).startsWith('GET /a/~c?q=%2e%2e HTTP/1.1\r\n')).toBe(true);
   });
 });
+
+describe.each([true, false])('3. siblings: other refusals, intercepted (fast path %s)', (fastPath) => {
+  const px = () => byPath.get(fastPath)!;
+
+  it.each([
+    ['an expectation other than 100-continue (417)', 417, () => `GET /r HTTP/1.1\r\nHost: ${hostHeader()}\r\nExpect: something-else\r\n\r\n`],
+    ['an expectation with a body (417)', 417, () => `POST /r HTTP/1.1\r\nHost: ${hostHeader()}\r\nExpect: 200-ok\r\nContent-Length: 3\r\n\r\nabc`],
+    ['a WebSocket upgrade to a refused path', 400, () => upgrade('/a/%252e%252e/x')],
+    ['a WebSocket upgrade naming another authority', 421, () => upgrade('https://other.test.local/x')],
+    ['a method override asking for TRACE', 403, () => `GET /r HTTP/1.1\r\nHost: ${hostHeader()}\r\nX-HTTP-Method-Override: TRACE\r\n\r\n`],
+  ] as [string, number, () => string][])('%s: %i, closed, nothing forwarded, in one write or two', async (_name, status, refused) => {
+    for (const parts of [[refused() + follower()], [refused(), follower()]]) {
+      const mark = tlsOrigin.all().length;
+      const a = await converse(await tunnel(px()), parts, parts.length > 1 ? 20 : 0);
+      expect(a.statuses, a.text.slice(0, 300)).toEqual([status]);
+      expect(a.closed).toBe(true);
+      expect(since(tlsOrigin, mark)).toBe('');
+    }
+  });
+
+  it('a WebSocket upgrade the origin answers without 101: its answer, closed, nothing pipelined forwarded', async () => {
+    const mark = tlsOrigin.all().length;
+    const a = await converse(await tunnel(px()), [upgrade('/ws') + follower()]);
+    expect(a.statuses).toEqual([200]);
+    expect(a.closed).toBe(true);
+    const got = since(tlsOrigin, mark);
+    expect(got).toContain('GET /ws ');
+    expect(got).not.toContain('/after-refusal');
+  });
+});
+
+describe.each([true, false])('3. siblings: other refusals, plain listener (fast path %s)', (fastPath) => {
+  const px = () => byPath.get(fastPath)!;
+  const plainUpgrade = (target: string) => `GET ${target} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n`;
+  const after = () => `GET http://127.0.0.1:${plainOrigin.port}/after-refusal HTTP/1.1\r\nHost: x\r\n\r\n`;
+
+  it.each([
+    ['an expectation other than 100-continue (417)', 417, () => `GET http://127.0.0.1:${plainOrigin.port}/r HTTP/1.1\r\nHost: x\r\nExpect: something-else\r\n\r\n`],
+    ['an upgrade that is not a WebSocket', 400, () => `GET http://127.0.0.1:${plainOrigin.port}/r HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n`],
+    ['a WebSocket upgrade to a rule host in clear', 403, () => plainUpgrade(`http://${HOST}:${tlsOrigin.port}/ws`)],
+    ['a CONNECT to the proxy itself', 403, () => `CONNECT 127.0.0.1:{SELF} HTTP/1.1\r\nHost: x\r\n\r\n`],
+    ['a CONNECT to an unparseable target', 400, () => `CONNECT a..b:x HTTP/1.1\r\nHost: x\r\n\r\n`],
+  ] as [string, number, () => string][])('%s: %i, closed, nothing forwarded, in one write or two', async (_name, status, refused) => {
+    const first = () => refused().replace('{SELF}', String(px().handle.port));
+    for (const parts of [[first() + after()], [first(), after()]]) {
+      const mark = plainOrigin.all().length;
+      const a = await converse(await plain(px()), parts, parts.length > 1 ? 20 : 0);
+      expect(a.statuses, a.text.slice(0, 300)).toEqual([status]);
+      expect(a.closed).toBe(true);
+      expect(since(plainOrigin, mark)).not.toContain('/after-refusal');
+    }
+  });
+
+  it('a WebSocket upgrade the origin answers without 101: its answer, closed, nothing pipelined forwarded', async () => {
+    const mark = plainOrigin.all().length;
+    const a = await converse(await plain(px()), [plainUpgrade(`http://127.0.0.1:${plainOrigin.port}/ws`) + after()]);
+    expect(a.statuses).toEqual([200]);
+    expect(a.closed).toBe(true);
+    expect(since(plainOrigin, mark)).toContain('GET /ws ');
+    expect(since(plainOrigin, mark)).not.toContain('/after-refusal');
+  });
+});
+
+describe.each([true, false])('3. siblings: an egress refusal after resolution closes too (fast path %s)', (fastPath) => {
+  it('a rule host resolving to a denied address: 403, closed, and the pipelined request is not acted on', async () => {
+    let text = '';
+    const logger = createLogger({ destination: new Writable({ write: (c, _e, cb) => ((text += c), cb()) }) });
+    const handle = await startProxy({
+      listen: { host: '127.0.0.1', port: 0 },
+      ca,
+      config: compileConfig({
+        no_proxy: [],
+        rules: [{ name: 'review', match_hosts: [HOST], headers: [{ name: 'X-Key', value: SECRET }] }],
+        access_control: { deny_addresses: ['127.0.0.0/8'] },
+      }),
+      logger,
+      resolve: new Map([[`${HOST}:${tlsOrigin.port}`, '127.0.0.1']]),
+      upstreamCa: [pki.caPem],
+      limits: LIMITS,
+      fastPath,
+    });
+    proxies.push({ handle, log: () => text });
+    const mark = tlsOrigin.all().length;
+    const a = await converse(await tunnel({ handle, log: () => text }), [follower() + follower()]);
+    expect(a.statuses, a.text.slice(0, 300)).toEqual([403]);
+    expect(a.text).toMatch(/destination_ip_prohibited/);
+    expect(a.closed).toBe(true);
+    expect(since(tlsOrigin, mark)).toBe('');
+  });
+});

@@ -40,6 +40,7 @@ describe('planIntercepted', () => {
     ['TRACE in absolute form', req('TRACE', 'https://api.test/'), 403, 'KEYGATE_REFLECTING_METHOD'],
     ['trace (an HTTP/2 :method may be any case)', req('trace', '/repos/x', ['Host', 'api.test'], 20), 403, 'KEYGATE_REFLECTING_METHOD'],
     ['TRACK', req('TRACK', '/repos/x'), 403, 'KEYGATE_REFLECTING_METHOD'],
+    ['an Expect other than 100-continue', req('GET', '/repos/x', ['Host', 'api.test', 'Expect', 'x-y']), 417, 'KEYGATE_EXPECTATION_FAILED'],
     ['X-HTTP-Method-Override: TRACE', req('POST', '/repos/x', ['Host', 'api.test', 'X-HTTP-Method-Override', ' trace ']), 403, 'KEYGATE_REFLECTING_METHOD'],
     ['X_HTTP_METHOD: GET, TRACK', req('POST', '/repos/x', ['Host', 'api.test', 'X_HTTP_METHOD', 'GET, TRACK']), 403, 'KEYGATE_REFLECTING_METHOD'],
     ['_method=TRACE in the query', req('POST', '/repos/x?a=b&_method=TRACE'), 403, 'KEYGATE_REFLECTING_METHOD'],
@@ -68,6 +69,7 @@ describe('planIntercepted', () => {
       req('GET', '/repos/x?x_method=TRACE&_methods=TRACE&q=TRACE'),
       req('GET', '/repos/x?_method=GET'),
       req('GET', '/repos/x', ['Host', 'api.test', 'X-Trace', 'TRACE']),
+      req('POST', '/repos/x', ['Host', 'api.test', 'Expect', '100-Continue']),
     ]) {
       expect(planIntercepted(facts, t, config, limits)).toMatchObject({ rule: config.rules[0] });
     }
