@@ -4,7 +4,7 @@ import type { Duplex } from 'node:stream';
 import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore, TunnelTarget } from './context.js';
 import { chunkExtensionsTooLarge, headTimeout, malformed, ProxyError, writeRawError } from './errors.js';
-import { HeadLines, type ProxyLimits } from './limits.js';
+import { HeadLines, headOverflowAnswer, type ProxyLimits } from './limits.js';
 import type { RequestFacts } from './plan.js';
 
 /**
@@ -75,7 +75,7 @@ type ParserError = NodeJS.ErrnoException & { rawPacket?: Buffer; bytesParsed?: n
 function clientErrorResponse(err: ParserError, l: ProxyLimits, lines: HeadLines | undefined): ProxyError {
   switch (err.code) {
     case 'HPE_HEADER_OVERFLOW':
-      return (lines ?? new HeadLines()).answer(l, err.rawPacket, err.bytesParsed);
+      return headOverflowAnswer(lines ?? new HeadLines(), l, err.rawPacket, err.bytesParsed);
     case 'ERR_HTTP_REQUEST_TIMEOUT':
       return headTimeout();
     case 'HPE_CHUNK_EXTENSIONS_OVERFLOW':

@@ -9,7 +9,7 @@ import { openDb, type Db } from '../store/db.js';
 import { apiKeyAuthenticator, authenticate, bootstrapAuth, type Authenticator } from './auth.js';
 import type { ServerContext } from './context.js';
 import { errorResponse, HttpValidationError, unavailable } from './errors.js';
-import { onClientError } from './http-errors.js';
+import { followHeadLines, onClientError } from './http-errors.js';
 import { registerOpenApi } from './openapi.js';
 import type { Area } from './area.js';
 import { loadAreas } from './plugins.js';
@@ -101,6 +101,9 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
       void (reply as unknown as FastifyReply).status(r.status).send(r.body);
     },
   });
+
+  // A head too large is a 414 or a 431 by its bytes, not by how they arrived (onClientError reads the lines).
+  followHeadLines(app.server);
 
   const strictAjv = makeAjv(false);
   const coercingAjv = makeAjv(true);

@@ -1,6 +1,8 @@
 import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
+import type { Server } from 'node:net';
 import { errorResponse, type ErrorResponse } from './errors.js';
+import { followHeadLines, headLinesOf } from './head-lines.js';
 import { sendJson } from './http-json.js';
 
 /**
@@ -105,7 +107,23 @@ export function onClientError(err: Error & { code?: string }, socket: Duplex): v
     socket.destroy();
     return;
   }
-  socket.end(rawErrorResponse(errorResponse(err)));
+  // 414 or 431 from the lines of the connection (answerParserErrors follows them), not from how the bytes arrived.
+  const lines = err.code === 'HPE_HEADER_OVERFLOW' ? headLinesOf(socket) : undefined;
+  const parsed = err as { rawPacket?: unknown; bytesParsed?: number };
+  const known = lines ? { code: err.code, requestLineBytes: lines.requestLineBytes(Buffer.isBuffer(parsed.rawPacket) ? parsed.rawPacket : undefined, parsed.bytesParsed) } : err;
+  socket.end(rawErrorResponse(errorResponse(known)));
   // end() flushes the answer; destroy afterwards in case the peer never reads it.
   setTimeout(() => socket.destroy(), 1000).unref();
 }
+
+/**
+ * Every plain node:http server's parser refusals (the admin listener, `app serve`, the deployment
+ * router; fastify's `clientErrorHandler` is onClientError, with followHeadLines on its server):
+ * answered in the wire shape, a head too large being a 414 or a 431 whatever its segmentation.
+ */
+export function answerParserErrors(server: Server): void {
+  followHeadLines(server);
+  server.on('clientError', onClientError);
+}
+
+export { followHeadLines };

@@ -1,10 +1,10 @@
 /**
- * HeadLines (src/proxy/limits.ts) without a socket: the answer to an overflowing head depends on
+ * HeadLines (src/server/head-lines.ts, the proxy's answer in src/proxy/limits.ts) without a socket: the answer to an overflowing head depends on
  * its bytes only. Node's parser reports the chunk it was reading; whatever the chunking, the
  * tracker fed the earlier chunks and asked with the last one gives the same 414 or 431.
  */
 import { describe, expect, it } from 'vitest';
-import { HeadLines } from '../../src/proxy/limits.js';
+import { HeadLines, headOverflowAnswer } from '../../src/proxy/limits.js';
 import { prng } from './h1/differential.js';
 
 const limits = { maxHeaderBytes: 4096, maxRequestLineBytes: 1024 };
@@ -17,7 +17,7 @@ function answerWith(bytes: Buffer, cuts: number[]): number {
     lines.feed(bytes.subarray(from, c));
     from = c;
   }
-  return lines.answer(limits, bytes.subarray(from), bytes.length - from).status;
+  return headOverflowAnswer(lines, limits, bytes.subarray(from), bytes.length - from).status;
 }
 
 function randomCuts(rand: () => number, length: number): number[] {
