@@ -47,12 +47,16 @@ function highRun(raw: string, i: number): { bytes: number[]; end: number } | und
 
 /**
  * A segment that an origin stripping `;` parameters (Tomcat, Spring, Jetty) or trailing
- * whitespace (Windows) would read as `.` or `..`: `..;x`, `.%3B`, `..%3b`, `..%20`.
+ * whitespace (Windows) would read as `.` or `..` (`..;x`, `.%3B`, `..%3b`, `..%20`), or as empty
+ * (`;x`, `%3B`, `%20`), which such an origin then merges away: `/a/;/b` is `/a/b` to Tomcat, no
+ * longer under a rule whose wildcard segment matched `;`. An empty segment (`//`) is not one: no
+ * wildcard segment matches it, and it reads the same wherever it is kept.
  */
-function dotLike(seg: string): boolean {
-  if (seg.charCodeAt(0) !== 0x2e /* '.' */) return false;
+function ambiguousSegment(seg: string): boolean {
+  const c = seg.charCodeAt(0);
+  if (c !== 0x2e /* . */ && c !== 0x3b /* ; */ && c !== 0x25 /* % */) return false;
   const core = seg.replace(/%3B/gi, ';').replace(/%20/gi, ' ').split(';')[0].replace(/ +$/, '');
-  return core === '.' || core === '..';
+  return core === '' || core === '.' || core === '..';
 }
 
 /**
@@ -62,7 +66,7 @@ function dotLike(seg: string): boolean {
  * `\`, `?` or `#`, a raw `\`, `..` above the root, NUL or other control characters (raw or encoded),
  * escapes of escapes (`%252e`, or `%25%32%65`, which decodes to it) unless they stand for a
  * letter, a digit, `-`, `_` or `~`, dot segments with parameters or trailing spaces (`..;`,
- * `..%3B`, `..%20`), encoded bytes that are not UTF-8 (overlong `%C0%AE` included), and encoded
+ * `..%3B`, `..%20`) and segments that are nothing else (`;x`, `%20`), encoded bytes that are not UTF-8 (overlong `%C0%AE` included), and encoded
  * characters that compatibility or best-fit mappings turn into a delimiter (full-width `．` and
  * `／`, `∕`, `¥`).
  *
@@ -131,7 +135,7 @@ export function normalisePath(target: string): NormalisedPath | PathRefusal {
       if (last) out.push('');
       continue;
     }
-    if (dotLike(seg)) return { error: 'ambiguous dot segment with parameters in path' };
+    if (ambiguousSegment(seg)) return { error: 'ambiguous segment in path: a dot or nothing once parameters or trailing spaces are stripped' };
     out.push(seg);
   }
   return { path: '/' + out.join('/'), query };

@@ -273,6 +273,9 @@ describe.each([true, false])('2. path encodings (fast path %s)', (fastPath) => {
     ['a full-width dot pair (NFKC ..)', '/a/%ef%bc%8e%ef%bc%8e/x'],
     ['a two-dot leader (NFKC ..)', '/a/%e2%80%a5/x'],
     ['a full-width solidus (NFKC /)', '/a/..%ef%bc%8fx'],
+    ['a segment that is only a parameter (Tomcat reads /a//x, then /a/x)', '/a/;/x'],
+    ['a segment that is only an encoded parameter', '/a/%3bjsessionid=1/x'],
+    ['a segment that is only a space', '/a/%20/x'],
     ['an encoded ? (decoded once more, the path ends there)', '/a/b%3F/x'],
     ['an encoded # in lower case', '/a/b%23c/x'],
     ['an escape of an escape in the absolute form', `https://{HOST}/a/%252e%252e/x`],
@@ -291,7 +294,7 @@ describe.each([true, false])('2. path encodings (fast path %s)', (fastPath) => {
     ['/a/%2e%2E/c', '/c'],
     ['/caf%c3%a9/%e2%82%ac', '/caf%C3%A9/%E2%82%AC'],
     ['/a;p=1/b', '/a;p=1/b'],
-    ['/a/%3bp/b', '/a/%3Bp/b'],
+    ['/a/x%3bp/b', '/a/x%3Bp/b'],
     ['/100%25', '/100%25'],
     ['/a/..%2fish', null],
   ])('%s goes upstream as exactly %s', async (target, expected) => {
