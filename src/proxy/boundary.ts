@@ -72,10 +72,10 @@ export function checkExpectationsInPlan(server: http.Server): void {
 type ParserError = NodeJS.ErrnoException & { rawPacket?: Buffer; bytesParsed?: number };
 
 /** The answer to a request Node's parser refused (or timed out). */
-function clientErrorResponse(err: ParserError, l: ProxyLimits, lines: HeadLines | undefined): ProxyError {
+function clientErrorResponse(err: ParserError, l: ProxyLimits, lines: HeadLines = new HeadLines()): ProxyError {
+  // A head over the limit is its overflow's answer, whether the parser saw that or a bad byte first.
+  if (lines.overflowed(err.code, l.maxHeaderBytes, err.rawPacket, err.bytesParsed)) return headOverflowAnswer(lines, l, err.rawPacket, err.bytesParsed);
   switch (err.code) {
-    case 'HPE_HEADER_OVERFLOW':
-      return headOverflowAnswer(lines ?? new HeadLines(), l, err.rawPacket, err.bytesParsed);
     case 'ERR_HTTP_REQUEST_TIMEOUT':
       return headTimeout();
     case 'HPE_CHUNK_EXTENSIONS_OVERFLOW':

@@ -25,13 +25,24 @@ export class HeadLines {
   private endsWithCr = false;
   /** Length (without CRLF) of the last complete request line. */
   private requestLine = 0;
+  /** A request line was completed and the blank line ending its head not yet seen. */
+  private inHead = false;
+  /** Bytes (line ends included) of the complete lines of the head in progress. */
+  private headBytes = 0;
 
   feed(chunk: Buffer, end = chunk.length): void {
     let pos = 0;
     for (let lf = chunk.indexOf(0x0a, pos); lf >= 0 && lf < end; lf = chunk.indexOf(0x0a, pos)) {
       this.take(chunk, pos, lf);
       const length = this.lineBytes - (this.endsWithCr ? 1 : 0);
-      if (REQUEST_LINE_START.test(this.lineStart)) this.requestLine = length;
+      if (REQUEST_LINE_START.test(this.lineStart)) {
+        this.requestLine = length;
+        this.inHead = true;
+        this.headBytes = this.lineBytes + 1;
+      } else if (this.inHead) {
+        this.headBytes += this.lineBytes + 1;
+        if (length === 0) this.inHead = false;
+      }
       this.lineBytes = 0;
       this.lineStart = '';
       this.endsWithCr = false;
@@ -52,10 +63,37 @@ export class HeadLines {
    * `packet` being the chunk the parser was reading and `parsed` how far it got.
    */
   requestLineBytes(packet?: Buffer, parsed?: number): number {
+    const probe = this.at(packet, parsed);
+    return REQUEST_LINE_START.test(probe.lineStart) ? probe.lineBytes : probe.requestLine;
+  }
+
+  /**
+   * Bytes of the head in progress up to where the parser stopped (request line, fields, line
+   * ends: never fewer than the parser itself counts toward its limit), or 0 outside a head.
+   */
+  headBytesSoFar(packet?: Buffer, parsed?: number): number {
+    const probe = this.at(packet, parsed);
+    if (REQUEST_LINE_START.test(probe.lineStart)) return probe.lineBytes;
+    return probe.inHead ? probe.headBytes + probe.lineBytes : 0;
+  }
+
+  /**
+   * Whether a parse error is really the head's overflow. Node's parser counts a head toward its
+   * limit only as each chunk ends (or a field does): a head whose bad byte lies past the limit
+   * was a 400 in one write and an overflow in pieces. Counted on the bytes themselves, it is an
+   * overflow (414 or 431) whenever the head was over the limit where the parser stopped.
+   */
+  overflowed(code: string | undefined, limit: number, packet?: Buffer, parsed?: number): boolean {
+    if (code === 'HPE_HEADER_OVERFLOW') return true;
+    return typeof code === 'string' && code.startsWith('HPE_') && this.headBytesSoFar(packet, parsed) >= limit;
+  }
+
+  /** A copy of this, fed `packet` up to `parsed` (the parser's position in it). */
+  private at(packet?: Buffer, parsed?: number): HeadLines {
     const probe = new HeadLines();
     Object.assign(probe, this);
     if (packet) probe.feed(packet, Math.max(0, Math.min(packet.length, parsed ?? packet.length)));
-    return REQUEST_LINE_START.test(probe.lineStart) ? probe.lineBytes : probe.requestLine;
+    return probe;
   }
 }
 

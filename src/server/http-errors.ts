@@ -1,4 +1,4 @@
-import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
+import { maxHeaderSize, STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { Server } from 'node:net';
 import { errorResponse, type ErrorResponse } from './errors.js';
@@ -107,10 +107,13 @@ export function onClientError(err: Error & { code?: string }, socket: Duplex): v
     socket.destroy();
     return;
   }
-  // 414 or 431 from the lines of the connection (answerParserErrors follows them), not from how the bytes arrived.
-  const lines = err.code === 'HPE_HEADER_OVERFLOW' ? headLinesOf(socket) : undefined;
+  // 414 or 431 from the lines of the connection (answerParserErrors follows them), not from how
+  // the bytes arrived; so is a bad byte past the head's limit (the parser saw it or the overflow first).
+  const lines = headLinesOf(socket);
   const parsed = err as { rawPacket?: unknown; bytesParsed?: number };
-  const known = lines ? { code: err.code, requestLineBytes: lines.requestLineBytes(Buffer.isBuffer(parsed.rawPacket) ? parsed.rawPacket : undefined, parsed.bytesParsed) } : err;
+  const packet = Buffer.isBuffer(parsed.rawPacket) ? parsed.rawPacket : undefined;
+  const limit = (socket as Duplex & { server?: { maxHeaderSize?: number } }).server?.maxHeaderSize ?? maxHeaderSize;
+  const known = lines?.overflowed(err.code, limit, packet, parsed.bytesParsed) ? { code: 'HPE_HEADER_OVERFLOW', requestLineBytes: lines.requestLineBytes(packet, parsed.bytesParsed) } : err;
   socket.end(rawErrorResponse(errorResponse(known)));
   // end() flushes the answer; destroy afterwards in case the peer never reads it.
   setTimeout(() => socket.destroy(), 1000).unref();

@@ -457,6 +457,10 @@ describe('4. 431 or 414 whatever the segmentation', () => {
     ['an 8 KiB field after a short request line', 431, bigField('{PATH}', 8 * 1024)],
     ['a request line that alone overflows the head', 414, `GET {PATH}${'p'.repeat(6000)} HTTP/1.1\r\nHost: {HOST}\r\n\r\n`],
     ['a request line over its limit, the head within its own', 414, `GET {PATH}${'p'.repeat(2000)} HTTP/1.1\r\nHost: {HOST}\r\n\r\n`],
+    // Malformed after the head's limit: Node's parser says 400 or overflow depending on where the chunks end.
+    ['a field name with a bad byte past the head limit', 431, `GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\nX-${'n'.repeat(6000)} b: 1\r\n\r\n`],
+    ['a field value with a bad byte past the head limit', 431, `GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\nX-Big: ${'v'.repeat(6000)}\u0001\r\n\r\n`],
+    ['a request line with a bad byte past the head limit', 414, `GET {PATH}${'p'.repeat(6000)}\u0001 HTTP/1.1\r\nHost: {HOST}\r\n\r\n`],
   ];
 
   describe.each([true, false])('plain listener (fast path %s)', (fastPath) => {
@@ -710,5 +714,24 @@ describe.each([true, false])('3. siblings: an egress refusal after resolution cl
     expect(a.text).toMatch(/destination_ip_prohibited/);
     expect(a.closed).toBe(true);
     expect(since(tlsOrigin, mark)).toBe('');
+  });
+});
+
+describe.each([true, false])('3. siblings: a body that breaks after a good head (fast path %s)', (fastPath) => {
+  const px = () => byPath.get(fastPath)!;
+
+  it.each([
+    ['chunk extensions too large (413)', 413, `;${'e'.repeat(20_000)}\r\n`],
+    ['a chunk size that is not hex (400)', 400, `zz\r\nabc\r\n0\r\n\r\n`],
+  ])('%s: the message is cut, closed, nothing pipelined forwarded', async (_name, status, badChunk) => {
+    const mark = tlsOrigin.all().length;
+    const head = `POST /up HTTP/1.1\r\nHost: ${hostHeader()}\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n`;
+    const a = await converse(await tunnel(px()), [head, `3${badChunk}` + follower()], 50);
+    expect(a.statuses.at(-1), a.text.slice(0, 300)).toBe(status);
+    expect(a.closed).toBe(true);
+    const got = since(tlsOrigin, mark);
+    expect(got).not.toContain('/after-refusal');
+    // The origin never sees a complete chunked message.
+    expect(got).not.toMatch(/\r\n0\r\n\r\n$/);
   });
 });
