@@ -137,6 +137,13 @@ export async function requestThroughTunnel(opts: {
   }
 }
 
+/** `b` from `from` on, cut in pieces of `size` bytes. */
+export function piecesOf(b: Buffer, from: number, size: number): Buffer[] {
+  const out: Buffer[] = [];
+  for (let i = from; i < b.length; i += size) out.push(b.subarray(i, i + size));
+  return out;
+}
+
 /**
  * The same bytes cut the ways that once changed a parser's 414-or-431 answer: in one write, the
  * request line alone then the rest, the request line then 16 KiB pieces, 1000-byte pieces
@@ -145,11 +152,7 @@ export async function requestThroughTunnel(opts: {
 export function segmentations(raw: string): [string, Buffer[]][] {
   const b = Buffer.from(raw, 'latin1');
   const eol = b.indexOf('\r\n') + 2;
-  const pieces = (from: number, size: number) => {
-    const out: Buffer[] = [];
-    for (let i = from; i < b.length; i += size) out.push(b.subarray(i, i + size));
-    return out;
-  };
+  const pieces = (from: number, size: number) => piecesOf(b, from, size);
   return [
     ['one write', [b]],
     ['request line, then the rest', [b.subarray(0, eol), b.subarray(eol)]],

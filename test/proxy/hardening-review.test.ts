@@ -22,10 +22,10 @@ import { ensureCa, type Ca } from '../../src/certs/index.js';
 import { createLogger } from '../../src/log.js';
 import { startProxy, type ProxyHandle, type ProxyLimits } from '../../src/proxy/server.js';
 import { compileConfig } from '../../src/rules/index.js';
-import { connectTunnel, tlsOverTunnel } from '../helpers/connect.js';
+import { connectTunnel, piecesOf, tlsOverTunnel } from '../helpers/connect.js';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { sleep } from './hardening-helpers.js';
-import { h2Request, h2Through } from './h2-helpers.js';
+import { h2Request, h2Through, type H2Answer } from './h2-helpers.js';
 
 const HOST = 'review.test.local';
 /** The injected value: it must never come back to a client, nor appear in a log. */
@@ -426,11 +426,7 @@ describe.each([true, false])('3. nothing pipelined after a closing refusal, plai
 function chunkings(data: string): [string, Buffer[]][] {
   const b = Buffer.from(data, 'latin1');
   const eol = b.indexOf('\r\n') + 2;
-  const pieces = (from: number, size: number) => {
-    const out: Buffer[] = [];
-    for (let i = from; i < b.length; i += size) out.push(b.subarray(i, i + size));
-    return out;
-  };
+  const pieces = (from: number, size: number) => piecesOf(b, from, size);
   return [
     ['one write', [b]],
     ['request line, then the rest', [b.subarray(0, eol), b.subarray(eol)]],
@@ -545,6 +541,16 @@ describe.each([true, false])('1. siblings: a request that asks for TRACE another
   });
 });
 
+/** One HTTP/2 request to the tunnel's origin through the fast-path proxy, on a session of its own. */
+async function h2Once(headers: Record<string, string>): Promise<H2Answer> {
+  const s = await h2Through(byPath.get(true)!.handle.port, HOST, tlsOrigin.port, ca.certPem);
+  try {
+    return await h2Request(s, { ':authority': hostHeader(), ...headers });
+  } finally {
+    s.destroy();
+  }
+}
+
 describe('1. siblings on HTTP/2: :method in any case, TRACK, overrides', () => {
   it.each([
     ['trace', {}],
@@ -555,27 +561,17 @@ describe('1. siblings on HTTP/2: :method in any case, TRACK, overrides', () => {
     ['POST', { 'x-method-override': 'trace' }],
   ] as [string, Record<string, string>][])(':method %s %j: refused, nothing reaches the origin', async (method, extra) => {
     const mark = tlsOrigin.all().length;
-    const s = await h2Through(byPath.get(true)!.handle.port, HOST, tlsOrigin.port, ca.certPem);
-    try {
-      const a = await h2Request(s, { ':method': method, ':path': '/o', ':authority': hostHeader(), ...extra });
-      expect(a.status).toBe(403);
-      expect(a.body).not.toContain(SECRET);
-    } finally {
-      s.destroy();
-    }
+    const a = await h2Once({ ':method': method, ':path': '/o', ...extra });
+    expect(a.status).toBe(403);
+    expect(a.body).not.toContain(SECRET);
     await sleep(50);
     expect(since(tlsOrigin, mark)).toBe('');
   });
 
   it(':path with _method=TRACE is refused', async () => {
     const mark = tlsOrigin.all().length;
-    const s = await h2Through(byPath.get(true)!.handle.port, HOST, tlsOrigin.port, ca.certPem);
-    try {
-      const a = await h2Request(s, { ':method': 'POST', ':path': '/o?_method=TRACE', ':authority': hostHeader() });
-      expect(a.status).toBe(403);
-    } finally {
-      s.destroy();
-    }
+    const a = await h2Once({ ':method': 'POST', ':path': '/o?_method=TRACE' });
+    expect(a.status).toBe(403);
     expect(since(tlsOrigin, mark)).toBe('');
   });
 });
@@ -604,25 +600,15 @@ describe.each([true, false])('2. siblings: the WebSocket path (fast path %s)', (
 describe('2. siblings: the HTTP/2 :path', () => {
   it.each(['/a/%25%32%65%25%32%65/x', '/a/b/..%3B/x', '/a/b%23/x', '/a/%ef%bc%8e%ef%bc%8e/x', '/../x'])(':path %s: 400, nothing reaches the origin', async (p) => {
     const mark = tlsOrigin.all().length;
-    const s = await h2Through(byPath.get(true)!.handle.port, HOST, tlsOrigin.port, ca.certPem);
-    try {
-      const a = await h2Request(s, { ':method': 'GET', ':path': p, ':authority': hostHeader() });
-      expect(a.status).toBe(400);
-    } finally {
-      s.destroy();
-    }
+    const a = await h2Once({ ':method': 'GET', ':path': p });
+    expect(a.status).toBe(400);
     expect(since(tlsOrigin, mark)).toBe('');
   });
 
   it(':path goes upstream as exactly the normalised path', async () => {
     const mark = tlsOrigin.all().length;
-    const s = await h2Through(byPath.get(true)!.handle.port, HOST, tlsOrigin.port, ca.certPem);
-    try {
-      const a = await h2Request(s, { ':method': 'GET', ':path': '/a/./b/%2e%2E/%7ec?q=%2e%2e', ':authority': hostHeader() });
-      expect(a.status).toBe(200);
-    } finally {
-      s.destroy();
-    }
+    const a = await h2Once({ ':method': 'GET', ':path': '/a/./b/%2e%2E/%7ec?q=%2e%2e' });
+    expect(a.status).toBe(200);
     expect(since(tlsOrigin, mark).startsWith('GET /a/~c?q=%2e%2e HTTP/1.1\r\n')).toBe(true);
   });
 });
