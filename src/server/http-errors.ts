@@ -128,5 +128,3 @@ export function answerParserErrors(server: Server): void {
   followHeadLines(server);
   server.on('clientError', onClientError);
 }
-
-export { followHeadLines };
