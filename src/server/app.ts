@@ -10,10 +10,10 @@ import { apiKeyAuthenticator, authenticate, bootstrapAuth, type Authenticator } 
 import type { ServerContext } from './context.js';
 import { errorResponse, HttpValidationError, unavailable } from './errors.js';
 import { onClientError } from './http-errors.js';
-import { followHeadLines } from './head-lines.js';
 import { registerOpenApi } from './openapi.js';
 import type { Area } from './area.js';
 import { loadAreas } from './plugins.js';
+import { followHeadLines } from './head-lines.js';
 
 // ajv-formats ships CommonJS with a default export; under NodeNext it arrives wrapped.
 const addFormats = ((addFormatsModule as unknown as { default?: unknown }).default ?? addFormatsModule) as (ajv: Ajv) => Ajv;
