@@ -132,7 +132,8 @@ function queryAsksReflecting(target: string): boolean {
   if (q < 0) return false;
   for (const pair of target.slice(q + 1).split(/[&;]/)) {
     const eq = pair.indexOf('=');
-    if (eq < 0) continue;
+    // Only a name that says `method`, or one spelled with escapes, can be `_method` (no decoding per parameter).
+    if (eq < 0 || (!/method/i.test(pair) && !pair.includes('%'))) continue;
     const name = queryDecode(pair.slice(0, eq));
     const value = queryDecode(pair.slice(eq + 1));
     if (name === undefined || value === undefined) {
