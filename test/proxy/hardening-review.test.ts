@@ -632,6 +632,16 @@ describe.each([true, false])('3. siblings: other refusals, intercepted (fast pat
     }
   });
 
+  it('a refusal with a WebSocket upgrade pipelined behind it: the upgrade is never forwarded', async () => {
+    for (const parts of [[`GET /../x HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n` + upgrade('/ws-after')], [`TRACE / HTTP/1.1\r\nHost: ${hostHeader()}\r\n\r\n`, upgrade('/ws-after')]]) {
+      const mark = tlsOrigin.all().length;
+      const a = await converse(await tunnel(px()), parts, parts.length > 1 ? 20 : 0);
+      expect(a.statuses.length, a.text.slice(0, 300)).toBe(1);
+      expect(a.closed).toBe(true);
+      expect(since(tlsOrigin, mark)).toBe('');
+    }
+  });
+
   it('a WebSocket upgrade the origin answers without 101: its answer, closed, nothing pipelined forwarded', async () => {
     const mark = tlsOrigin.all().length;
     const a = await converse(await tunnel(px()), [upgrade('/ws') + follower()]);
