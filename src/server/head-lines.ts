@@ -85,7 +85,7 @@ export class HeadLines {
    */
   overflowed(code: string | undefined, limit: number, packet?: Buffer, parsed?: number): boolean {
     if (code === 'HPE_HEADER_OVERFLOW') return true;
-    return typeof code === 'string' && code.startsWith('HPE_') && this.headBytesSoFar(packet, parsed) >= limit;
+    return typeof code === 'string' && code.startsWith('HPE_') && !BODY_ERRORS.has(code) && this.headBytesSoFar(packet, parsed) >= limit;
   }
 
   /** A copy of this, fed `packet` up to `parsed` (the parser's position in it). */
@@ -97,6 +97,9 @@ export class HeadLines {
   }
 }
 
+/** Parser errors found in a body, never in a head (a body line may look like a request line). */
+const BODY_ERRORS = new Set(['HPE_INVALID_CHUNK_SIZE', 'HPE_CHUNK_EXTENSIONS_OVERFLOW', 'HPE_INVALID_EOF_STATE', 'HPE_CLOSED_CONNECTION']);
+
 /** What a server keeps per connection: the lines of its heads, from its first byte. */
 const followed = new WeakMap<object, HeadLines>();
 
@@ -107,6 +110,7 @@ const followed = new WeakMap<object, HeadLines>();
  * that does not depend on segmentation.
  */
 export function followHeadLines(server: { on(event: 'connection', l: (s: NodeJS.EventEmitter) => void): unknown }): void {
+  // Plain HTTP servers only: a TLS server's 'connection' socket carries the encrypted bytes.
   server.on('connection', (socket) => {
     const lines = new HeadLines();
     followed.set(socket, lines);
