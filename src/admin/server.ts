@@ -6,7 +6,7 @@ import path from 'node:path';
 import type { Logger } from '../log.js';
 import { createFileExclusive } from '../secrets/envelope.js';
 import { HttpError, HttpValidationError } from '../server/errors.js';
-import { onClientError, sendError } from '../server/http-errors.js';
+import { answerParserErrors, sendError } from '../server/http-errors.js';
 import { bodyMissing, checkUrlLength, readJsonBody, sendJson } from '../server/http-json.js';
 import { ValidationFailure } from '../validation/errors.js';
 import { ConfigApplyError, parseConfigPush, type ConfigHolder } from './config-holder.js';
@@ -131,7 +131,7 @@ export async function startAdmin(opts: AdminOptions): Promise<AdminHandle> {
     });
   });
   // Node's own parser refusals (431, 414, 400, 408) in the same JSON shape as everything else.
-  server.on('clientError', onClientError);
+  answerParserErrors(server);
   server.keepAliveTimeout = 5_000;
 
   const l = opts.listen;

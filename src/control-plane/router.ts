@@ -4,7 +4,7 @@ import type { Readable } from 'node:stream';
 import type { Logger } from '../log.js';
 import { filterResponseHeaderObject, upstreamRequestHeaders } from '../proxy/headers.js';
 import { errorResponse, HttpError } from '../server/errors.js';
-import { onClientError, writeErrorResponse } from '../server/http-errors.js';
+import { answerParserErrors, writeErrorResponse } from '../server/http-errors.js';
 import type { ReplicaSet, Slot } from './supervisor.js';
 
 /** Bodies up to this size are held so a request refused by a dying replica can go to another. */
@@ -70,7 +70,7 @@ export class FrontRouter {
 
   constructor(private readonly o: FrontRouterOptions) {
     this.server = http.createServer((req, res) => void this.handle(req, res));
-    this.server.on('clientError', onClientError);
+    answerParserErrors(this.server);
     this.server.keepAliveTimeout = 5000;
     this.server.headersTimeout = 30_000;
     this.server.requestTimeout = 0; // runs stream for as long as they last

@@ -4,7 +4,7 @@ import type { Duplex } from 'node:stream';
 import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore, TunnelTarget } from './context.js';
 import { chunkExtensionsTooLarge, headTimeout, malformed, ProxyError, writeRawError } from './errors.js';
-import { HeadLines, type ProxyLimits } from './limits.js';
+import { HeadLines, headOverflowAnswer, type ProxyLimits } from './limits.js';
 import type { RequestFacts } from './plan.js';
 
 /**
@@ -59,13 +59,23 @@ export function serverOptions(l: ProxyLimits): http.ServerOptions {
   };
 }
 
+/**
+ * Node's server answers an `Expect` other than `100-continue` with its own 417 and goes on
+ * reading the connection (a request pipelined behind it was forwarded, credential included):
+ * such a request is handed to the server's 'request' handler instead, where the plan step
+ * refuses it and the connection closes.
+ */
+export function checkExpectationsInPlan(server: http.Server): void {
+  server.on('checkExpectation', (req: IncomingMessage, res: http.ServerResponse) => server.emit('request', req, res));
+}
+
 type ParserError = NodeJS.ErrnoException & { rawPacket?: Buffer; bytesParsed?: number };
 
 /** The answer to a request Node's parser refused (or timed out). */
-function clientErrorResponse(err: ParserError, l: ProxyLimits, lines: HeadLines | undefined): ProxyError {
+function clientErrorResponse(err: ParserError, l: ProxyLimits, lines: HeadLines = new HeadLines()): ProxyError {
+  // A head over the limit is its overflow's answer, whether the parser saw that or a bad byte first.
+  if (lines.overflowed(err.code, l.maxHeaderBytes, err.rawPacket, err.bytesParsed)) return headOverflowAnswer(lines, l, err.rawPacket, err.bytesParsed);
   switch (err.code) {
-    case 'HPE_HEADER_OVERFLOW':
-      return (lines ?? new HeadLines()).answer(l, err.rawPacket, err.bytesParsed);
     case 'ERR_HTTP_REQUEST_TIMEOUT':
       return headTimeout();
     case 'HPE_CHUNK_EXTENSIONS_OVERFLOW':

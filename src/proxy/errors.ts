@@ -16,6 +16,7 @@ export type ProxyErrorCode =
   | 'KEYGATE_REFUSED'
   | 'KEYGATE_MISDIRECTED'
   | 'KEYGATE_REFLECTING_METHOD'
+  | 'KEYGATE_EXPECTATION_FAILED'
   | 'KEYGATE_HEAD_TOO_LARGE'
   | 'KEYGATE_URI_TOO_LONG'
   | 'KEYGATE_CHUNK_EXTENSIONS_TOO_LARGE'
@@ -43,10 +44,12 @@ export const malformed = (reason: string) => new ProxyError(400, 'http_request_e
 export const refused = (reason: string) => new ProxyError(403, 'http_request_denied', reason, 'KEYGATE_REFUSED');
 export const misdirected = (reason: string) => new ProxyError(421, 'http_request_denied', reason, 'KEYGATE_MISDIRECTED');
 /**
- * TRACE to an intercepted host: its answer reflects the request it received, injected headers
- * included, and keygate is the sender RFC 9110 9.3.8 forbids to put sensitive fields in one.
+ * TRACE (TRACK, or a method override asking for one) to an intercepted host: its answer
+ * reflects the request it received, injected headers included, and keygate is the sender RFC 9110 9.3.8 forbids to put sensitive fields in one.
  */
-export const reflecting = () => new ProxyError(403, 'http_request_denied', 'TRACE is not forwarded to an intercepted host: its answer would reflect the injected credentials', 'KEYGATE_REFLECTING_METHOD');
+export const reflecting = () => new ProxyError(403, 'http_request_denied', 'TRACE (or a request asking to be treated as TRACE or TRACK) is not forwarded to an intercepted host: its answer would reflect the injected credentials', 'KEYGATE_REFLECTING_METHOD');
+/** An `Expect` other than `100-continue` (RFC 9110 10.1.1): Node answered it itself, without closing, before the checks. */
+export const expectationFailed = () => new ProxyError(417, 'http_request_error', 'only Expect: 100-continue is accepted', 'KEYGATE_EXPECTATION_FAILED');
 export const tooLarge = (reason: string) => new ProxyError(431, 'http_request_error', reason, 'KEYGATE_HEAD_TOO_LARGE');
 export const uriTooLong = (reason: string) => new ProxyError(414, 'http_request_error', reason, 'KEYGATE_URI_TOO_LONG');
 export const chunkExtensionsTooLarge = () => new ProxyError(413, 'http_request_error', 'chunk extensions too large', 'KEYGATE_CHUNK_EXTENSIONS_TOO_LARGE');

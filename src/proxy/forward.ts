@@ -217,7 +217,9 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         const perr = upstreamError(err, t.host);
         core.events.emit('upstream_error', { host: t.host, reason: perr.reason });
         req.resume();
-        refuse(core, res, rec, started, perr);
+        // A refusal found on the way (the egress policy after resolution: a 403) closes like every
+        // refusal; an upstream failure (502, 504) leaves the connection to the client.
+        refuse(core, res, rec, started, perr, perr.status < 500);
       },
     },
   );

@@ -1,3 +1,4 @@
+import { HeadLines } from '../server/head-lines.js';
 import { tooLarge, uriTooLong, type ProxyError } from './errors.js';
 import type { ProxyTimeouts } from './upstream.js';
 
@@ -152,62 +153,14 @@ export function idleCutsExchange(uploading: boolean, unreadResponse: boolean): b
   return uploading || unreadResponse;
 }
 
-/** Bytes of the start of a line kept to tell a request line (`METHOD SP`) from a field line. */
-const LINE_START = 24;
-const REQUEST_LINE_START = /^[A-Z][A-Z-]* /;
+export { HeadLines } from '../server/head-lines.js';
 
 /**
- * What Node's parser does not say when a head overflows max_header_bytes: whether the request
- * line alone was too long (414) or the header section (431). Its error carries only the chunk
- * being parsed, so reading the answer from that chunk made it depend on how the bytes arrived
- * (a 128 KiB field after a request line sent on its own got a 414). This follows the lines of
- * the connection as they arrive, so the answer depends only on the bytes: a head whose request
- * line is longer than max_request_line_bytes is a 414, any other overflowing head a 431.
- *
- * Fed every chunk after the parser (it is a later 'data' listener); `answer` is asked from the
- * parser's error, before this chunk was fed. A line is a request line when it starts with an
- * upper-case method and a space, which no field line can (strict parsing refuses a space before
- * the colon).
+ * The proxy's answer to a head Node's parser found too large (its `maxHeaderBytes`): `414` when
+ * the head's request line is longer than `maxRequestLineBytes`, `431` otherwise, from the lines
+ * followed on the connection (HeadLines), so whatever the segmentation.
  */
-export class HeadLines {
-  /** Bytes of the current line so far (up to its LF). */
-  private lineBytes = 0;
-  /** The first LINE_START bytes of the current line. */
-  private lineStart = '';
-  /** The current line so far ends with CR. */
-  private endsWithCr = false;
-  /** Length (without CRLF) of the last complete request line. */
-  private requestLine = 0;
-
-  feed(chunk: Buffer, end = chunk.length): void {
-    let pos = 0;
-    for (let lf = chunk.indexOf(0x0a, pos); lf >= 0 && lf < end; lf = chunk.indexOf(0x0a, pos)) {
-      this.take(chunk, pos, lf);
-      const length = this.lineBytes - (this.endsWithCr ? 1 : 0);
-      if (REQUEST_LINE_START.test(this.lineStart)) this.requestLine = length;
-      this.lineBytes = 0;
-      this.lineStart = '';
-      this.endsWithCr = false;
-      pos = lf + 1;
-    }
-    if (pos < end) this.take(chunk, pos, end);
-  }
-
-  private take(chunk: Buffer, from: number, to: number): void {
-    if (to <= from) return;
-    if (this.lineStart.length < LINE_START) this.lineStart += chunk.toString('latin1', from, Math.min(to, from + LINE_START - this.lineStart.length));
-    this.lineBytes += to - from;
-    this.endsWithCr = chunk[to - 1] === 0x0d;
-  }
-
-  /** The answer to a head the parser found too large, `packet` being the chunk it was parsing and `parsed` how far it got. */
-  answer(l: Pick<ProxyLimits, 'maxHeaderBytes' | 'maxRequestLineBytes'>, packet?: Buffer, parsed?: number): ProxyError {
-    const probe = new HeadLines();
-    Object.assign(probe, this);
-    if (packet) probe.feed(packet, Math.max(0, Math.min(packet.length, parsed ?? packet.length)));
-    const inRequestLine = REQUEST_LINE_START.test(probe.lineStart);
-    const line = inRequestLine ? probe.lineBytes : probe.requestLine;
-    if (line > l.maxRequestLineBytes) return uriTooLong(`request line longer than ${l.maxRequestLineBytes} bytes`);
-    return tooLarge(`request head larger than ${l.maxHeaderBytes} bytes`);
-  }
+export function headOverflowAnswer(lines: HeadLines, l: Pick<ProxyLimits, 'maxHeaderBytes' | 'maxRequestLineBytes'>, packet?: Buffer, parsed?: number): ProxyError {
+  if (lines.requestLineBytes(packet, parsed) > l.maxRequestLineBytes) return uriTooLong(`request line longer than ${l.maxRequestLineBytes} bytes`);
+  return tooLarge(`request head larger than ${l.maxHeaderBytes} bytes`);
 }

@@ -2,7 +2,7 @@ import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { formatAuthority, parseAuthority } from '../rules/host.js';
-import { clientOf, factsOf, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';
+import { checkExpectationsInPlan, clientOf, factsOf, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';
 import { EgressDenied } from './egress.js';
 import { malformed, overloaded, ProxyError, refused, shuttingDown, writeRawError } from './errors.js';
 import { forward, refuse } from './forward.js';
@@ -21,6 +21,7 @@ export function createListener(dp: DataPath, intercept: (client: Socket, head: B
   const { core, limits, boundary } = dp;
   const front = http.createServer(serverOptions(limits));
   front.timeout = limits.idleTimeoutMs;
+  checkExpectationsInPlan(front);
 
   front.on('connect', (req: IncomingMessage, client: Socket, head: Buffer) => {
     boundary.stopFollowing(client);

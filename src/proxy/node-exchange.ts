@@ -1,11 +1,11 @@
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
-import { factsOf, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';
-import { malformed, ProxyError, reflecting } from './errors.js';
+import { checkExpectationsInPlan, factsOf, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';
+import { malformed, ProxyError } from './errors.js';
 import type { Exchange } from './exchange.js';
 import { forward, refuse } from './forward.js';
-import { planIntercepted } from './plan.js';
+import { planIntercepted, reflectionProblem } from './plan.js';
 import { newRecord, refusedPath } from './record.js';
 import { refuseUpgrade, relayUpgrade } from './websocket.js';
 
@@ -29,6 +29,7 @@ export function createNodeExchange(dp: DataPath): NodeExchange {
   // 'listening': start it by hand, stopped again in close().
   inner.emit('listening');
   inner.on('connection', (s: Duplex) => boundary.follow(s));
+  checkExpectationsInPlan(inner);
 
   inner.on('request', (req: IncomingMessage, res: ServerResponse) => {
     const started = performance.now();
@@ -67,8 +68,9 @@ export function createNodeExchange(dp: DataPath): NodeExchange {
     }
     const base = { client: t.client, host: t.host, port: t.port, decision: 'intercept' as const };
     const path = refusedPath(req.url ?? '');
-    if (req.method === 'TRACE') {
-      refuseUpgrade(core, req, socket, base, path, reflecting());
+    const reflects = reflectionProblem(factsOf(req));
+    if (reflects) {
+      refuseUpgrade(core, req, socket, base, path, reflects);
       return;
     }
     if (String(req.headers.upgrade).toLowerCase() !== 'websocket') {

@@ -2,7 +2,7 @@ import type { CompiledConfig, CompiledRule, Decision } from '../rules/compile.js
 import { formatAuthority, parseAuthority, RuleInputError } from '../rules/host.js';
 import { isPathRefusal, normalisePath } from '../rules/path.js';
 import { EgressDenied } from './egress.js';
-import { malformed, misdirected, ProxyError, reflecting, refused, tooLarge, uriTooLong } from './errors.js';
+import { expectationFailed, malformed, misdirected, ProxyError, reflecting, refused, tooLarge, uriTooLong } from './errors.js';
 import type { ProxyLimits } from './limits.js';
 
 /**
@@ -13,8 +13,8 @@ import type { ProxyLimits } from './limits.js';
  * request meets the same checks in the same order, and a refusal is a value the exchange
  * renders (errors.ts) and after which it closes the connection (HTTP/1.1) or the stream (HTTP/2).
  *
- * Order: the head against the limits, its framing, the method, the destination (the egress
- * policy by name, then the authority), the path; then the rule.
+ * Order: the head against the limits, its framing and expectation, the method, the destination
+ * (the egress policy by name, then the authority), the path; then the rule.
  */
 
 /**
@@ -94,6 +94,85 @@ export function framingProblem(req: RequestFacts): ProxyError | undefined {
   return undefined;
 }
 
+/**
+ * Methods whose answer is the request itself: TRACE (RFC 9110 9.3.8) and IIS's TRACK. Compared
+ * upper-cased: HTTP/1.1's parsers refuse other cases, but an HTTP/2 `:method` may be any token,
+ * and an origin that upper-cases methods (PHP frameworks do) would read `trace` as TRACE.
+ */
+const REFLECTING = new Set(['TRACE', 'TRACK']);
+/**
+ * Fields by which frameworks let a request name the method to use instead of its own (Express's
+ * method-override, Symfony/Laravel, ASP.NET, Google's APIs), compared with `_` read as `-` (CGI
+ * and PHP map both to the same variable).
+ */
+const METHOD_OVERRIDE_FIELDS = new Set(['x-http-method-override', 'x-http-method', 'x-method-override']);
+
+/** A method or an override value (maybe a list) that names a reflecting method. */
+function namesReflecting(value: string): boolean {
+  for (const part of value.split(',')) if (REFLECTING.has(part.trim().toUpperCase())) return true;
+  return false;
+}
+
+/** One query component percent-decoded (and `+` as a space), or undefined when it does not decode. */
+function queryDecode(s: string): string | undefined {
+  try {
+    return decodeURIComponent(s.replace(/\+/g, ' '));
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * A `_method` query parameter (Symfony, Laravel, Rails' Rack::MethodOverride read it) naming a
+ * reflecting method. The name is read as PHP does: leading spaces dropped, space, `.` and `[` as
+ * `_`. An undecodable name or value counts as one, so what cannot be read is never let through.
+ */
+function queryAsksReflecting(target: string): boolean {
+  const q = target.indexOf('?');
+  if (q < 0) return false;
+  for (const pair of target.slice(q + 1).split(/[&;]/)) {
+    const eq = pair.indexOf('=');
+    // Only a name that says `method`, or one spelled with escapes, can be `_method` (no decoding per parameter).
+    if (eq < 0 || (!/method/i.test(pair) && !pair.includes('%'))) continue;
+    const name = queryDecode(pair.slice(0, eq));
+    const value = queryDecode(pair.slice(eq + 1));
+    if (name === undefined || value === undefined) {
+      if (/METHOD/i.test(pair) && /TRAC[EK]/i.test(pair)) return true;
+      continue;
+    }
+    if (name.trimStart().replace(/[ .[]/g, '_').toLowerCase() === '_method' && namesReflecting(value)) return true;
+  }
+  return false;
+}
+
+/**
+ * A request whose answer would reflect it, injected headers included: a reflecting method in any
+ * case, or a GET/POST asking a framework to treat it as one (an override field or `_method` in the
+ * query). An override in a form body is not seen (bodies stream, unread): docs/hardening.md.
+ */
+export function reflectionProblem(req: RequestFacts): ProxyError | undefined {
+  if (REFLECTING.has(req.method.toUpperCase())) return reflecting();
+  for (let i = 0; i < req.rawHeaders.length; i += 2) {
+    const name = req.rawHeaders[i];
+    if (name.length >= 12 && name.length <= 22 && METHOD_OVERRIDE_FIELDS.has(name.toLowerCase().replace(/_/g, '-')) && namesReflecting(req.rawHeaders[i + 1])) return reflecting();
+  }
+  if (queryAsksReflecting(req.target)) return reflecting();
+  return undefined;
+}
+
+/**
+ * An expectation the proxy cannot meet: any `Expect` but `100-continue` (RFC 9110 10.1.1), a
+ * `417` that closes like every refusal (Node's server would answer it itself and go on reading
+ * the connection; the servers hand it here instead: `boundary.ts`, `checkExpectation`).
+ */
+export function expectationProblem(req: RequestFacts): ProxyError | undefined {
+  for (let i = 0; i < req.rawHeaders.length; i += 2) {
+    const name = req.rawHeaders[i];
+    if (name.length === 6 && name.toLowerCase() === 'expect' && req.rawHeaders[i + 1].trim().toLowerCase() !== '100-continue') return expectationFailed();
+  }
+  return undefined;
+}
+
 /** The Host values of a request. */
 function hostValues(req: RequestFacts): string[] {
   const out: string[] = [];
@@ -143,10 +222,11 @@ export function tunnelTarget(req: RequestFacts, t: TunnelDestination): { pathAnd
 
 /** A request inside an intercepted tunnel to `t`: where it goes and with which rule, or why not. */
 export function planIntercepted(req: RequestFacts, t: TunnelDestination, config: CompiledConfig, limits: ProxyLimits): InterceptPlan | ProxyError {
-  const bad = checkHead(req, limits) ?? framingProblem(req);
+  const bad = checkHead(req, limits) ?? framingProblem(req) ?? expectationProblem(req);
   if (bad) return bad;
   // A method whose answer reflects the request would hand the injected value back.
-  if (req.method === 'TRACE') return reflecting();
+  const reflects = reflectionProblem(req);
+  if (reflects) return reflects;
   const denied = config.egress.checkName(t.host, t.port);
   if (denied) return new EgressDenied(denied, t.host, t.port);
   const target = tunnelTarget(req, t);
@@ -160,7 +240,7 @@ export function planIntercepted(req: RequestFacts, t: TunnelDestination, config:
  * the proxy's own listeners (a loop, or the admin API).
  */
 export function planPlain(req: RequestFacts, config: CompiledConfig, limits: ProxyLimits, isDenied: (host: string, port: number) => boolean): PlainPlan | ProxyError {
-  const bad = checkHead(req, limits) ?? framingProblem(req);
+  const bad = checkHead(req, limits) ?? framingProblem(req) ?? expectationProblem(req);
   if (bad) return bad;
   const m = ABSOLUTE.exec(req.target);
   if (!m) return malformed('this is a proxy: send absolute-form requests (http://host/path) or CONNECT');

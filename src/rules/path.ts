@@ -23,6 +23,11 @@ const HARMLESS_SECOND_LEVEL = /^[A-Za-z0-9\-_~]$/;
 // Characters that a compatibility mapping (NFKC, "best fit") of an encoded non-ASCII character
 // must not produce: it would be a delimiter or a dot to an origin that applies one.
 const DELIMITERS_AFTER_MAPPING = /[\u0000-\u0020\u007f./\\;%?#]/;
+// Characters that Windows' "best fit" conversion to an ANSI code page (an origin reading the path
+// through a narrow-character API) turns into `/` or `\` although NFKC keeps them: division,
+// fraction and set-minus slashes, the big solidi, and the yen and won signs that cp932 and cp949
+// read as `\` (the "WorstFit" class).
+const BEST_FIT_DELIMITERS = /[\u2044\u2215\u2216\u29f8\u29f9\u00a5\u20a9\uffe5\uffe6]/;
 const utf8 = new TextDecoder('utf-8', { fatal: true });
 
 /** The escapes `%HH...` (all >= 0x80) starting at `i`: their bytes and where they end. */
@@ -42,23 +47,28 @@ function highRun(raw: string, i: number): { bytes: number[]; end: number } | und
 
 /**
  * A segment that an origin stripping `;` parameters (Tomcat, Spring, Jetty) or trailing
- * whitespace (Windows) would read as `.` or `..`: `..;x`, `.%3B`, `..%3b`, `..%20`.
+ * whitespace (Windows) would read as `.` or `..` (`..;x`, `.%3B`, `..%3b`, `..%20`), or as empty
+ * (`;x`, `%3B`, `%20`), which such an origin then merges away: `/a/;/b` is `/a/b` to Tomcat, no
+ * longer under a rule whose wildcard segment matched `;`. An empty segment (`//`) is not one: no
+ * wildcard segment matches it, and it reads the same wherever it is kept.
  */
-function dotLike(seg: string): boolean {
-  if (seg.charCodeAt(0) !== 0x2e /* '.' */) return false;
+function ambiguousSegment(seg: string): boolean {
+  const c = seg.charCodeAt(0);
+  if (c !== 0x2e /* . */ && c !== 0x3b /* ; */ && c !== 0x25 /* % */) return false;
   const core = seg.replace(/%3B/gi, ';').replace(/%20/gi, ' ').split(';')[0].replace(/ +$/, '');
-  return core === '.' || core === '..';
+  return core === '' || core === '.' || core === '..';
 }
 
 /**
  * Normalises an origin-form request target so that what the rules see is exactly what the
  * origin will see: percent-encoded unreserved characters decoded, other escapes upper-cased,
- * `.` and `..` segments resolved. Anything that could be read two ways is refused: encoded `/`
- * or `\`, a raw `\`, `..` above the root, NUL or other control characters (raw or encoded),
+ * `.` and `..` segments resolved. Anything that could be read two ways is refused: encoded `/`,
+ * `\`, `?` or `#`, a raw `\`, `..` above the root, NUL or other control characters (raw or encoded),
  * escapes of escapes (`%252e`, or `%25%32%65`, which decodes to it) unless they stand for a
  * letter, a digit, `-`, `_` or `~`, dot segments with parameters or trailing spaces (`..;`,
- * `..%3B`, `..%20`), encoded bytes that are not UTF-8 (overlong `%C0%AE` included), and encoded
- * characters that compatibility mappings turn into a delimiter (full-width `．` and `／`).
+ * `..%3B`, `..%20`) and segments that are nothing else (`;x`, `%20`), encoded bytes that are not UTF-8 (overlong `%C0%AE` included), and encoded
+ * characters that compatibility or best-fit mappings turn into a delimiter (full-width `．` and
+ * `／`, `∕`, `¥`).
  *
  * The result is a fixed point: `normalisePath(path + query)` gives it back unchanged, so the
  * path that goes upstream passes every check as it is (test/rules/path-fixed-point.test.ts).
@@ -83,6 +93,9 @@ export function normalisePath(target: string): NormalisedPath | PathRefusal {
     if (!HEX.test(hex)) return { error: 'malformed percent-escape in path' };
     const code = parseInt(hex, 16);
     if (code === 0x2f || code === 0x5c) return { error: 'encoded / or \\ in path' };
+    // One more decoding would end the path at an encoded `?` or `#`: `/repos/a%3F/issues`, which a
+    // rule `/repos/*/issues` matches, is `/repos/a` to an origin or framework that decodes again.
+    if (code === 0x3f || code === 0x23) return { error: 'encoded ? or # in path' };
     if (code < 0x20 || code === 0x7f) return { error: 'encoded control character in path' };
     if (code >= 0x80) {
       const run = highRun(rawPath, i)!;
@@ -92,7 +105,7 @@ export function normalisePath(target: string): NormalisedPath | PathRefusal {
       } catch {
         return { error: 'encoded bytes in path are not UTF-8' };
       }
-      if (DELIMITERS_AFTER_MAPPING.test(text.normalize('NFKC'))) return { error: 'encoded character in path that maps to a delimiter' };
+      if (DELIMITERS_AFTER_MAPPING.test(text.normalize('NFKC')) || BEST_FIT_DELIMITERS.test(text)) return { error: 'encoded character in path that maps to a delimiter' };
       decoded += rawPath.slice(i, run.end).toUpperCase();
       i = run.end - 1;
       continue;
@@ -122,7 +135,7 @@ export function normalisePath(target: string): NormalisedPath | PathRefusal {
       if (last) out.push('');
       continue;
     }
-    if (dotLike(seg)) return { error: 'ambiguous dot segment with parameters in path' };
+    if (ambiguousSegment(seg)) return { error: 'ambiguous segment in path: a dot or nothing once parameters or trailing spaces are stripped' };
     out.push(seg);
   }
   return { path: '/' + out.join('/'), query };

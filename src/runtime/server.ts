@@ -4,7 +4,7 @@ import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { createLogger, type Logger } from '../log.js';
 import { HttpError, HttpValidationError } from '../server/errors.js';
-import { onClientError, sendError } from '../server/http-errors.js';
+import { answerParserErrors, sendError } from '../server/http-errors.js';
 import { bodyMissing, checkUrlLength, readJsonBody, sendJson } from '../server/http-json.js';
 import { findAssistant, type LoadedApp, type LoadedAssistant } from './app.js';
 import { createProxyFetch } from './fetch.js';
@@ -267,7 +267,7 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
         logger[path === '/ok' ? 'debug' : 'info']({ method: req.method, path, status: res.statusCode, duration_ms: Date.now() - started }, 'request');
       });
   });
-  server.on('clientError', onClientError);
+  answerParserErrors(server);
 
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);

@@ -13,6 +13,7 @@ import { lingerIfUnread, onClientError } from './http-errors.js';
 import { registerOpenApi } from './openapi.js';
 import type { Area } from './area.js';
 import { loadAreas } from './plugins.js';
+import { followHeadLines } from './head-lines.js';
 
 // ajv-formats ships CommonJS with a default export; under NodeNext it arrives wrapped.
 const addFormats = ((addFormatsModule as unknown as { default?: unknown }).default ?? addFormatsModule) as (ajv: Ajv) => Ajv;
@@ -101,6 +102,9 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
       void (reply as unknown as FastifyReply).status(r.status).send(r.body);
     },
   });
+
+  // A head too large is a 414 or a 431 by its bytes, not by how they arrived (onClientError reads the lines).
+  followHeadLines(app.server);
 
   const strictAjv = makeAjv(false);
   const coercingAjv = makeAjv(true);

@@ -94,17 +94,19 @@ interface ErrorLike {
   validation?: unknown;
   validationContext?: unknown;
   name?: unknown;
-  rawPacket?: unknown;
+  /** The overflowing head's request line, bytes, when the server followed the connection's lines. */
+  requestLineBytes?: unknown;
 }
 
 /**
- * Node's parser reports an oversized head as one overflow; when the request line alone (as far as
- * the parser's last chunk shows) is over {@link MAX_URL_LENGTH}, the URL is what is too long.
+ * Node's parser reports an oversized head as one overflow; when the head's request line is over
+ * {@link MAX_URL_LENGTH}, the URL is what is too long. Its length comes from the lines the server
+ * followed on the connection (`requestLineBytes`, set by onClientError in http-errors.ts from
+ * src/server/head-lines.ts), never from the parser's last chunk alone, whose content depends on
+ * how the bytes arrived. Unknown: 431.
  */
-function requestLineTooLong(raw: unknown): boolean {
-  if (!Buffer.isBuffer(raw)) return false;
-  const eol = raw.indexOf('\r\n');
-  return (eol === -1 ? raw.length : eol) > MAX_URL_LENGTH;
+function requestLineTooLong(e: ErrorLike): boolean {
+  return typeof e.requestLineBytes === 'number' && e.requestLineBytes > MAX_URL_LENGTH;
 }
 
 /**
@@ -128,7 +130,7 @@ export function errorResponse(err: unknown): ErrorResponse {
   if (JSON_DECODE_CODES.has(code) || (e.statusCode === 400 && err instanceof SyntaxError)) {
     return { status: 422, body: { detail: [JSON_DECODE_ISSUE] }, code: code || 'json_invalid' };
   }
-  if (code === 'HPE_HEADER_OVERFLOW' && requestLineTooLong(e.rawPacket)) return { status: 414, body: { detail: URL_TOO_LONG }, code };
+  if (code === 'HPE_HEADER_OVERFLOW' && requestLineTooLong(e)) return { status: 414, body: { detail: URL_TOO_LONG }, code };
   const known = BY_CODE[code];
   if (known) return { status: known[0], body: { detail: known[1] }, code, internal: known[0] >= 500 };
   if (code.startsWith('HPE_')) return { status: 400, body: { detail: 'Malformed HTTP request.' }, code };

@@ -1,6 +1,8 @@
-import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
+import { maxHeaderSize, STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
+import type { Server } from 'node:net';
 import { errorResponse, type ErrorResponse } from './errors.js';
+import { followHeadLines, headLinesOf } from './head-lines.js';
 import { sendJson } from './http-json.js';
 
 /**
@@ -117,7 +119,24 @@ export function onClientError(err: Error & { code?: string }, socket: Duplex): v
     socket.destroy();
     return;
   }
-  socket.end(rawErrorResponse(errorResponse(err)));
+  // 414 or 431 from the lines of the connection (answerParserErrors follows them), not from how
+  // the bytes arrived; so is a bad byte past the head's limit (the parser saw it or the overflow first).
+  const lines = headLinesOf(socket);
+  const parsed = err as { rawPacket?: unknown; bytesParsed?: number };
+  const packet = Buffer.isBuffer(parsed.rawPacket) ? parsed.rawPacket : undefined;
+  const limit = (socket as Duplex & { server?: { maxHeaderSize?: number } }).server?.maxHeaderSize ?? maxHeaderSize;
+  const known = lines?.overflowed(err.code, limit, packet, parsed.bytesParsed) ? { code: 'HPE_HEADER_OVERFLOW', requestLineBytes: lines.requestLineBytes(packet, parsed.bytesParsed) } : err;
+  socket.end(rawErrorResponse(errorResponse(known)));
   // end() flushes the answer; destroy afterwards in case the peer never reads it.
   setTimeout(() => socket.destroy(), 1000).unref();
+}
+
+/**
+ * Every plain node:http server's parser refusals (the admin listener, `app serve`, the deployment
+ * router; fastify's `clientErrorHandler` is onClientError, with followHeadLines on its server):
+ * answered in the wire shape, a head too large being a 414 or a 431 whatever its segmentation.
+ */
+export function answerParserErrors(server: Server): void {
+  followHeadLines(server);
+  server.on('clientError', onClientError);
 }

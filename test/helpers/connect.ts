@@ -136,3 +136,55 @@ export async function requestThroughTunnel(opts: {
     t.destroy();
   }
 }
+
+/** `b` from `from` on, cut in pieces of `size` bytes. */
+export function piecesOf(b: Buffer, from: number, size: number): Buffer[] {
+  const out: Buffer[] = [];
+  for (let i = from; i < b.length; i += size) out.push(b.subarray(i, i + size));
+  return out;
+}
+
+/**
+ * The same bytes cut the ways that once changed a parser's 414-or-431 answer: in one write, the
+ * request line alone then the rest, the request line then 16 KiB pieces, 1000-byte pieces
+ * throughout, and (for heads up to 24 KiB) byte by byte.
+ */
+export function segmentations(raw: string): [string, Buffer[]][] {
+  const b = Buffer.from(raw, 'latin1');
+  const eol = b.indexOf('\r\n') + 2;
+  const pieces = (from: number, size: number) => piecesOf(b, from, size);
+  return [
+    ['one write', [b]],
+    ['request line, then the rest', [b.subarray(0, eol), b.subarray(eol)]],
+    ['request line, then 16 KiB pieces', [b.subarray(0, eol), ...pieces(eol, 16384)]],
+    ['1000-byte pieces', pieces(0, 1000)],
+    ...(b.length <= 24 * 1024 ? [['byte by byte', pieces(0, 1)] as [string, Buffer[]]] : []),
+  ];
+}
+
+/** Writes `parts` one by one (each its own segment) to 127.0.0.1:`port`; the status of the answer, 0 if none came. */
+export function statusAfterPieces(port: number, parts: Buffer[], gapMs = 2): Promise<number> {
+  return new Promise((resolve) => {
+    const s = net.connect(port, '127.0.0.1');
+    s.setNoDelay(true);
+    let out = '';
+    const done = () => {
+      s.destroy();
+      resolve(Number(/^HTTP\/1\.[01] (\d{3})/.exec(out)?.[1] ?? 0));
+    };
+    s.on('data', (d: Buffer) => {
+      out += d.toString('latin1');
+      if (out.includes('\r\n\r\n')) done();
+    });
+    s.on('error', done);
+    s.on('close', done);
+    s.on('connect', async () => {
+      for (const p of parts) {
+        if (s.destroyed || out) break;
+        s.write(p);
+        // Small pieces go out back to back (setImmediate: still one segment each on loopback with no delay).
+        await new Promise((r) => (parts.length > 100 ? setImmediate(r) : setTimeout(r, gapMs)));
+      }
+    });
+  });
+}

@@ -38,6 +38,14 @@ describe('planIntercepted', () => {
   it.each([
     ['TRACE', req('TRACE', '/repos/x'), 403, 'KEYGATE_REFLECTING_METHOD'],
     ['TRACE in absolute form', req('TRACE', 'https://api.test/'), 403, 'KEYGATE_REFLECTING_METHOD'],
+    ['trace (an HTTP/2 :method may be any case)', req('trace', '/repos/x', ['Host', 'api.test'], 20), 403, 'KEYGATE_REFLECTING_METHOD'],
+    ['TRACK', req('TRACK', '/repos/x'), 403, 'KEYGATE_REFLECTING_METHOD'],
+    ['an Expect other than 100-continue', req('GET', '/repos/x', ['Host', 'api.test', 'Expect', 'x-y']), 417, 'KEYGATE_EXPECTATION_FAILED'],
+    ['X-HTTP-Method-Override: TRACE', req('POST', '/repos/x', ['Host', 'api.test', 'X-HTTP-Method-Override', ' trace ']), 403, 'KEYGATE_REFLECTING_METHOD'],
+    ['X_HTTP_METHOD: GET, TRACK', req('POST', '/repos/x', ['Host', 'api.test', 'X_HTTP_METHOD', 'GET, TRACK']), 403, 'KEYGATE_REFLECTING_METHOD'],
+    ['_method=TRACE in the query', req('POST', '/repos/x?a=b&_method=TRACE'), 403, 'KEYGATE_REFLECTING_METHOD'],
+    ['_method spelled with escapes and +', req('POST', '/repos/x?%5fmethod=+trace'), 403, 'KEYGATE_REFLECTING_METHOD'],
+    ['_method=TRACE beside an undecodable escape', req('POST', '/repos/x?_method=TRACE%zz'), 403, 'KEYGATE_REFLECTING_METHOD'],
     ['a Host naming another authority', req('GET', '/', ['Host', 'other.test']), 421, 'KEYGATE_MISDIRECTED'],
     ['an absolute target to another port', req('GET', 'https://api.test:8443/'), 421, 'KEYGATE_MISDIRECTED'],
     ['two Host fields', req('GET', '/', ['Host', 'api.test', 'Host', 'api.test']), 400, 'KEYGATE_MALFORMED'],
@@ -53,6 +61,18 @@ describe('planIntercepted', () => {
     ['Transfer-Encoding on HTTP/1.0', req('POST', '/', ['Host', 'api.test', 'Transfer-Encoding', 'chunked'], 10), 400, 'KEYGATE_MALFORMED'],
   ])('refuses %s', (_name, facts, status, code) => {
     expect(refusal(planIntercepted(facts, t, config, limits))).toEqual({ status, code });
+  });
+
+  it('forwards overrides and parameters that ask for another method, or only look like _method', () => {
+    for (const facts of [
+      req('POST', '/repos/x', ['Host', 'api.test', 'X-HTTP-Method-Override', 'PATCH']),
+      req('GET', '/repos/x?x_method=TRACE&_methods=TRACE&q=TRACE'),
+      req('GET', '/repos/x?_method=GET'),
+      req('GET', '/repos/x', ['Host', 'api.test', 'X-Trace', 'TRACE']),
+      req('POST', '/repos/x', ['Host', 'api.test', 'Expect', '100-Continue']),
+    ]) {
+      expect(planIntercepted(facts, t, config, limits)).toMatchObject({ rule: config.rules[0] });
+    }
   });
 
   it('refuses a destination the egress policy denies by name, as a value the caller reports', () => {

@@ -8,6 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { segmentations, statusAfterPieces } from '../helpers/connect.js';
 import { curl } from '../helpers/curl.js';
 import { startCli, type RunningCli } from '../helpers/cli.js';
 
@@ -101,6 +102,14 @@ describe('framework errors come out as {"detail": ...} with the right status', (
     expect(c.status).toBe(431);
     expect(c.body).toEqual({ detail: 'Request headers are too large.' });
   });
+
+  it.each([
+    ['a 128 KiB field after a short request line', 431, `GET /v2/deployments HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(128 * 1024)}\r\n\r\n`],
+    ['a 20 KiB request line', 414, `GET /v2/deployments/${'c'.repeat(20 * 1024)} HTTP/1.1\r\nHost: x\r\n\r\n`],
+  ])('%s: always %i, however the bytes arrive (issue #18, class 4)', async (_name, status, bytes) => {
+    const port = Number(new URL(server.url).port);
+    for (const [how, parts] of segmentations(bytes)) expect(await statusAfterPieces(port, parts), how).toBe(status);
+  }, 60_000);
 
   it('a URL longer than the parser allows is answered in the wire shape too', async () => {
     const answer = await raw(`GET /v2/deployments/${'c'.repeat(20_000)} HTTP/1.1\r\nHost: x\r\n\r\n`);

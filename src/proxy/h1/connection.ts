@@ -585,7 +585,8 @@ class FastConnection {
     discard(this.detachUp());
     this.core.events.emit('upstream_error', { host: this.t.host, reason: err.reason });
     this.rec.status = err.status;
-    this.closeAfter = this.clientClose || this.clientEnded || this.core.draining() || this.bodyLeft > 0;
+    // A refusal found on the way (the egress policy after resolution: 403) closes, as every refusal does.
+    this.closeAfter = this.clientClose || this.clientEnded || this.core.draining() || this.bodyLeft > 0 || err.status < 500;
     this.socket.write(errorResponse(err, this.closeAfter), 'latin1');
     this.finish(err.reason);
     this.afterExchange();
