@@ -119,6 +119,8 @@ export class SandboxService {
   private readonly proxies = new Map<string, ProxyInstance>();
   private readonly perSandbox = new KeyedQueue();
   private readonly perWorkspace = new KeyedQueue();
+  /** Proxy starts, one at a time (see startProxy). */
+  private readonly proxyStarts = new KeyedQueue();
   private readonly secretStores = new Map<string, Promise<SecretStore>>();
   /** Destinations no sandbox's proxy may reach (the API server itself), see denyToAll. */
   private readonly deniedToAll = new Set<string>();
@@ -574,14 +576,23 @@ export class SandboxService {
   }
 
   private async startProxy(rec: SandboxRecord, resolved: ResolvedProxyConfig): Promise<ProxyInstance | undefined> {
+    // Building a proxy is tens of milliseconds of CPU in one piece (mostly its upstream trust
+    // store). Restoring hundreds with several at once would run several such pieces per
+    // event-loop turn, and an API request needs a few turns: one start per turn, after the I/O
+    // that arrived meanwhile, keeps the API answering while a restart brings boxes back.
+    const start = (port: number) =>
+      this.proxyStarts.run('', async () => {
+        await new Promise((r) => setImmediate(r));
+        return this.deps.runner.start(rec.id, resolved, { port });
+      });
     let instance: ProxyInstance;
     try {
-      instance = await this.deps.runner.start(rec.id, resolved, { port: rec.proxyPort ?? 0 });
+      instance = await start(rec.proxyPort ?? 0);
     } catch (err) {
       if (!(err instanceof PortInUseError)) throw err;
       // Someone took the port while we were down: a new one, reported in the record.
       this.deps.logger.warn({ sandbox: rec.name, sandbox_id: rec.id, port: rec.proxyPort }, 'sandbox proxy port taken; picking another');
-      instance = await this.deps.runner.start(rec.id, resolved, { port: 0 });
+      instance = await start(0);
     }
     if (this.closing || !(await this.deps.store.getById(rec.id))) {
       // Deleted or shutting down while starting: do not leave an orphan listening.
