@@ -2,12 +2,13 @@ import { randomUUID } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
-import { referencedSecretKeys, resolveProxyConfig } from '../config/resolve.js';
-import { validateProxyConfig, type ProxyConfig } from '../config/schema.js';
+import { compileCandidate, validateCandidate } from '../config/prepare.js';
+import { referencedSecretKeys } from '../config/resolve.js';
+import type { ProxyConfig } from '../config/schema.js';
 import { BOX_BUNDLE_PATH, BOX_CA_PATH, BOX_PROXY_URL, caBundle, sandboxEnv, writeCaBundle } from '../certs/env.js';
 import { type Box, type BoxResources, type DriverName, type ExecProcess, type ExecResult, type SandboxDriver } from '../sandbox/driver.js';
 import type { Logger } from '../log.js';
-import type { ResolvedProxyConfig } from '../rules/compile.js';
+import { emptyConfig, type CompiledConfig } from '../rules/compile.js';
 import { Envelope } from '../secrets/envelope.js';
 import { opaqueOpener, redactProxyConfig, sealOpaqueValues } from '../secrets/opaque.js';
 import type { SecretStore } from '../secrets/types.js';
@@ -174,10 +175,17 @@ export class SandboxService {
 
   /**
    * Checks a proxy_config from a request and returns its stored form (opaque values sealed) and
-   * its resolution. Every problem is reported with a loc under `body.proxy_config`.
+   * what its proxy runs, through the one validate-resolve-compile path of every configuration
+   * (config/prepare.ts). Every problem is reported with a loc under `body.proxy_config`.
    */
-  private async prepareConfig(workspaceId: string, config: ProxyConfig, issues: ValidationIssue[]): Promise<{ stored: ProxyConfig; resolved: ResolvedProxyConfig } | undefined> {
-    const own = validateProxyConfig(config).map((i) => ({ ...i, loc: [...PROXY_CONFIG_LOC, ...i.loc] }));
+  private async prepareConfig(workspaceId: string, config: ProxyConfig, issues: ValidationIssue[]): Promise<{ stored: ProxyConfig; compiled: CompiledConfig } | undefined> {
+    const own: ValidationIssue[] = [];
+    try {
+      validateCandidate(config, PROXY_CONFIG_LOC);
+    } catch (err) {
+      if (!(err instanceof ValidationFailure)) throw err;
+      own.push(...err.issues);
+    }
     // A sealed-looking opaque value from a client would be decrypted by us and sent upstream:
     // whoever holds any sealed blob could have keygate reveal it to a host they control.
     (config.rules ?? []).forEach((rule, i) =>
@@ -193,20 +201,23 @@ export class SandboxService {
     }
     const stored = sealOpaqueValues(config, this.deps.envelope());
     try {
-      return { stored, resolved: await this.resolve(workspaceId, stored) };
+      return { stored, compiled: await this.compile(workspaceId, stored, PROXY_CONFIG_LOC) };
     } catch (err) {
       if (!(err instanceof ValidationFailure)) throw err;
-      issues.push(...err.issues.map((i) => ({ ...i, loc: [...PROXY_CONFIG_LOC, ...i.loc] })));
+      issues.push(...err.issues);
       return undefined;
     }
   }
 
-  /** The stored form resolved against the workspace's secrets right now. Throws ValidationFailure. */
-  private async resolve(workspaceId: string, stored: ProxyConfig | null): Promise<ResolvedProxyConfig> {
-    if (!stored) return { rules: [], no_proxy: [] };
+  /**
+   * The stored form resolved against the workspace's secrets right now and compiled (issues
+   * located under `locPrefix`). Throws ValidationFailure.
+   */
+  private async compile(workspaceId: string, stored: ProxyConfig | null, locPrefix: (string | number)[] = []): Promise<CompiledConfig> {
+    if (!stored) return emptyConfig();
     const needsSecrets = referencedSecretKeys(stored).length > 0;
     const snapshot = needsSecrets ? await (await this.secrets(workspaceId)).snapshot() : new Map<string, string>();
-    return resolveProxyConfig(stored, (k) => snapshot.get(k), { openOpaque: opaqueOpener(this.deps.envelope()) });
+    return compileCandidate(stored, (k) => snapshot.get(k), { openOpaque: opaqueOpener(this.deps.envelope()) }, locPrefix);
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -253,14 +264,14 @@ export class SandboxService {
           idleTtlSeconds: input.idle_ttl_seconds ?? DEFAULT_IDLE_TTL_SECONDS,
           resources: applyResources(template, input.resources),
         });
-        return { created, resolved: prepared?.resolved ?? { rules: [], no_proxy: [] } };
+        return { created, compiled: prepared?.compiled ?? emptyConfig() };
       } catch (err) {
         this.removeFiles(id);
         if (err instanceof DuplicateNameError) throw conflict(err.message);
         throw err;
       }
     });
-    const started = this.perSandbox.run(rec.created.id, () => this.bringUp(rec.created, rec.resolved));
+    const started = this.perSandbox.run(rec.created.id, () => this.bringUp(rec.created, rec.compiled));
     if (input.wait_for_ready) {
       await started;
       return this.view((await this.deps.store.getById(rec.created.id)) ?? rec.created);
@@ -303,7 +314,7 @@ export class SandboxService {
         }
         if (prepared) {
           await this.deps.store.setConfig(current.id, prepared.stored);
-          await this.apply({ ...current, proxyConfig: prepared.stored }, prepared.resolved);
+          await this.apply({ ...current, proxyConfig: prepared.stored }, prepared.compiled);
         }
       });
       return current;
@@ -520,9 +531,9 @@ export class SandboxService {
     const rec = await this.deps.store.getById(id);
     if (!rec) return;
     if (rec.status === 'stopped' && !bringBack) return; // applied when it starts again
-    let resolved: ResolvedProxyConfig;
+    let compiled: CompiledConfig;
     try {
-      resolved = await this.resolve(rec.workspaceId, rec.proxyConfig);
+      compiled = await this.compile(rec.workspaceId, rec.proxyConfig);
     } catch (err) {
       // Fail closed: a configuration that no longer resolves (a secret deleted with force, a key
       // that cannot open an opaque value) must not keep injecting what it used to.
@@ -533,25 +544,25 @@ export class SandboxService {
       this.deps.logger.warn({ sandbox: rec.name, sandbox_id: id, workspace_id: rec.workspaceId, reason }, 'sandbox proxy stopped: configuration does not resolve');
       return;
     }
-    await this.apply(rec, resolved);
+    await this.apply(rec, compiled);
   }
 
   /** Pushes to the running proxy, or brings the sandbox up when it is not running. */
-  private async apply(rec: SandboxRecord, resolved: ResolvedProxyConfig): Promise<void> {
+  private async apply(rec: SandboxRecord, compiled: CompiledConfig): Promise<void> {
     const running = this.proxies.get(rec.id);
-    if (!running || !this.isUp(rec)) return this.bringUp(rec, resolved);
-    await running.push(resolved);
+    if (!running || !this.isUp(rec)) return this.bringUp(rec, compiled);
+    await running.push(compiled);
     if (rec.status !== 'ready') await this.deps.store.setStatus(rec.id, 'ready', null);
-    this.deps.logger.info({ sandbox: rec.name, sandbox_id: rec.id, rules: resolved.rules.map((r) => r.name) }, 'sandbox proxy configuration pushed');
+    this.deps.logger.info({ sandbox: rec.name, sandbox_id: rec.id, rules: compiled.rules.map((r) => r.name) }, 'sandbox proxy configuration pushed');
   }
 
   /** Starts the proxy, then the box behind it; `ready` only when both run, else `failed` with why. */
-  private async bringUp(rec: SandboxRecord, resolved: ResolvedProxyConfig): Promise<void> {
+  private async bringUp(rec: SandboxRecord, compiled: CompiledConfig): Promise<void> {
     if (this.closing) return;
     const log = { sandbox: rec.name, sandbox_id: rec.id, workspace_id: rec.workspaceId, driver: rec.driver };
     let stage = 'Proxy failed to start';
     try {
-      const instance = await this.startProxy(rec, resolved);
+      const instance = await this.startProxy(rec, compiled);
       if (!instance) return;
       if (rec.driver !== 'none') {
         stage = 'Box failed to start';
@@ -575,7 +586,7 @@ export class SandboxService {
     }
   }
 
-  private async startProxy(rec: SandboxRecord, resolved: ResolvedProxyConfig): Promise<ProxyInstance | undefined> {
+  private async startProxy(rec: SandboxRecord, compiled: CompiledConfig): Promise<ProxyInstance | undefined> {
     // Building a proxy is tens of milliseconds of CPU in one piece (mostly its upstream trust
     // store). Restoring hundreds with several at once would run several such pieces per
     // event-loop turn, and an API request needs a few turns: one start per turn, after the I/O
@@ -583,7 +594,7 @@ export class SandboxService {
     const start = (port: number) =>
       this.proxyStarts.run('', async () => {
         await new Promise((r) => setImmediate(r));
-        return this.deps.runner.start(rec.id, resolved, { port });
+        return this.deps.runner.start(rec.id, compiled, { port });
       });
     let instance: ProxyInstance;
     try {
