@@ -1,11 +1,11 @@
-import { randomUUID } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { compileCandidate, validateCandidate } from '../config/prepare.js';
 import { referencedSecretKeys } from '../config/resolve.js';
 import type { ProxyConfig } from '../config/schema.js';
-import { BOX_BUNDLE_PATH, BOX_CA_PATH, BOX_PROXY_URL, caBundle, sandboxEnv, writeCaBundle } from '../certs/env.js';
+import { BOX_BUNDLE_PATH, BOX_CA_PATH, BOX_PROXY_URL, BOX_TRUSTSTORE_PATH, caBundle, findKeytool, sandboxEnv, writeCaBundle, writeJavaTrustStore } from '../certs/env.js';
 import { type Box, type BoxResources, type DriverName, type ExecProcess, type ExecResult, type SandboxDriver } from '../sandbox/driver.js';
 import type { Logger } from '../log.js';
 import { emptyConfig, type CompiledConfig } from '../rules/compile.js';
@@ -133,6 +133,11 @@ export class SandboxService {
 
   /** System roots plus the CA, built once (every box gets it at /etc/keygate/ca-bundle.pem). */
   private readonly bundlePem: string;
+  /** keytool of this machine's JDK: without one, boxes get no Java truststore (and no JAVA_TOOL_OPTIONS). */
+  private readonly keytool = findKeytool();
+  /** The Java truststore of every box (see javaTrustStore); a failure to build it is remembered here. */
+  private trustStore: Promise<Uint8Array | undefined> | undefined;
+  private trustStoreFailed = false;
 
   constructor(private readonly deps: SandboxServiceDeps) {
     this.bundlePem = caBundle(deps.caCertPem);
@@ -621,6 +626,7 @@ export class SandboxService {
     const template = this.deps.templates.get(rec.templateName);
     if (!template) throw new Error(`its template '${rec.templateName}' is no longer configured (templates.json)`);
     const resources = rec.resources ?? applyResources(template, undefined);
+    const javaTrustStore = await this.javaTrustStore();
     const box = await this.deps.driver.start({
       id: rec.id,
       template: { name: template.name, rootfs: template.rootfs, image: template.image, environment: template.environment },
@@ -628,6 +634,7 @@ export class SandboxService {
       env: { ...this.boxEnv(rec), ...template.environment },
       caPem: this.deps.caCertPem,
       caBundlePem: this.bundlePem,
+      javaTrustStore,
       proxy: { host: this.deps.proxyHost, port: proxy.port },
       stateDir: this.boxStateDir(rec.id),
     });
@@ -642,9 +649,38 @@ export class SandboxService {
     await live.box.stop().catch((err: Error) => this.deps.logger.warn({ sandbox_id: id, err: { message: err.message } }, 'error stopping box'));
   }
 
-  /** The proxy environment as seen from inside a box (sandbox.md, property 3). */
+  /** The proxy environment as seen from inside a box (sandbox.md, property 3), Java's included when it has a truststore. */
   private boxEnv(rec: SandboxRecord): Record<string, string> {
-    return sandboxEnv({ proxyUrl: BOX_PROXY_URL, caCertPath: BOX_CA_PATH, bundlePath: BOX_BUNDLE_PATH, noProxy: rec.proxyConfig?.no_proxy });
+    const javaTrustStorePath = this.keytool && !this.trustStoreFailed ? BOX_TRUSTSTORE_PATH : undefined;
+    return sandboxEnv({ proxyUrl: BOX_PROXY_URL, caCertPath: BOX_CA_PATH, bundlePath: BOX_BUNDLE_PATH, noProxy: rec.proxyConfig?.no_proxy, javaTrustStorePath });
+  }
+
+  /**
+   * Java ignores HTTPS_PROXY and PEM bundles: every box gets a PKCS12 truststore (the JDK's roots
+   * plus the CA, as `keygate ca env` writes it) at /etc/keygate/truststore.p12, and
+   * JAVA_TOOL_OPTIONS naming it and the proxy. Built with keytool once, in the background (a JVM
+   * run takes a second or two), and kept under the data directory for the CA it holds, so later
+   * starts reuse it. Undefined when there is no keytool, or building failed (logged): boxes then
+   * start without it rather than not at all.
+   */
+  private javaTrustStore(): Promise<Uint8Array | undefined> {
+    this.trustStore ??= (async () => {
+      if (!this.keytool) return undefined;
+      const ca = createHash('sha256').update(this.deps.caCertPem).digest('hex').slice(0, 16);
+      const file = path.join(this.deps.dataDir, 'sandboxes', `java-truststore-${ca}.p12`);
+      try {
+        if (!existsSync(file)) {
+          mkdirSync(path.dirname(file), { recursive: true, mode: 0o755 });
+          await writeJavaTrustStore(this.deps.caCertPem, file, this.keytool);
+        }
+        return readFileSync(file);
+      } catch (err) {
+        this.trustStoreFailed = true;
+        this.deps.logger.warn({ err: { message: (err as Error).message } }, 'no Java truststore for boxes: keytool failed; JAVA_TOOL_OPTIONS left out');
+        return undefined;
+      }
+    })();
+    return this.trustStore;
   }
 
   /**

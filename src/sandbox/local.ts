@@ -22,7 +22,8 @@ import {
   type ExecResult,
   type SandboxDriver,
 } from './driver.js';
-import { BOX_MAIN, BOX_NAMESPACES, bwrapArgs, enterArgs, HOST_ETC_SHARED, hostEtc, type RootEntry } from './bwrap.js';
+import { BOX_TRUSTSTORE_PATH } from '../certs/env.js';
+import { BOX_MAIN, BOX_NAMESPACES, bwrapArgs, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, type RootEntry } from './bwrap.js';
 import { readBoxFile, writeBoxFile } from './box-files.js';
 import { cgroupLayout, createCgroup, existingCgroup, cgroupHasProcesses, killCgroup, listBoxCgroups, procsFiles, removeCgroup, removeLayoutIfEmpty, rlimitArgs, type Cgroup, type CgroupLayout } from './limits.js';
 import { openRelay, type Relay } from './relay.js';
@@ -230,7 +231,7 @@ export class LocalDriver implements SandboxDriver {
     rmSync(filesDir, { recursive: true, force: true });
     mkdirSync(filesDir, { mode: 0o755 });
     const files: Record<string, string> = {};
-    const put = (boxPath: string, content: string) => {
+    const put = (boxPath: string, content: string | Uint8Array) => {
       const f = path.join(filesDir, boxPath.slice(1).replaceAll('/', '_'));
       writeFileSync(f, content, { mode: 0o644 });
       files[boxPath] = f;
@@ -238,12 +239,13 @@ export class LocalDriver implements SandboxDriver {
     let etcEntries: string[];
     if (root === 'host') {
       for (const [name, content] of Object.entries(hostEtc())) put(`/etc/${name}`, content);
-      etcEntries = HOST_ETC_SHARED.filter((n) => existsSync(path.join('/etc', n)));
+      etcEntries = [...HOST_ETC_SHARED.filter((n) => existsSync(path.join('/etc', n))), ...readdirSync('/etc').filter((n) => HOST_ETC_JDK.test(n))];
     } else {
       etcEntries = existsSync(path.join(root, 'etc')) ? readdirSync(path.join(root, 'etc')) : [];
     }
     put('/etc/keygate/ca.pem', spec.caPem);
     put('/etc/keygate/ca-bundle.pem', spec.caBundlePem);
+    if (spec.javaTrustStore) put(BOX_TRUSTSTORE_PATH, spec.javaTrustStore);
 
     const args = bwrapArgs({
       rootDir: root === 'host' ? '' : root,
