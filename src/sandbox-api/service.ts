@@ -482,6 +482,9 @@ export class SandboxService {
 
   /** Starts restoreAll without waiting for it (the API listens meanwhile); close() waits for it. */
   restoreInBackground(): void {
+    // The Java truststore (keytool, once per CA and data directory) is made now, not when the
+    // first box asks for it: that box would wait a second or two.
+    if (this.deps.driver.name !== 'none') void this.javaTrustStore();
     this.restoring = this.restoreAll().catch((err: Error) => this.deps.logger.error({ err: { message: err.message } }, 'restoring sandboxes failed'));
   }
 
