@@ -1,11 +1,17 @@
 #!/usr/bin/env node
 // Measures what the README reports for sandboxes, against the real `keygate serve` (dist/):
 //   node scripts/sandbox-measure.mjs latency --driver local|docker|none [--n 30] [--image REF]
-//   node scripts/sandbox-measure.mjs memory  --driver local|none [--n 50]
-//   node scripts/sandbox-measure.mjs restart --driver local|none [--n 1000]
+//   node scripts/sandbox-measure.mjs memory  --driver local|docker|none [--n 50]
+//   node scripts/sandbox-measure.mjs restart --driver local|docker|none [--n 1000] [--restarts 1]
 // latency: create a box (wait_for_ready) and run `true` in it, p50/p99 of the whole.
-// memory:  resident memory of the server and every process it started, per idle box.
-// restart: N boxes, SIGTERM, start again: time until the API answers, and until every box is ready.
+// memory:  resident memory of the server and every process it started, per idle box; for docker
+//          also every process of the engine's shims started meanwhile (one per container, and the
+//          container's processes under it), the engine's own growth left out.
+// restart: N boxes, SIGTERM, start again: time from process start until the API answers (and how
+//          many boxes still read `provisioning` then), and until every box is ready. With
+//          --restarts K the server is restarted K times (each stopped as soon as it answered, the
+//          last one left to restore everything): the API figure is then given for each start.
+// Every line also gives the load average: the machine these figures come from is shared.
 // Everything stays on loopback and in a temporary data directory, removed at the end.
 import { spawn } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -18,7 +24,7 @@ const CLI = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', 'dist'
 const KEY = 'measure-key-0123456789abcdef';
 const { values, positionals } = parseArgs({
   allowPositionals: true,
-  options: { driver: { type: 'string', default: 'local' }, n: { type: 'string' }, image: { type: 'string' } },
+  options: { driver: { type: 'string', default: 'local' }, n: { type: 'string' }, image: { type: 'string' }, restarts: { type: 'string', default: '1' } },
 });
 const what = positionals[0];
 const driver = values.driver;
@@ -29,12 +35,16 @@ if (driver === 'docker') template.image = values.image ?? 'keygate-box:latest';
 else template.rootfs = 'host';
 writeFileSync(path.join(configDir, 'templates.json'), JSON.stringify([template]));
 
+/** Every server started, so that none outlives the script when it fails half-way. */
+const started = [];
+
 function serve() {
   const t0 = performance.now();
   const proc = spawn(process.execPath, [CLI, 'serve', '--listen', '127.0.0.1:0', '--data', dataDir, '--config-dir', configDir, '--sandbox-driver', driver], {
     env: { ...process.env, KEYGATE_API_KEY: KEY, DATABASE_URL: '', KEYGATE_LOG_LEVEL: 'warn' },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
+  started.push(proc);
   let out = '';
   return new Promise((resolve, reject) => {
     const on = (d) => {
@@ -58,6 +68,19 @@ async function api(base, method, url, body) {
 }
 
 const pct = (xs, p) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.ceil((p / 100) * xs.length) - 1)];
+
+/** Pids of the engine's per-container shims (containerd-shim-runc-v2) running now. */
+function shimPids() {
+  const out = [];
+  for (const d of readdirSync('/proc').filter((x) => /^\d+$/.test(x))) {
+    try {
+      if (readFileSync(`/proc/${d}/cmdline`, 'utf8').startsWith('/usr/bin/containerd-shim')) out.push(Number(d));
+    } catch {
+      /* gone */
+    }
+  }
+  return out;
+}
 
 /** Resident memory (KiB) of `pid` and all its descendants, from /proc. */
 function treeRssKib(pid) {
@@ -120,45 +143,70 @@ try {
       times.push(performance.now() - t);
       await api(s.url, 'DELETE', `/api/v2/sandboxes/boxes/l${i}`);
     }
-    console.log(JSON.stringify({ what, driver, n, p50_ms: Math.round(pct(times, 50)), p99_ms: Math.round(pct(times, 99)), max_ms: Math.round(Math.max(...times)) }));
+    // The first box of a fresh data directory also waits for the Java truststore (keytool, once per CA).
+    const rest = times.slice(1);
+    console.log(JSON.stringify({ what, driver, n, p50_ms: Math.round(pct(times, 50)), p99_ms: Math.round(pct(times, 99)), max_ms: Math.round(Math.max(...times)), first_ms: Math.round(times[0]), p99_after_first_ms: Math.round(pct(rest, 99)), loadavg: os.loadavg().map((x) => +x.toFixed(1)) }));
   } else if (what === 'memory') {
     const n = Number(values.n ?? 50);
     await new Promise((r) => setTimeout(r, 2000));
     const before = treeRssKib(s.proc.pid);
+    const shimsBefore = new Set(shimPids());
     await createMany(s, n, true);
     await new Promise((r) => setTimeout(r, 3000));
-    const after = treeRssKib(s.proc.pid);
-    console.log(JSON.stringify({ what, driver, n, before_mib: +(before / 1024).toFixed(1), after_mib: +(after / 1024).toFixed(1), per_box_mib: +((after - before) / 1024 / n).toFixed(2) }));
+    const server = treeRssKib(s.proc.pid);
+    const shims = shimPids().filter((p) => !shimsBefore.has(p));
+    const containers = shims.reduce((sum, p) => sum + treeRssKib(p), 0);
+    const after = server + containers;
+    console.log(JSON.stringify({ what, driver, n, before_mib: +(before / 1024).toFixed(1), after_mib: +(after / 1024).toFixed(1), ...(driver === 'docker' ? { shims: shims.length, shim_trees_mib: +(containers / 1024).toFixed(1) } : {}), per_box_mib: +((after - before) / 1024 / n).toFixed(2), loadavg: os.loadavg().map((x) => +x.toFixed(1)) }));
   } else if (what === 'restart') {
     const n = Number(values.n ?? 1000);
-    await createMany(s, n, false);
+    const restarts = Number(values.restarts);
+    const t = performance.now();
+    // Real boxes are asked for as a client would, a few at a time, each waiting until ready.
+    await createMany(s, n, driver !== 'none');
     for (;;) {
       const c = await countStatus(s);
       if ((c.ready ?? 0) === n) break;
-      if (c.failed) throw new Error(`failed boxes: ${JSON.stringify(c)}`);
+      if (c.failed) {
+        const failed = (await api(s.url, 'GET', `/api/v2/sandboxes/boxes?limit=${n}`)).body.resources.filter((b) => b.status === 'failed');
+        throw new Error(`failed boxes: ${JSON.stringify(c)}: ${[...new Set(failed.map((b) => b.status_reason))].join('; ')}`);
+      }
       await new Promise((r) => setTimeout(r, 500));
     }
-    await s.stop('SIGTERM');
-    const again = await serve();
-    const listening = performance.now() - again.t0;
-    let answered;
-    for (;;) {
-      const r = await api(again.url, 'GET', '/api/v2/sandboxes/boxes?limit=1').catch(() => undefined);
-      if (r?.status === 200) {
-        answered = performance.now() - again.t0;
-        break;
+    console.log(JSON.stringify({ what, driver, n, created_ms: Math.round(performance.now() - t), server_tree_rss_mib: +(treeRssKib(s.proc.pid) / 1024).toFixed(0), loadavg: os.loadavg().map((x) => +x.toFixed(1)) }));
+    let prev = s;
+    for (let k = 1; k <= restarts; k++) {
+      await prev.stop('SIGTERM');
+      const again = await serve();
+      prev = again;
+      const listening = performance.now() - again.t0;
+      let first;
+      for (;;) {
+        const r = await api(again.url, 'GET', '/api/v2/sandboxes/boxes?limit=100').catch(() => undefined);
+        if (r?.status === 200) {
+          first = { ms: performance.now() - again.t0, provisioning: r.body.resources.filter((b) => b.status === 'provisioning').length };
+          break;
+        }
       }
+      const line = { what, driver, n, start: k, listening_ms: Math.round(listening), api_answered_ms: Math.round(first.ms), provisioning_of_first_100: first.provisioning, loadavg: os.loadavg().map((x) => +x.toFixed(1)) };
+      if (k < restarts) {
+        console.log(JSON.stringify(line));
+        continue;
+      }
+      let counts;
+      for (;;) {
+        counts = await countStatus(again);
+        if ((counts.ready ?? 0) + (counts.failed ?? 0) === n) break;
+        await new Promise((r) => setTimeout(r, 200));
+      }
+      console.log(JSON.stringify({ ...line, all_restored_ms: Math.round(performance.now() - again.t0), counts, server_tree_rss_mib: +(treeRssKib(again.proc.pid) / 1024).toFixed(0) }));
     }
-    let counts;
-    for (;;) {
-      counts = await countStatus(again);
-      if ((counts.ready ?? 0) + (counts.failed ?? 0) === n) break;
-      await new Promise((r) => setTimeout(r, 200));
-    }
-    const restored = performance.now() - again.t0;
-    console.log(JSON.stringify({ what, driver, n, listening_ms: Math.round(listening), api_answered_ms: Math.round(answered), all_restored_ms: Math.round(restored), counts }));
-    for (let i = 0; i < n; i++) await api(again.url, 'DELETE', `/api/v2/sandboxes/boxes/b${i}`);
-    await again.stop();
+    let next = 0;
+    const remove = async () => {
+      for (let i = next++; i < n; i = next++) await api(prev.url, 'DELETE', `/api/v2/sandboxes/boxes/b${i}`);
+    };
+    await Promise.all(Array.from({ length: 4 }, remove));
+    await prev.stop();
   } else {
     throw new Error('usage: sandbox-measure.mjs latency|memory|restart --driver local|docker|none [--n N] [--image REF]');
   }
@@ -167,6 +215,7 @@ try {
     if (what !== 'restart') for (const b of (await api(s.url, 'GET', '/api/v2/sandboxes/boxes?limit=100').catch(() => ({ body: { resources: [] } }))).body.resources) await api(s.url, 'DELETE', `/api/v2/sandboxes/boxes/${b.name}`);
     await s.stop();
   }
+  for (const p of started) if (p.exitCode === null && p.signalCode === null) await new Promise((r) => (p.once('exit', r), p.kill('SIGTERM')));
   rmSync(dataDir, { recursive: true, force: true });
   rmSync(configDir, { recursive: true, force: true });
 }

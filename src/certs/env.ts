@@ -1,7 +1,8 @@
-import { execFileSync } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { chmodSync, existsSync, mkdirSync, mkdtempSync, realpathSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import tls from 'node:tls';
+import { promisify } from 'node:util';
 
 export interface SandboxEnvOptions {
   /** e.g. `http://keygate-proxy:8080`. */
@@ -22,6 +23,8 @@ export interface SandboxEnvOptions {
 /** Where the proxy CA and the bundle are inside a box (sandbox.md, property 3). */
 export const BOX_CA_PATH = '/etc/keygate/ca.pem';
 export const BOX_BUNDLE_PATH = '/etc/keygate/ca-bundle.pem';
+/** The Java truststore inside a box (PKCS12, see writeJavaTrustStore). */
+export const BOX_TRUSTSTORE_PATH = '/etc/keygate/truststore.p12';
 /** The box's proxy as the box sees it: a relay in its network namespace (sandbox.md, property 1). */
 export const BOX_PROXY_URL = 'http://127.0.0.1:3128';
 export const JAVA_TRUSTSTORE_PASSWORD = 'changeit';
@@ -114,10 +117,11 @@ export function findKeytool(env: NodeJS.ProcessEnv = process.env): string | unde
 
 /**
  * Java ignores HTTPS_PROXY and PEM bundles: writes a PKCS12 truststore (the JDK's roots plus the
- * proxy CA, password `changeit`, public material only) atomically. Returns false when no keytool
- * is installed (the caller then leaves JAVA_TOOL_OPTIONS out and says so).
+ * proxy CA, password `changeit`, public material only) atomically. Resolves false when no keytool
+ * is installed (the caller then leaves JAVA_TOOL_OPTIONS out and says so). keytool is a JVM
+ * started twice (a second or two): it runs without holding up the event loop.
  */
-export function writeJavaTrustStore(caPem: string, file: string, keytool = findKeytool()): boolean {
+export async function writeJavaTrustStore(caPem: string, file: string, keytool = findKeytool()): Promise<boolean> {
   if (!keytool) return false;
   const roots = javaRoots(keytool);
   const dir = mkdtempSync(path.join(path.dirname(path.resolve(file)), '.truststore-'));
@@ -126,9 +130,9 @@ export function writeJavaTrustStore(caPem: string, file: string, keytool = findK
     const ca = path.join(dir, 'ca.pem');
     writeFileSync(ca, caPem);
     const pass = JAVA_TRUSTSTORE_PASSWORD;
-    const run = (args: string[]) => execFileSync(keytool, args, { stdio: 'pipe', timeout: 60_000 });
-    if (roots) run(['-importkeystore', '-noprompt', '-srckeystore', roots, '-srcstorepass', pass, '-destkeystore', tmp, '-deststoretype', 'PKCS12', '-deststorepass', pass]);
-    run(['-importcert', '-noprompt', '-alias', 'keygate-proxy-ca', '-file', ca, '-keystore', tmp, '-storetype', 'PKCS12', '-storepass', pass]);
+    const run = (args: string[]) => promisify(execFile)(keytool, args, { timeout: 60_000 });
+    if (roots) await run(['-importkeystore', '-noprompt', '-srckeystore', roots, '-srcstorepass', pass, '-destkeystore', tmp, '-deststoretype', 'PKCS12', '-deststorepass', pass]);
+    await run(['-importcert', '-noprompt', '-alias', 'keygate-proxy-ca', '-file', ca, '-keystore', tmp, '-storetype', 'PKCS12', '-storepass', pass]);
     chmodSync(tmp, 0o644);
     renameSync(tmp, file);
     return true;

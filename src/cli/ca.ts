@@ -85,7 +85,7 @@ export async function run(argv: string[]): Promise<number> {
   writeCaBundle(ca.certPem, bundle);
   // Java needs its own truststore (it ignores PEM bundles); without keytool, say so and go on.
   const trustStore = path.resolve(path.join(certs, 'ca-truststore.p12'));
-  const haveTrustStore = writeJavaTrustStore(ca.certPem, trustStore);
+  const haveTrustStore = await writeJavaTrustStore(ca.certPem, trustStore);
   if (!haveTrustStore) process.stderr.write('keygate: no keytool found: JAVA_TOOL_OPTIONS left out (install a JDK to get a Java truststore)\n');
   const env = sandboxEnv({
     proxyUrl: values.proxy.replace(/\/$/, ''),

@@ -1,12 +1,9 @@
-import { createLogger } from '../log.js';
-import { createSandboxArea } from '../sandbox-api/area.js';
+// Only what `keygate serve` needs before its driver probe starts is imported here; the server
+// itself (fastify, the areas, the database driver) is imported once the probe runs (see run()).
+import type { createSandboxArea } from '../sandbox-api/area.js';
 import { DriverUnusableError, parseDriverName, selectSandboxDriver } from '../sandbox-api/drivers.js';
 import type { DriverChoice } from '../sandbox/choose.js';
-import { buildServer } from '../server/app.js';
 import type { Area } from '../server/area.js';
-import { loadAreas } from '../server/plugins.js';
-import { AUTH_MIGRATIONS, createApiKey, DEFAULT_WORKSPACE_ID } from '../server/auth.js';
-import { migrate, openDb } from '../store/db.js';
 import { resolveDataDir } from './data-dir.js';
 import { parseCliArgs } from './args.js';
 import { CliError } from './errors.js';
@@ -32,6 +29,7 @@ generated into <data>/api-key (mode 0600).
 keys create prints a new API key for a user of a workspace (created if needed). It is shown once.`;
 
 async function keysCreate(argv: string[]): Promise<number> {
+  const [{ AUTH_MIGRATIONS, createApiKey, DEFAULT_WORKSPACE_ID }, { migrate, openDb }] = await Promise.all([import('../server/auth.js'), import('../store/db.js')]);
   const { values } = parseCliArgs(
     {
       args: argv,
@@ -70,6 +68,7 @@ export async function chooseSandboxDriver(requested: string | undefined, dataDir
 
 /** The server's areas with the sandbox area running boxes on `choice`'s driver. */
 export async function areasWith(choice: DriverChoice, opts: Parameters<typeof createSandboxArea>[0] = {}): Promise<Area[]> {
+  const [{ createSandboxArea }, { loadAreas }] = await Promise.all([import('../sandbox-api/area.js'), import('../server/plugins.js')]);
   const sandboxArea = createSandboxArea({ ...opts, driver: choice.driver });
   return (await loadAreas()).map((a) => (a.name === sandboxArea.name ? sandboxArea : a));
 }
@@ -98,8 +97,14 @@ export async function run(argv: string[]): Promise<number> {
   }
   const { host, port } = parseListen(values.listen!);
   const dataDir = resolveDataDir(values.data);
+  // The driver's probe (for `local`, a real box started, used and stopped) waits on child
+  // processes, not on this one: it runs while the server's modules load. A driver that cannot
+  // isolate still stops the server before it listens.
+  const choosing = chooseSandboxDriver(values['sandbox-driver'], dataDir);
+  choosing.catch(() => undefined); // awaited below
+  const [{ createLogger }, { buildServer }] = await Promise.all([import('../log.js'), import('../server/app.js')]);
   const logger = createLogger({ name: 'keygate-serve' });
-  const choice = await chooseSandboxDriver(values['sandbox-driver'], dataDir);
+  const choice = await choosing;
   const server = await buildServer({ dataDir, logger, configDir: values['config-dir'], areas: await areasWith(choice) });
   // Handlers first: a supervisor may send SIGTERM the moment it reads the line below, and until
   // Node has a handler the default action (dying at once, no drain) applies.

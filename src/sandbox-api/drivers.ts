@@ -1,10 +1,7 @@
 import { createHash } from 'node:crypto';
 import path from 'node:path';
-import { DockerBoxDriver } from '../sandbox/docker.js';
 import { chooseDriver, DriverUnusableError, type DriverChoice } from '../sandbox/choose.js';
 import { DRIVER_NAMES, type DriverName } from '../sandbox/driver.js';
-import { LocalDriver } from '../sandbox/local.js';
-import { NoneDriver } from '../sandbox/none.js';
 
 export { DriverUnusableError };
 
@@ -22,10 +19,12 @@ export function parseDriverName(value: string | undefined): DriverName | undefin
  * no box ever sees it.
  */
 export function selectSandboxDriver(requested: DriverName | undefined, dataDir: string): Promise<DriverChoice> {
+  // Each driver's module is loaded only when it is tried: `keygate serve` starts the probe before
+  // it loads the rest of the server (see serve.ts), so this module stays small.
   return chooseDriver(requested, {
-    local: () => new LocalDriver({ runDir: path.join(dataDir, 'boxes', 'local') }),
+    local: async () => new (await import('../sandbox/local.js')).LocalDriver({ runDir: path.join(dataDir, 'boxes', 'local') }),
     // One scope per data directory: servers sharing an engine never reap each other's boxes.
-    docker: () => new DockerBoxDriver({ scope: `keygate-box-${createHash('sha256').update(path.resolve(dataDir)).digest('hex').slice(0, 10)}` }),
-    none: () => new NoneDriver(),
+    docker: async () => new (await import('../sandbox/docker.js')).DockerBoxDriver({ scope: `keygate-box-${createHash('sha256').update(path.resolve(dataDir)).digest('hex').slice(0, 10)}` }),
+    none: async () => new (await import('../sandbox/none.js')).NoneDriver(),
   });
 }

@@ -1,7 +1,7 @@
 import type { Ca } from '../certs/ca.js';
 import type { Logger } from '../log.js';
 import { startProxy, type ProxyHandle } from '../proxy/server.js';
-import { compileConfig, type ResolvedProxyConfig } from '../rules/compile.js';
+import type { CompiledConfig } from '../rules/compile.js';
 import { acceptsConnection, PortInUseError, type ProxyInstance, type ProxyRunner, type ProxyStartOptions } from './runner.js';
 
 export interface InProcessRunnerOptions {
@@ -39,11 +39,9 @@ class InProcessInstance implements ProxyInstance {
     return this.handle.port;
   }
 
-  async push(resolved: ResolvedProxyConfig): Promise<void> {
-    // Compiling can throw (a pattern the validation let through); the running config stays then.
-    const compiled = compileConfig(resolved);
-    this.handle.setConfig(compiled);
-    this.compiledRef = compiled;
+  async push(config: CompiledConfig): Promise<void> {
+    this.handle.setConfig(config);
+    this.compiledRef = config;
   }
 
   async ready(): Promise<boolean> {
@@ -72,14 +70,14 @@ export class InProcessProxyRunner implements ProxyRunner {
     this.host = opts.host ?? '127.0.0.1';
   }
 
-  async start(sandboxId: string, resolved: ResolvedProxyConfig, startOpts: ProxyStartOptions = {}): Promise<ProxyInstance> {
+  async start(sandboxId: string, config: CompiledConfig, startOpts: ProxyStartOptions = {}): Promise<ProxyInstance> {
     const port = startOpts.port ?? 0;
     let handle: ProxyHandle;
     try {
       handle = await startProxy({
         listen: { host: this.host, port },
         ca: this.opts.ca,
-        config: compileConfig(resolved),
+        config,
         logger: this.opts.logger.child({ sandbox_id: sandboxId }),
         resolve: this.opts.resolve,
         upstreamCa: this.opts.upstreamCa,

@@ -1,5 +1,5 @@
 import net from 'node:net';
-import type { ResolvedProxyConfig } from '../rules/compile.js';
+import type { CompiledConfig } from '../rules/compile.js';
 
 /**
  * One running proxy for one sandbox. Its configuration is replaced as a whole (`push`): requests
@@ -10,8 +10,8 @@ export interface ProxyInstance {
   /** `http://127.0.0.1:PORT`: what the sandbox puts in HTTPS_PROXY. */
   readonly url: string;
   readonly port: number;
-  /** Applies a new resolved configuration; resolves once the proxy uses it. */
-  push(resolved: ResolvedProxyConfig): Promise<void>;
+  /** Applies a new configuration; resolves once the proxy uses it. */
+  push(config: CompiledConfig): Promise<void>;
   /** True once the port accepts a connection and the last pushed configuration is applied. */
   ready(): Promise<boolean>;
   /** Refuses `host:port` as a destination from now on (also by any name resolving to it). */
@@ -31,8 +31,11 @@ export interface ProxyStartOptions {
  */
 export interface ProxyRunner {
   readonly kind: string;
-  /** Starts a proxy already holding `resolved`. Rejects with `PortInUseError` when `port` is taken. */
-  start(sandboxId: string, resolved: ResolvedProxyConfig, opts?: ProxyStartOptions): Promise<ProxyInstance>;
+  /**
+   * Starts a proxy already holding `config` (resolved and compiled by config/prepare.ts). Rejects
+   * with `PortInUseError` when `port` is taken.
+   */
+  start(sandboxId: string, config: CompiledConfig, opts?: ProxyStartOptions): Promise<ProxyInstance>;
   /** Stops what is still running (server shutdown). */
   close(): Promise<void>;
 }

@@ -198,7 +198,7 @@ export const sandboxOut = {
       required: ['url', 'ca_cert_pem', 'env'],
       additionalProperties: false,
       description:
-        "What the box needs to use its proxy. For local and docker boxes, env is the environment inside the box (proxy at http://127.0.0.1:3128 through the box's relay, CA at /etc/keygate/ca.pem, bundle at /etc/keygate/ca-bundle.pem). For none boxes, url is the proxy on the server's host and the env paths are where the server writes the files (<data>/sandboxes/<id>/ca.pem and ca-bundle.pem: system roots plus the CA); a remote box writes ca_cert_pem to the same paths. The CA's private key never leaves the server.",
+        "What the box needs to use its proxy. For local and docker boxes, env is the environment inside the box (proxy at http://127.0.0.1:3128 through the box's relay, CA at /etc/keygate/ca.pem, bundle at /etc/keygate/ca-bundle.pem, Java truststore at /etc/keygate/truststore.p12). For none boxes, url is the proxy on the server's host and the env paths are where the server writes the files (<data>/sandboxes/<id>/ca.pem and ca-bundle.pem: system roots plus the CA); a remote box writes ca_cert_pem to the same paths. The CA's private key never leaves the server.",
       properties: {
         url: { type: ['string', 'null'], description: 'http://HOST:PORT of the sandbox\'s own proxy.' },
         ca_cert_pem: { type: 'string', description: 'The proxy CA certificate (PEM) the box must trust.' },
@@ -208,7 +208,13 @@ export const sandboxOut = {
               type: 'object',
               additionalProperties: false,
               required: [...ENV_NAMES],
-              properties: Object.fromEntries(ENV_NAMES.map((n) => [n, { type: 'string' }])),
+              properties: {
+                ...Object.fromEntries(ENV_NAMES.map((n) => [n, { type: 'string' }])),
+                JAVA_TOOL_OPTIONS: {
+                  type: 'string',
+                  description: 'Local and docker boxes, when the server has a JDK (keytool): proxy host and port, http.nonProxyHosts and the truststore at /etc/keygate/truststore.p12 (PKCS12, system roots plus the CA, password changeit), for Java, which ignores HTTPS_PROXY and PEM bundles.',
+                },
+              },
             },
             { type: 'null' },
           ],

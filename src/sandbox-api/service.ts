@@ -1,13 +1,14 @@
-import { randomUUID } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
-import { referencedSecretKeys, resolveProxyConfig } from '../config/resolve.js';
-import { validateProxyConfig, type ProxyConfig } from '../config/schema.js';
-import { BOX_BUNDLE_PATH, BOX_CA_PATH, BOX_PROXY_URL, caBundle, sandboxEnv, writeCaBundle } from '../certs/env.js';
+import { compileCandidate, validateCandidate } from '../config/prepare.js';
+import { referencedSecretKeys } from '../config/resolve.js';
+import type { ProxyConfig } from '../config/schema.js';
+import { BOX_BUNDLE_PATH, BOX_CA_PATH, BOX_PROXY_URL, BOX_TRUSTSTORE_PATH, caBundle, findKeytool, sandboxEnv, writeCaBundle, writeJavaTrustStore } from '../certs/env.js';
 import { type Box, type BoxResources, type DriverName, type ExecProcess, type ExecResult, type SandboxDriver } from '../sandbox/driver.js';
 import type { Logger } from '../log.js';
-import type { ResolvedProxyConfig } from '../rules/compile.js';
+import { emptyConfig, type CompiledConfig } from '../rules/compile.js';
 import { Envelope } from '../secrets/envelope.js';
 import { opaqueOpener, redactProxyConfig, sealOpaqueValues } from '../secrets/opaque.js';
 import type { SecretStore } from '../secrets/types.js';
@@ -119,6 +120,8 @@ export class SandboxService {
   private readonly proxies = new Map<string, ProxyInstance>();
   private readonly perSandbox = new KeyedQueue();
   private readonly perWorkspace = new KeyedQueue();
+  /** Proxy starts, one at a time (see startProxy). */
+  private readonly proxyStarts = new KeyedQueue();
   private readonly secretStores = new Map<string, Promise<SecretStore>>();
   /** Destinations no sandbox's proxy may reach (the API server itself), see denyToAll. */
   private readonly deniedToAll = new Set<string>();
@@ -130,6 +133,11 @@ export class SandboxService {
 
   /** System roots plus the CA, built once (every box gets it at /etc/keygate/ca-bundle.pem). */
   private readonly bundlePem: string;
+  /** keytool of this machine's JDK: without one, boxes get no Java truststore (and no JAVA_TOOL_OPTIONS). */
+  private readonly keytool = findKeytool();
+  /** The Java truststore of every box (see javaTrustStore); a failure to build it is remembered here. */
+  private trustStore: Promise<Uint8Array | undefined> | undefined;
+  private trustStoreFailed = false;
 
   constructor(private readonly deps: SandboxServiceDeps) {
     this.bundlePem = caBundle(deps.caCertPem);
@@ -172,10 +180,17 @@ export class SandboxService {
 
   /**
    * Checks a proxy_config from a request and returns its stored form (opaque values sealed) and
-   * its resolution. Every problem is reported with a loc under `body.proxy_config`.
+   * what its proxy runs, through the one validate-resolve-compile path of every configuration
+   * (config/prepare.ts). Every problem is reported with a loc under `body.proxy_config`.
    */
-  private async prepareConfig(workspaceId: string, config: ProxyConfig, issues: ValidationIssue[]): Promise<{ stored: ProxyConfig; resolved: ResolvedProxyConfig } | undefined> {
-    const own = validateProxyConfig(config).map((i) => ({ ...i, loc: [...PROXY_CONFIG_LOC, ...i.loc] }));
+  private async prepareConfig(workspaceId: string, config: ProxyConfig, issues: ValidationIssue[]): Promise<{ stored: ProxyConfig; compiled: CompiledConfig } | undefined> {
+    const own: ValidationIssue[] = [];
+    try {
+      validateCandidate(config, PROXY_CONFIG_LOC);
+    } catch (err) {
+      if (!(err instanceof ValidationFailure)) throw err;
+      own.push(...err.issues);
+    }
     // A sealed-looking opaque value from a client would be decrypted by us and sent upstream:
     // whoever holds any sealed blob could have keygate reveal it to a host they control.
     (config.rules ?? []).forEach((rule, i) =>
@@ -191,20 +206,23 @@ export class SandboxService {
     }
     const stored = sealOpaqueValues(config, this.deps.envelope());
     try {
-      return { stored, resolved: await this.resolve(workspaceId, stored) };
+      return { stored, compiled: await this.compile(workspaceId, stored, PROXY_CONFIG_LOC) };
     } catch (err) {
       if (!(err instanceof ValidationFailure)) throw err;
-      issues.push(...err.issues.map((i) => ({ ...i, loc: [...PROXY_CONFIG_LOC, ...i.loc] })));
+      issues.push(...err.issues);
       return undefined;
     }
   }
 
-  /** The stored form resolved against the workspace's secrets right now. Throws ValidationFailure. */
-  private async resolve(workspaceId: string, stored: ProxyConfig | null): Promise<ResolvedProxyConfig> {
-    if (!stored) return { rules: [], no_proxy: [] };
+  /**
+   * The stored form resolved against the workspace's secrets right now and compiled (issues
+   * located under `locPrefix`). Throws ValidationFailure.
+   */
+  private async compile(workspaceId: string, stored: ProxyConfig | null, locPrefix: (string | number)[] = []): Promise<CompiledConfig> {
+    if (!stored) return emptyConfig();
     const needsSecrets = referencedSecretKeys(stored).length > 0;
     const snapshot = needsSecrets ? await (await this.secrets(workspaceId)).snapshot() : new Map<string, string>();
-    return resolveProxyConfig(stored, (k) => snapshot.get(k), { openOpaque: opaqueOpener(this.deps.envelope()) });
+    return compileCandidate(stored, (k) => snapshot.get(k), { openOpaque: opaqueOpener(this.deps.envelope()) }, locPrefix);
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -251,14 +269,14 @@ export class SandboxService {
           idleTtlSeconds: input.idle_ttl_seconds ?? DEFAULT_IDLE_TTL_SECONDS,
           resources: applyResources(template, input.resources),
         });
-        return { created, resolved: prepared?.resolved ?? { rules: [], no_proxy: [] } };
+        return { created, compiled: prepared?.compiled ?? emptyConfig() };
       } catch (err) {
         this.removeFiles(id);
         if (err instanceof DuplicateNameError) throw conflict(err.message);
         throw err;
       }
     });
-    const started = this.perSandbox.run(rec.created.id, () => this.bringUp(rec.created, rec.resolved));
+    const started = this.perSandbox.run(rec.created.id, () => this.bringUp(rec.created, rec.compiled));
     if (input.wait_for_ready) {
       await started;
       return this.view((await this.deps.store.getById(rec.created.id)) ?? rec.created);
@@ -301,7 +319,7 @@ export class SandboxService {
         }
         if (prepared) {
           await this.deps.store.setConfig(current.id, prepared.stored);
-          await this.apply({ ...current, proxyConfig: prepared.stored }, prepared.resolved);
+          await this.apply({ ...current, proxyConfig: prepared.stored }, prepared.compiled);
         }
       });
       return current;
@@ -464,6 +482,9 @@ export class SandboxService {
 
   /** Starts restoreAll without waiting for it (the API listens meanwhile); close() waits for it. */
   restoreInBackground(): void {
+    // The Java truststore (keytool, once per CA and data directory) is made now, not when the
+    // first box asks for it: that box would wait a second or two.
+    if (this.deps.driver.name !== 'none') void this.javaTrustStore();
     this.restoring = this.restoreAll().catch((err: Error) => this.deps.logger.error({ err: { message: err.message } }, 'restoring sandboxes failed'));
   }
 
@@ -518,9 +539,9 @@ export class SandboxService {
     const rec = await this.deps.store.getById(id);
     if (!rec) return;
     if (rec.status === 'stopped' && !bringBack) return; // applied when it starts again
-    let resolved: ResolvedProxyConfig;
+    let compiled: CompiledConfig;
     try {
-      resolved = await this.resolve(rec.workspaceId, rec.proxyConfig);
+      compiled = await this.compile(rec.workspaceId, rec.proxyConfig);
     } catch (err) {
       // Fail closed: a configuration that no longer resolves (a secret deleted with force, a key
       // that cannot open an opaque value) must not keep injecting what it used to.
@@ -531,25 +552,25 @@ export class SandboxService {
       this.deps.logger.warn({ sandbox: rec.name, sandbox_id: id, workspace_id: rec.workspaceId, reason }, 'sandbox proxy stopped: configuration does not resolve');
       return;
     }
-    await this.apply(rec, resolved);
+    await this.apply(rec, compiled);
   }
 
   /** Pushes to the running proxy, or brings the sandbox up when it is not running. */
-  private async apply(rec: SandboxRecord, resolved: ResolvedProxyConfig): Promise<void> {
+  private async apply(rec: SandboxRecord, compiled: CompiledConfig): Promise<void> {
     const running = this.proxies.get(rec.id);
-    if (!running || !this.isUp(rec)) return this.bringUp(rec, resolved);
-    await running.push(resolved);
+    if (!running || !this.isUp(rec)) return this.bringUp(rec, compiled);
+    await running.push(compiled);
     if (rec.status !== 'ready') await this.deps.store.setStatus(rec.id, 'ready', null);
-    this.deps.logger.info({ sandbox: rec.name, sandbox_id: rec.id, rules: resolved.rules.map((r) => r.name) }, 'sandbox proxy configuration pushed');
+    this.deps.logger.info({ sandbox: rec.name, sandbox_id: rec.id, rules: compiled.rules.map((r) => r.name) }, 'sandbox proxy configuration pushed');
   }
 
   /** Starts the proxy, then the box behind it; `ready` only when both run, else `failed` with why. */
-  private async bringUp(rec: SandboxRecord, resolved: ResolvedProxyConfig): Promise<void> {
+  private async bringUp(rec: SandboxRecord, compiled: CompiledConfig): Promise<void> {
     if (this.closing) return;
     const log = { sandbox: rec.name, sandbox_id: rec.id, workspace_id: rec.workspaceId, driver: rec.driver };
     let stage = 'Proxy failed to start';
     try {
-      const instance = await this.startProxy(rec, resolved);
+      const instance = await this.startProxy(rec, compiled);
       if (!instance) return;
       if (rec.driver !== 'none') {
         stage = 'Box failed to start';
@@ -573,15 +594,24 @@ export class SandboxService {
     }
   }
 
-  private async startProxy(rec: SandboxRecord, resolved: ResolvedProxyConfig): Promise<ProxyInstance | undefined> {
+  private async startProxy(rec: SandboxRecord, compiled: CompiledConfig): Promise<ProxyInstance | undefined> {
+    // Building a proxy is tens of milliseconds of CPU in one piece (mostly its upstream trust
+    // store). Restoring hundreds with several at once would run several such pieces per
+    // event-loop turn, and an API request needs a few turns: one start per turn, after the I/O
+    // that arrived meanwhile, keeps the API answering while a restart brings boxes back.
+    const start = (port: number) =>
+      this.proxyStarts.run('', async () => {
+        await new Promise((r) => setImmediate(r));
+        return this.deps.runner.start(rec.id, compiled, { port });
+      });
     let instance: ProxyInstance;
     try {
-      instance = await this.deps.runner.start(rec.id, resolved, { port: rec.proxyPort ?? 0 });
+      instance = await start(rec.proxyPort ?? 0);
     } catch (err) {
       if (!(err instanceof PortInUseError)) throw err;
       // Someone took the port while we were down: a new one, reported in the record.
       this.deps.logger.warn({ sandbox: rec.name, sandbox_id: rec.id, port: rec.proxyPort }, 'sandbox proxy port taken; picking another');
-      instance = await this.deps.runner.start(rec.id, resolved, { port: 0 });
+      instance = await start(0);
     }
     if (this.closing || !(await this.deps.store.getById(rec.id))) {
       // Deleted or shutting down while starting: do not leave an orphan listening.
@@ -599,6 +629,7 @@ export class SandboxService {
     const template = this.deps.templates.get(rec.templateName);
     if (!template) throw new Error(`its template '${rec.templateName}' is no longer configured (templates.json)`);
     const resources = rec.resources ?? applyResources(template, undefined);
+    const javaTrustStore = await this.javaTrustStore();
     const box = await this.deps.driver.start({
       id: rec.id,
       template: { name: template.name, rootfs: template.rootfs, image: template.image, environment: template.environment },
@@ -606,6 +637,7 @@ export class SandboxService {
       env: { ...this.boxEnv(rec), ...template.environment },
       caPem: this.deps.caCertPem,
       caBundlePem: this.bundlePem,
+      javaTrustStore,
       proxy: { host: this.deps.proxyHost, port: proxy.port },
       stateDir: this.boxStateDir(rec.id),
     });
@@ -620,9 +652,38 @@ export class SandboxService {
     await live.box.stop().catch((err: Error) => this.deps.logger.warn({ sandbox_id: id, err: { message: err.message } }, 'error stopping box'));
   }
 
-  /** The proxy environment as seen from inside a box (sandbox.md, property 3). */
+  /** The proxy environment as seen from inside a box (sandbox.md, property 3), Java's included when it has a truststore. */
   private boxEnv(rec: SandboxRecord): Record<string, string> {
-    return sandboxEnv({ proxyUrl: BOX_PROXY_URL, caCertPath: BOX_CA_PATH, bundlePath: BOX_BUNDLE_PATH, noProxy: rec.proxyConfig?.no_proxy });
+    const javaTrustStorePath = this.keytool && !this.trustStoreFailed ? BOX_TRUSTSTORE_PATH : undefined;
+    return sandboxEnv({ proxyUrl: BOX_PROXY_URL, caCertPath: BOX_CA_PATH, bundlePath: BOX_BUNDLE_PATH, noProxy: rec.proxyConfig?.no_proxy, javaTrustStorePath });
+  }
+
+  /**
+   * Java ignores HTTPS_PROXY and PEM bundles: every box gets a PKCS12 truststore (the JDK's roots
+   * plus the CA, as `keygate ca env` writes it) at /etc/keygate/truststore.p12, and
+   * JAVA_TOOL_OPTIONS naming it and the proxy. Built with keytool once, in the background (a JVM
+   * run takes a second or two), and kept under the data directory for the CA it holds, so later
+   * starts reuse it. Undefined when there is no keytool, or building failed (logged): boxes then
+   * start without it rather than not at all.
+   */
+  private javaTrustStore(): Promise<Uint8Array | undefined> {
+    this.trustStore ??= (async () => {
+      if (!this.keytool) return undefined;
+      const ca = createHash('sha256').update(this.deps.caCertPem).digest('hex').slice(0, 16);
+      const file = path.join(this.deps.dataDir, 'sandboxes', `java-truststore-${ca}.p12`);
+      try {
+        if (!existsSync(file)) {
+          mkdirSync(path.dirname(file), { recursive: true, mode: 0o755 });
+          await writeJavaTrustStore(this.deps.caCertPem, file, this.keytool);
+        }
+        return readFileSync(file);
+      } catch (err) {
+        this.trustStoreFailed = true;
+        this.deps.logger.warn({ err: { message: (err as Error).message } }, 'no Java truststore for boxes: keytool failed; JAVA_TOOL_OPTIONS left out');
+        return undefined;
+      }
+    })();
+    return this.trustStore;
   }
 
   /**

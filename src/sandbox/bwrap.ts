@@ -85,6 +85,12 @@ export function hostEtc(): Record<string, string> {
 
 /** Host /etc entries the `host` template shares (program lookup only; nothing about this machine). */
 export const HOST_ETC_SHARED = ['alternatives', 'ld.so.cache', 'ld.so.conf', 'ld.so.conf.d'];
+/**
+ * Host /etc directories of installed JDKs (`java-17-openjdk`), also shared: Debian's JDK keeps its
+ * configuration there (conf/security/java.security is a symlink into it), and java does not start
+ * without it. Configuration only: the truststore a box uses is keygate's, not the host's.
+ */
+export const HOST_ETC_JDK = /^java-[0-9]+-openjdk$/;
 
 /**
  * The namespaces of a box, in the order their descriptors are handed to `nsenter` (from fd 3 on),

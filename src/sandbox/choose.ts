@@ -21,12 +21,12 @@ export class DriverUnusableError extends Error {
 
 export async function chooseDriver(
   requested: DriverName | undefined,
-  candidates: Partial<Record<DriverName, () => SandboxDriver>>,
+  candidates: Partial<Record<DriverName, () => SandboxDriver | Promise<SandboxDriver>>>,
 ): Promise<DriverChoice> {
   if (requested) {
     const make = candidates[requested];
     if (!make) throw new DriverUnusableError(`sandbox driver "${requested}" is not available in this build`);
-    const driver = make();
+    const driver = await make();
     const p = await driver.probe();
     if (!p.ok) throw new DriverUnusableError(`sandbox driver "${requested}" cannot isolate boxes here: ${p.reason} (${p.hint})`);
     return { driver, why: `sandbox driver ${requested} (asked for): ${p.detail}` };
@@ -35,7 +35,7 @@ export async function chooseDriver(
   for (const name of ['local', 'docker'] as const) {
     const make = candidates[name];
     if (!make) continue;
-    const driver = make();
+    const driver = await make();
     const p = await driver.probe();
     if (p.ok) return { driver, why: `sandbox driver ${name}: ${p.detail}` };
     missing.push(`${name}: ${p.reason} (${p.hint})`);
@@ -43,7 +43,7 @@ export async function chooseDriver(
   const none = candidates.none;
   if (!none) throw new DriverUnusableError(`no sandbox driver can isolate boxes here; ${missing.join('; ')}`);
   return {
-    driver: none(),
+    driver: await none(),
     why: `sandbox driver none: boxes are NOT isolated and run no code here (records and proxies only). To get real boxes: ${missing.join('; ') || 'no isolating driver is built in'}`,
   };
 }

@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto';
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
+import { BOX_TRUSTSTORE_PATH } from '../certs/env.js';
 import { demultiplex, dockerSocketPath, DockerEngine, engineMessage } from '../docker/engine.js';
 import type { Logger } from '../log.js';
 import { BoxFileError, BoxStartError, type Box, type BoxSpec, type DriverProbe, type ExecOptions, type ExecProcess, type SandboxDriver } from './driver.js';
@@ -198,6 +199,7 @@ export class DockerBoxDriver implements SandboxDriver {
     mkdirSync(caDir, { recursive: true, mode: 0o755 });
     writeFileSync(path.join(caDir, 'ca.pem'), spec.caPem, { mode: 0o644 });
     writeFileSync(path.join(caDir, 'ca-bundle.pem'), spec.caBundlePem, { mode: 0o644 });
+    if (spec.javaTrustStore) writeFileSync(path.join(caDir, path.posix.basename(BOX_TRUSTSTORE_PATH)), spec.javaTrustStore, { mode: 0o644 });
     // The engine would copy the host's resolv.conf in (naming the host's resolver); the box has no
     // DNS at all: the proxy resolves names.
     const resolvConf = path.join(spec.stateDir, 'resolv.conf');

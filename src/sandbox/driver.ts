@@ -45,6 +45,12 @@ export interface BoxSpec {
   caPem: string;
   caBundlePem: string;
   /**
+   * Seen inside the box at /etc/keygate/truststore.p12 (BOX_TRUSTSTORE_PATH): PKCS12, the JDK's
+   * roots plus the CA, public material only, for Java (JAVA_TOOL_OPTIONS in `env` names it).
+   * Absent when the server has no keytool.
+   */
+  javaTrustStore?: Uint8Array;
+  /**
    * The box's own proxy on the host. The driver's relay makes it answer at 127.0.0.1:3128 inside the
    * box, and nothing else is reachable from inside (sandbox.md, property 1).
    */

@@ -49,6 +49,12 @@ export function cgroupLayout(tag: string): { ok: true; layout: CgroupLayout } | 
       writeFileSync(path.join(CGROUP_ROOT, own, 'cgroup.subtree_control'), '+memory +pids +cpu');
       writeFileSync(path.join(dir, 'cgroup.subtree_control'), '+memory +pids +cpu');
     } catch (e) {
+      // Not left behind: the hierarchy outlives this server (and any mount namespace it is seen in).
+      try {
+        rmdirSync(dir);
+      } catch {
+        /* not made, or not empty */
+      }
       return { ok: false, why: `cgroup v2 not delegated here (${(e as NodeJS.ErrnoException).code ?? 'error'})` };
     }
     return { ok: true, layout: { version: 2, bases: [{ controller: 'unified', dir }] } };

@@ -22,7 +22,8 @@ import {
   type ExecResult,
   type SandboxDriver,
 } from './driver.js';
-import { BOX_MAIN, BOX_NAMESPACES, bwrapArgs, enterArgs, HOST_ETC_SHARED, hostEtc, type RootEntry } from './bwrap.js';
+import { BOX_TRUSTSTORE_PATH } from '../certs/env.js';
+import { BOX_MAIN, BOX_NAMESPACES, bwrapArgs, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, type RootEntry } from './bwrap.js';
 import { readBoxFile, writeBoxFile } from './box-files.js';
 import { cgroupLayout, createCgroup, existingCgroup, cgroupHasProcesses, killCgroup, listBoxCgroups, procsFiles, removeCgroup, removeLayoutIfEmpty, rlimitArgs, type Cgroup, type CgroupLayout } from './limits.js';
 import { openRelay, type Relay } from './relay.js';
@@ -40,6 +41,8 @@ export interface LocalDriverOptions {
 /** Host directories the `host` template shares, read-only, when they exist. */
 const HOST_ROOT = ['usr', 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32'];
 const START_TIMEOUT_MS = 15_000;
+/** How long bwrap is given to collect the box's killed pid 1 and exit by itself (see doStop). */
+const BWRAP_EXIT_GRACE_MS = 1000;
 /** How long an execution's output may stay open after the command itself has exited. */
 const OUTPUT_GRACE_MS = 250;
 /**
@@ -228,7 +231,7 @@ export class LocalDriver implements SandboxDriver {
     rmSync(filesDir, { recursive: true, force: true });
     mkdirSync(filesDir, { mode: 0o755 });
     const files: Record<string, string> = {};
-    const put = (boxPath: string, content: string) => {
+    const put = (boxPath: string, content: string | Uint8Array) => {
       const f = path.join(filesDir, boxPath.slice(1).replaceAll('/', '_'));
       writeFileSync(f, content, { mode: 0o644 });
       files[boxPath] = f;
@@ -236,12 +239,13 @@ export class LocalDriver implements SandboxDriver {
     let etcEntries: string[];
     if (root === 'host') {
       for (const [name, content] of Object.entries(hostEtc())) put(`/etc/${name}`, content);
-      etcEntries = HOST_ETC_SHARED.filter((n) => existsSync(path.join('/etc', n)));
+      etcEntries = [...HOST_ETC_SHARED.filter((n) => existsSync(path.join('/etc', n))), ...readdirSync('/etc').filter((n) => HOST_ETC_JDK.test(n))];
     } else {
       etcEntries = existsSync(path.join(root, 'etc')) ? readdirSync(path.join(root, 'etc')) : [];
     }
     put('/etc/keygate/ca.pem', spec.caPem);
     put('/etc/keygate/ca-bundle.pem', spec.caBundlePem);
+    if (spec.javaTrustStore) put(BOX_TRUSTSTORE_PATH, spec.javaTrustStore);
 
     const args = bwrapArgs({
       rootDir: root === 'host' ? '' : root,
@@ -666,10 +670,19 @@ class LocalBox implements Box {
     this.stopped = true;
     this.relay?.close();
     // pid 1 gone takes every process of the box's PID namespace with it; the cgroup catches the
-    // rest (executions' nsenter parents on the host side).
-    if (this.pid1) killIfSame(this.pid1, this.pid1Start);
+    // rest (executions' nsenter parents on the host side). bwrap outside the box is pid 1's
+    // parent: given a moment, it collects pid 1 and exits. Killed at the same time, it would
+    // leave pid 1 to the host's init, and the wait below for pid 1 to be gone would last until
+    // init collects it: 1 to 2 s per stop where init reaps in passes (as here), 5 s (the
+    // deadline) where it never does (keygate as a container's pid 1).
+    if (this.pid1) {
+      killIfSame(this.pid1, this.pid1Start);
+      let grace: NodeJS.Timeout | undefined;
+      await Promise.race([this.exited, new Promise((r) => (grace = setTimeout(r, BWRAP_EXIT_GRACE_MS)))]);
+      clearTimeout(grace);
+    }
     try {
-      if (this.child.pid) process.kill(this.child.pid, 'SIGKILL');
+      if (this.child.exitCode === null && this.child.signalCode === null && this.child.pid) process.kill(this.child.pid, 'SIGKILL');
     } catch {
       /* gone */
     }

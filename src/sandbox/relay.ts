@@ -47,7 +47,10 @@ export async function openRelay(enterNet: string[], nsFds: number[], proxy: { ho
       if (msg === 'relay' && handle instanceof net.Server) got = handle;
     });
     child.on('error', (e) => reject(new Error(`relay helper: ${e.message}`)));
-    child.on('exit', (code) => {
+    // 'close', not 'exit': the helper sends the socket and exits at once, and its exit can be
+    // reported before the message carrying the socket is (seen under load: `exit 0` with no
+    // socket). 'close' comes only once the IPC channel has been read to its end.
+    child.on('close', (code) => {
       if (got) resolve(got);
       else reject(new Error(`relay could not listen in the box (exit ${code})${err ? `: ${err.trim()}` : ''}`));
     });

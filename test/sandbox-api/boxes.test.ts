@@ -1,9 +1,11 @@
+import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket from 'ws';
 import type { EchoOrigin } from '../../src/sandbox-api/demo-origin.js';
+import { findKeytool } from '../../src/certs/env.js';
 import { DockerEngine } from '../../src/docker/engine.js';
 import { boxImageUnavailableReason, ensureBoxImage } from '../helpers/box-image.js';
 import { startCli, waitForLine, type RunningCli } from '../helpers/cli.js';
@@ -365,6 +367,27 @@ describe.each(['local', 'docker'] as const)('real boxes through the API (%s driv
       expect((await run('main', 'echo $FROM_TEMPLATE')).stdout).toBe('yes\n');
       expect(r.body.proxy.env).toMatchObject({ HTTPS_PROXY: 'http://127.0.0.1:3128', SSL_CERT_FILE: '/etc/keygate/ca-bundle.pem', NODE_EXTRA_CA_CERTS: '/etc/keygate/ca.pem', NODE_USE_ENV_PROXY: '1' });
       expect(r.text).not.toContain(SECRET);
+    });
+
+    it.skipIf(!findKeytool())('Java: a PKCS12 truststore (roots and the CA) at /etc/keygate/truststore.p12, and JAVA_TOOL_OPTIONS naming it and the proxy', async () => {
+      const env = (await A('GET', '/api/v2/sandboxes/boxes/main')).body.proxy.env;
+      for (const opt of ['-Dhttps.proxyHost=127.0.0.1', '-Dhttps.proxyPort=3128', '-Dhttp.proxyHost=127.0.0.1', '-Dhttp.nonProxyHosts=localhost|127.0.0.1|::1', '-Djavax.net.ssl.trustStore=/etc/keygate/truststore.p12', '-Djavax.net.ssl.trustStoreType=PKCS12']) {
+        expect(env.JAVA_TOOL_OPTIONS.split(' ')).toContain(opt);
+      }
+      // The box's own environment says the same, and the file is there, read-only.
+      expect((await run('main', 'echo "$JAVA_TOOL_OPTIONS"')).stdout.trim()).toBe(env.JAVA_TOOL_OPTIONS);
+      expect((await run('main', 'test -r /etc/keygate/truststore.p12 && ! test -w /etc/keygate/truststore.p12 && echo ok')).stdout).toBe('ok\n');
+      // Read back through the files API: keytool finds the CA in it and the JDK's roots beside it.
+      const res = await fetch(`${server.url}/api/v2/sandboxes/boxes/main/files?path=/etc/keygate/truststore.p12`, { headers: { 'x-api-key': KEY } });
+      expect(res.status).toBe(200);
+      const store = path.join(tmp(), 'truststore.p12');
+      writeFileSync(store, Buffer.from(await res.arrayBuffer()));
+      const keytool = findKeytool()!;
+      const ca = execFileSync(keytool, ['-exportcert', '-rfc', '-alias', 'keygate-proxy-ca', '-keystore', store, '-storetype', 'PKCS12', '-storepass', 'changeit'], { encoding: 'utf8' });
+      const pemBody = (pem: string) => pem.replace(/-----[A-Z ]+-----|\s/g, '');
+      expect(pemBody(ca)).toBe(pemBody(readFileSync(path.join(dataDir, 'ca', 'ca.pem'), 'utf8')));
+      const entries = execFileSync(keytool, ['-list', '-keystore', store, '-storetype', 'PKCS12', '-storepass', 'changeit'], { encoding: 'utf8' });
+      expect(Number(/contains (\d+) entr/.exec(entries)?.[1])).toBeGreaterThan(50);
     });
 
     it('GET /boxes pages with limit and offset', async () => {

@@ -11,7 +11,8 @@ import { api, cleanTmp, tmp } from './helpers.js';
 
 // Real clients, with no extra step, inside a real (local) box: the environment the box gets makes
 // each go through its proxy and trust its CA. docs/clients.md is the table these results fill.
-// Java, outside a box, with what `keygate ca env` prints (its truststore and JAVA_TOOL_OPTIONS).
+// Java inside the box (its truststore and JAVA_TOOL_OPTIONS come with the box), and outside a box
+// with what `keygate ca env` prints.
 
 const UNAVAILABLE = localBoxesUnavailable();
 if (UNAVAILABLE) console.warn(`SKIPPED client tests in real boxes: ${UNAVAILABLE}`);
@@ -27,6 +28,23 @@ let url: string;
 
 const run = (command: string | string[]) => execIn(server.url, KEY, 'clients', command);
 const injected = (stdout: string) => JSON.parse(stdout.slice(stdout.indexOf('{'))).headers.authorization;
+
+/** A Java program fetching its first argument with the JDK's own HTTP client (no proxy set in code). */
+const FETCH_JAVA = `public class Fetch { public static void main(String[] a) throws Exception {
+  var c = (java.net.HttpURLConnection) new java.net.URL(a[0]).openConnection();
+  System.out.println(new String(c.getInputStream().readAllBytes()));
+} }`;
+/** `java Fetch.java` (source-file mode) needs the JDK's compiler module, which a JRE lacks. */
+function javaSourceLauncher(): string | undefined {
+  if (!findKeytool()) return 'no JDK (keytool) on this machine';
+  try {
+    return execFileSync('java', ['--list-modules'], { encoding: 'utf8' }).includes('jdk.compiler') ? undefined : 'the JDK here has no jdk.compiler (a JRE): java cannot run a source file';
+  } catch {
+    return 'java does not run';
+  }
+}
+const NO_JAVA = javaSourceLauncher();
+if (NO_JAVA) console.warn(`SKIPPED java client tests: ${NO_JAVA}`);
 
 describe.skipIf(UNAVAILABLE)('common clients inside a box, no extra step', () => {
   beforeAll(async () => {
@@ -98,7 +116,20 @@ describe.skipIf(UNAVAILABLE)('common clients inside a box, no extra step', () =>
     expect(r.stdout).not.toMatch(/SSL certificate problem|unable to access.*Failed to connect/);
   });
 
-  it.skipIf(!findKeytool())('java with what `keygate ca env` prints (truststore + JAVA_TOOL_OPTIONS), against the box proxy', async () => {
+  it.skipIf(NO_JAVA)('java inside the box: HTTPS through the proxy with the header injected, no extra step (JAVA_TOOL_OPTIONS, /etc/keygate/truststore.p12)', async () => {
+    const put = await fetch(`${server.url}/api/v2/sandboxes/boxes/clients/files?path=/workspace/Fetch.java`, { method: 'PUT', headers: { 'x-api-key': KEY }, body: FETCH_JAVA });
+    expect(put.status).toBe(201);
+    const r = await run(['java', '/workspace/Fetch.java', url]);
+    expect(r.exit_code, r.stderr).toBe(0);
+    expect(injected(r.stdout)).toBe(`Bearer ${SECRET}`);
+    // The JVM says where its settings came from: the box's environment, nothing added here.
+    expect(r.stderr).toContain('Picked up JAVA_TOOL_OPTIONS: ');
+    // Without them Java ignores the proxy, dials directly, and the box has no way out.
+    const direct = await run(['env', '-u', 'JAVA_TOOL_OPTIONS', 'java', '/workspace/Fetch.java', url]);
+    expect(direct.exit_code).not.toBe(0);
+  }, 120_000);
+
+  it.skipIf(NO_JAVA)('java with what `keygate ca env` prints (truststore + JAVA_TOOL_OPTIONS), against the box proxy', async () => {
     // The box's proxy as the host reaches it (a box elsewhere would be given this address).
     const proxy = `http://127.0.0.1:${JSON.parse(execFileSync('curl', ['-s', '-H', `x-api-key: ${KEY}`, `${server.url}/api/v2/sandboxes/boxes/clients`], { encoding: 'utf8' })).proxy.url.split(':').pop()}`;
     const { status, stdout, stderr } = runCli(['ca', 'env', '--certs', path.join(dataDir, 'ca'), '--proxy', proxy, '--format', 'json']);
@@ -107,13 +138,7 @@ describe.skipIf(UNAVAILABLE)('common clients inside a box, no extra step', () =>
     expect(env.JAVA_TOOL_OPTIONS).toMatch(/-Dhttps\.proxyHost=127\.0\.0\.1 /);
     expect(existsSync(path.join(dataDir, 'ca', 'ca-truststore.p12'))).toBe(true);
     const src = path.join(tmp(), 'Fetch.java');
-    writeFileSync(
-      src,
-      `public class Fetch { public static void main(String[] a) throws Exception {
-  var c = (java.net.HttpURLConnection) new java.net.URL(a[0]).openConnection();
-  System.out.println(new String(c.getInputStream().readAllBytes()));
-} }`,
-    );
+    writeFileSync(src, FETCH_JAVA);
     // Asynchronously: the origin answers from this process's event loop.
     const { stdout: out } = await promisify(execFile)('java', [src, url], { env: { PATH: process.env.PATH, ...env }, encoding: 'utf8', timeout: 60_000 });
     expect(injected(out)).toBe(`Bearer ${SECRET}`);

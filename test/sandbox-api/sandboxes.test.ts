@@ -450,13 +450,20 @@ describe('sandboxes', () => {
     earlierOutput += server.output();
     for (const b of [...before, ...beforeB]) expect(await portAccepts(Number(new URL(b.proxy.url).port))).toBe(false);
     server = await startServer();
-    const after = (await A('GET', '/api/v2/sandboxes/boxes')).body.resources;
+    // The API answers at once; each box reads `provisioning` until the background restore brought it back.
+    const after = await waitFor(async () => {
+      const boxes = (await A('GET', '/api/v2/sandboxes/boxes')).body.resources;
+      return boxes.every((b: any) => b.status !== 'provisioning') ? boxes : undefined;
+    }, 'every box restored');
     expect(after.map((b: any) => [b.id, b.name, b.proxy.url, b.status, b.created_at])).toEqual(before.map((b: any) => [b.id, b.name, b.proxy.url, 'ready', b.created_at]));
     expect(after.map((b: any) => b.proxy_config)).toEqual(before.map((b: any) => b.proxy_config));
     const res = await viaProxy(box.proxy.url, box.proxy.ca_cert_pem, originUrl('/api/user'));
     expect(res.body.headers.authorization).toBe(`token ${SECRET_1}`);
     expect(res.body.headers['x-opaque']).toBe(OPAQUE);
-    const afterB = (await B('GET', '/api/v2/sandboxes/boxes')).body.resources;
+    const afterB = await waitFor(async () => {
+      const boxes = (await B('GET', '/api/v2/sandboxes/boxes')).body.resources;
+      return boxes.every((b: any) => b.status === 'ready') ? boxes : undefined;
+    }, "workspace B's box restored");
     expect(afterB[0].proxy.url).toBe(beforeB[0].proxy.url);
     const resB = await viaProxy(afterB[0].proxy.url, afterB[0].proxy.ca_cert_pem, originUrl('/api/x'));
     expect(resB.body.headers.authorization).toBe('Bearer team-b-token-rotated');

@@ -5,6 +5,7 @@
  * user namespace where no further one may be made (bwrap --disable-userns).
  */
 import { spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { BoxStartError } from '../../src/sandbox/driver.js';
@@ -50,6 +51,23 @@ describe('local driver: fail closed', () => {
     expect(probe.ok).toBe(false);
     expect(probe.reason).toMatch(/no user namespace can be made here: the nesting depth or sysctl user\.max_user_namespaces limit is reached/);
     expect(start).toMatchObject({ started: false, name: 'BoxStartError' });
+  });
+
+  // This machine runs cgroup v1: memory, pids and cpu are bound to v1 hierarchies (the engine's
+  // and keygate's own boxes use them), so no cgroup2 mount can carry them, and the v2 limits
+  // themselves cannot be exercised here. What can: a server that sees a cgroup2 hierarchy at
+  // /sys/fs/cgroup (a real one, mounted in a mount namespace of its own) without those
+  // controllers says so and limits boxes with rlimits instead.
+  it.skipIf(!outer.ok || process.getuid?.() !== 0 || existsSync('/sys/fs/cgroup/cgroup.controllers'))('cgroup v2 that does not hand out memory, pids and cpu: the probe says so, limits are rlimits, boxes start', () => {
+    const cgroup2 = ['unshare', '-m', '--propagation', 'private', 'sh', '-c', 'mount -t cgroup2 none /sys/fs/cgroup && exec "$@"', 'sh'];
+    const { probe, start } = probeUnder(cgroup2, path.join(TMP, 'cgroup2'));
+    expect(probe).toMatchObject({ ok: true });
+    expect((probe as unknown as { detail: string }).detail).toMatch(/limits through rlimits \(cgroup v2 not delegated here \(ENOENT\)\)$/);
+    expect(start).toMatchObject({ started: true });
+    // The cgroup2 hierarchy is the machine's, whichever namespace mounts it: nothing left in it.
+    const left = spawnSync(cgroup2[0], [...cgroup2.slice(1), 'ls', '/sys/fs/cgroup'], { encoding: 'utf8' });
+    expect(left.status, left.stderr).toBe(0);
+    expect(left.stdout.split('\n').filter((n) => n.startsWith('keygate-'))).toEqual([]);
   });
 
   it.skipIf(!outer.ok)('a template whose root file system is not there: BoxStartError, nothing left running', async () => {
