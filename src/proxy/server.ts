@@ -91,22 +91,35 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   let current = opts.config;
   let closing = false;
   const deny = new Set<string>();
+  /**
+   * Ports of deny targets bound to every address (`0.0.0.0`, `::`: an admin listener given a
+   * wildcard): such a listener answers on every loopback address and every interface of the
+   * host, not only on the spelling that was denied.
+   */
+  const wildcardDenyPorts = new Set<number>();
   let ownPort = 0;
   const listenHost = opts.listen.host;
   const addDeny = (authority: string) => {
     const { host, port } = parseAuthority(authority, undefined);
     deny.add(formatAuthority(host, port));
+    if (host === '0.0.0.0' || host === '::') wildcardDenyPorts.add(port);
   };
   for (const d of opts.denyTargets ?? []) addDeny(d);
 
-  const localAddresses = new Set<string>();
-  if (opts.listen.host === '0.0.0.0' || opts.listen.host === '::' || opts.listen.host === '') {
-    for (const list of Object.values(os.networkInterfaces())) for (const a of list ?? []) localAddresses.add(a.address.toLowerCase());
-  }
+  const listensEverywhere = opts.listen.host === '0.0.0.0' || opts.listen.host === '::' || opts.listen.host === '';
+  const interfaceAddresses = () => {
+    const out = new Set<string>();
+    for (const list of Object.values(os.networkInterfaces())) for (const a of list ?? []) out.add(a.address.toLowerCase());
+    return out;
+  };
+  const localAddresses = listensEverywhere ? interfaceAddresses() : new Set<string>();
+  /** An address of this host: any loopback spelling or, read now (interfaces come and go), an interface's. */
+  const isHostAddress = (a: string) => LOOPBACK_NAMES.has(a) || a.startsWith('127.') || interfaceAddresses().has(a);
   /** An address:port that is one of the proxy's own listeners (or a deny target): a loop, or the admin API. */
   const isSelf = (address: string, port: number) => {
     const a = unwrapAddress(address);
     if (deny.has(formatAuthority(a, port))) return true;
+    if (wildcardDenyPorts.has(port) && isHostAddress(a)) return true;
     if (port !== ownPort) return false;
     return LOOPBACK_NAMES.has(a) || a.startsWith('127.') || a === listenHost || localAddresses.has(a);
   };
@@ -132,8 +145,10 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     draining: () => closing,
     isDenied(host, port) {
       if (deny.has(formatAuthority(host, port))) return true;
-      // The proxy itself, by any loopback spelling or the --resolve pin to it: a loop.
       const address = upstream.address(host, port);
+      // A wildcard deny target (an admin listener on 0.0.0.0) by any address of this host, in any spelling.
+      if (wildcardDenyPorts.has(port) && (isSelf(host, port) || isSelf(address, port))) return true;
+      // The proxy itself, by any loopback spelling or the --resolve pin to it: a loop.
       return port === ownPort && (LOOPBACK_NAMES.has(host) || LOOPBACK_NAMES.has(address) || address === listenHost || host === listenHost);
     },
   };

@@ -1,0 +1,300 @@
+/**
+ * A sweep of docs' proxy.md (the proxy's security properties) over real sockets, on both
+ * intercepted paths (the strict HTTP/1.1 fast path and Node's parser, `fastPath: false`) and
+ * HTTP/2 where it applies, against a local HTTPS origin with its own test CA that keeps every
+ * byte it receives. Each case is one line of proxy.md an earlier review did not cover:
+ *
+ * - the admin listener bound to a wildcard address is reachable by no address of the host;
+ * - a client's chunked trailer (or HTTP/2 trailing HEADERS) carrying an injected header's name
+ *   never reaches the origin beside the injected value;
+ * - a 3xx from the origin is handed back, never followed;
+ * - upstream TLS that fails verification (a name the certificate does not cover) is 502, nothing sent;
+ * - cleartext HTTP inside a CONNECT tunnel to a rule host is 403, never forwarded.
+ */
+import http from 'node:http';
+import { mkdtempSync } from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { Writable } from 'node:stream';
+import tls from 'node:tls';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ConfigHolder } from '../../src/admin/config-holder.js';
+import { ProxyMetrics } from '../../src/admin/metrics.js';
+import { startAdmin, type AdminHandle } from '../../src/admin/server.js';
+import { ensureCa, type Ca } from '../../src/certs/index.js';
+import { createLogger } from '../../src/log.js';
+import { startProxy, type ProxyHandle } from '../../src/proxy/server.js';
+import { compileConfig } from '../../src/rules/index.js';
+import { connectTunnel, tlsOverTunnel } from '../helpers/connect.js';
+import { createTestPki, type TestPki } from '../helpers/pki.js';
+import { h2Through } from './h2-helpers.js';
+
+const HOST = 'sweep.test.local';
+/** A name the origin's certificate does not cover (pinned to the same origin). */
+const WRONG = 'wrongname.test.local';
+const SECRET = 'kgSECRET-sweep-3b7f0a';
+const ADMIN_TOKEN = 'kgADMIN-sweep-token-0123456789abcdef';
+
+// ---- an origin that keeps every byte and what its HTTP parser made of them ---------------------
+
+interface Seen {
+  method: string;
+  url: string;
+  rawHeaders: string[];
+  rawTrailers: string[];
+}
+
+interface Origin {
+  port: number;
+  /** Every byte received on every connection, in arrival order (latin1). */
+  bytes(): string;
+  /** Requests as the origin's HTTP server read them. */
+  seen: Seen[];
+  close(): Promise<void>;
+}
+
+async function startOrigin(pki: Pick<TestPki, 'certPem' | 'keyPem'>): Promise<Origin> {
+  let bytes = '';
+  const seen: Seen[] = [];
+  const app = http.createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      seen.push({ method: req.method ?? '', url: req.url ?? '', rawHeaders: req.rawHeaders, rawTrailers: req.rawTrailers });
+      if (req.url === '/redirect') {
+        res.writeHead(302, { location: `https://${WRONG}:1/stolen`, 'content-length': '0' });
+        res.end();
+        return;
+      }
+      res.writeHead(200, { 'content-type': 'text/plain' });
+      res.end('origin');
+    });
+  });
+  const sockets = new Set<net.Socket>();
+  const server = tls.createServer({ key: pki.keyPem, cert: pki.certPem, ALPNProtocols: ['http/1.1'] }, (s) => {
+    sockets.add(s);
+    s.on('close', () => sockets.delete(s));
+    s.on('data', (d: Buffer) => (bytes += d.toString('latin1')));
+    app.emit('connection', s);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    port: (server.address() as net.AddressInfo).port,
+    bytes: () => bytes,
+    seen,
+    async close() {
+      for (const s of sockets) s.destroy();
+      await new Promise<void>((r) => server.close(() => r()));
+    },
+  };
+}
+
+// ---- proxies -----------------------------------------------------------------------------------
+
+let pki: TestPki;
+let ca: Ca;
+let origin: Origin;
+let logs = '';
+const proxies = new Map<boolean, ProxyHandle>();
+
+async function proxy(fastPath: boolean): Promise<ProxyHandle> {
+  const logger = createLogger({ destination: new Writable({ write: (c, _e, cb) => ((logs += c), cb()) }) });
+  return startProxy({
+    listen: { host: '127.0.0.1', port: 0 },
+    ca,
+    config: compileConfig({ no_proxy: [], rules: [{ name: 'sweep', match_hosts: [HOST, WRONG], headers: [{ name: 'X-Key', value: SECRET }] }] }),
+    logger,
+    resolve: new Map([
+      [`${HOST}:${origin.port}`, '127.0.0.1'],
+      [`${HOST}:80`, '127.0.0.1'],
+      [`${WRONG}:${origin.port}`, '127.0.0.1'],
+    ]),
+    upstreamCa: [pki.caPem],
+    fastPath,
+  });
+}
+
+beforeAll(async () => {
+  pki = await createTestPki([HOST]);
+  ca = await ensureCa(path.join(mkdtempSync(path.join(os.tmpdir(), 'kg-sweep-')), 'certs'));
+  origin = await startOrigin(pki);
+  proxies.set(true, await proxy(true));
+  proxies.set(false, await proxy(false));
+});
+
+afterAll(async () => {
+  for (const p of proxies.values()) await p.close(200);
+  await origin?.close();
+  expect(logs).not.toContain(SECRET);
+  expect(logs).not.toContain(ADMIN_TOKEN);
+});
+
+/** Writes `data`, reads until the peer closes or `ms` passes. */
+function converse(s: net.Socket | tls.TLSSocket, data: string | Buffer, ms = 3000): Promise<string> {
+  return new Promise((resolve) => {
+    let text = '';
+    const timer = setTimeout(() => finish(), ms);
+    const finish = () => {
+      clearTimeout(timer);
+      s.destroy();
+      resolve(text);
+    };
+    s.on('data', (d: Buffer) => (text += d.toString('latin1')));
+    s.on('error', () => undefined);
+    s.on('close', finish);
+    s.write(data);
+  });
+}
+
+/** The values of header `name` (any case) in a flat raw list. */
+function valuesOf(raw: string[], name: string): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < raw.length; i += 2) if (raw[i].toLowerCase() === name) out.push(raw[i + 1]);
+  return out;
+}
+
+const PATHS = [
+  ['fast path', true],
+  ['Node path', false],
+] as const;
+
+// ---- the admin listener on a wildcard address --------------------------------------------------
+
+describe('the admin listener bound to every address (0.0.0.0) is never reachable through the proxy port', () => {
+  let admin: AdminHandle;
+  let p: ProxyHandle;
+
+  beforeAll(async () => {
+    const metrics = new ProxyMetrics();
+    p = await startProxy({ listen: { host: '127.0.0.1', port: 0 }, ca, config: compileConfig({ no_proxy: [], rules: [] }), logger: createLogger({ destination: new Writable({ write: (c, _e, cb) => ((logs += c), cb()) }) }) });
+    const holder = new ConfigHolder({ proxy: { setConfig: (c) => p.setConfig(c) }, metrics });
+    admin = await startAdmin({ listen: { host: '0.0.0.0', port: 0 }, token: ADMIN_TOKEN, holder, metrics, proxy: p });
+  });
+
+  afterAll(async () => {
+    await admin?.close();
+    await p?.close(200);
+  });
+
+  /** Every address of this host the wildcard listener answers on, in the spellings a client can use. */
+  function spellings(): string[] {
+    const out = ['127.0.0.2', '127.9.9.9', '127.1', '2130706434', '[::ffff:127.0.0.2]', '[::ffff:7f00:3]'];
+    for (const list of Object.values(os.networkInterfaces())) {
+      for (const a of list ?? []) {
+        if (a.internal || a.address.startsWith('fe80')) continue;
+        out.push(a.family === 'IPv6' ? `[${a.address}]` : a.address);
+      }
+    }
+    return out;
+  }
+
+  it('by CONNECT to any loopback or interface address of the host', async () => {
+    for (const host of spellings()) {
+      const c = await connectTunnel(p.port, `${host}:${admin.port!}`);
+      let answer = c.body;
+      if (c.status === 200) answer = await converse(c.socket, `GET /healthz HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${ADMIN_TOKEN}\r\n\r\n`);
+      expect(c.status, `CONNECT ${host}: ${answer.slice(0, 120)}`).toBe(403);
+      expect(answer).not.toMatch(/"status"/);
+      c.socket.destroy();
+    }
+  });
+
+  it('by an absolute-form http:// request to any of them', async () => {
+    for (const host of spellings()) {
+      const s = net.connect(p.port, '127.0.0.1');
+      const answer = await converse(s, `GET http://${host}:${admin.port!}/healthz HTTP/1.1\r\nHost: ${host}:${admin.port!}\r\nAuthorization: Bearer ${ADMIN_TOKEN}\r\n\r\n`);
+      expect(answer, host).toMatch(/^HTTP\/1\.1 403 /);
+      expect(answer).not.toMatch(/"status"/);
+    }
+  });
+});
+
+// ---- trailers carrying an injected header's name -----------------------------------------------
+
+describe.each(PATHS)('a client trailer cannot put a second value beside the injected one (%s)', (_name, fast) => {
+  it('a chunked request whose trailer names the injected header: the origin gets the injected value only, in the head', async () => {
+    const p = proxies.get(fast)!;
+    const c = await connectTunnel(p.port, `${HOST}:${origin.port}`);
+    const t = await tlsOverTunnel(c.socket, HOST, ca.certPem);
+    const mark = origin.bytes().length;
+    const before = origin.seen.length;
+    const answer = await converse(
+      t,
+      `POST /trailer HTTP/1.1\r\nHost: ${HOST}:${origin.port}\r\nTransfer-Encoding: chunked\r\nTrailer: X-Key\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nX-Key: client-trailer\r\nx-KEY: client-trailer-2\r\n\r\n`,
+    );
+    expect(answer).toMatch(/^HTTP\/1\.1 200 /);
+    expect(answer).not.toContain(SECRET);
+    const got = origin.seen.slice(before);
+    expect(got).toHaveLength(1);
+    expect(valuesOf(got[0].rawHeaders, 'x-key')).toEqual([SECRET]);
+    expect(valuesOf(got[0].rawTrailers, 'x-key')).toEqual([]);
+    expect(origin.bytes().slice(mark)).not.toContain('client-trailer');
+  });
+});
+
+describe('HTTP/2: trailing HEADERS carrying the injected name', () => {
+  it('never reach the origin; the injected value is the only one', async () => {
+    const s = await h2Through(proxies.get(true)!.port, HOST, origin.port, ca.certPem);
+    const mark = origin.bytes().length;
+    const before = origin.seen.length;
+    const status = await new Promise<number>((resolve) => {
+      const req = s.request({ ':method': 'POST', ':path': '/trailer', 'x-key': 'client-head' }, { waitForTrailers: true });
+      let st = 0;
+      req.on('response', (h) => (st = Number(h[':status'])));
+      req.on('wantTrailers', () => req.sendTrailers({ 'x-key': 'client-trailer', authorization: 'client-trailer-auth' }));
+      req.on('error', () => undefined);
+      req.resume();
+      req.on('close', () => resolve(st));
+      req.end('hello');
+    });
+    s.close();
+    expect(status).toBe(200);
+    const got = origin.seen.slice(before);
+    expect(got).toHaveLength(1);
+    expect(valuesOf(got[0].rawHeaders, 'x-key')).toEqual([SECRET]);
+    expect(got[0].rawTrailers).toEqual([]);
+    expect(origin.bytes().slice(mark)).not.toMatch(/client-(head|trailer)/);
+  });
+});
+
+// ---- answers the proxy hands back, never acts on ------------------------------------------------
+
+describe.each(PATHS)('destination integrity (%s)', (_name, fast) => {
+  it('a 3xx Location to another host comes back to the client; the proxy does not follow it', async () => {
+    const p = proxies.get(fast)!;
+    const c = await connectTunnel(p.port, `${HOST}:${origin.port}`);
+    const t = await tlsOverTunnel(c.socket, HOST, ca.certPem);
+    const before = origin.seen.length;
+    const answer = await converse(t, `GET /redirect HTTP/1.1\r\nHost: ${HOST}:${origin.port}\r\nConnection: close\r\n\r\n`);
+    expect(answer).toMatch(/^HTTP\/1\.1 302 /);
+    expect(answer).toContain(`https://${WRONG}:1/stolen`);
+    expect(origin.seen.length - before).toBe(1);
+  });
+
+  it('an origin whose certificate does not cover the name is 502 with a reason, and gets no request', async () => {
+    const p = proxies.get(fast)!;
+    const c = await connectTunnel(p.port, `${WRONG}:${origin.port}`);
+    const t = await tlsOverTunnel(c.socket, WRONG, ca.certPem);
+    const mark = origin.bytes().length;
+    const before = origin.seen.length;
+    const answer = await converse(t, `GET /x HTTP/1.1\r\nHost: ${WRONG}:${origin.port}\r\nConnection: close\r\n\r\n`);
+    expect(answer).toMatch(/^HTTP\/1\.1 502 /);
+    expect(answer).toMatch(/\r\nProxy-Status: keygate; /i);
+    expect(answer).not.toContain(SECRET);
+    expect(origin.seen.length).toBe(before);
+    // The origin saw a TLS handshake at most: no HTTP bytes (they would be encrypted in the
+    // recording only after the handshake completed, and it never did).
+    expect(origin.bytes().slice(mark)).not.toContain('GET /x');
+  });
+
+  it('cleartext HTTP inside a CONNECT tunnel to a rule host (port 80) is 403, and nothing reaches an origin', async () => {
+    const p = proxies.get(fast)!;
+    const c = await connectTunnel(p.port, `${HOST}:80`);
+    expect(c.status).toBe(200);
+    const answer = await converse(c.socket, `GET /plain HTTP/1.1\r\nHost: ${HOST}\r\n\r\n`);
+    expect(answer).toMatch(/^HTTP\/1\.1 403 /);
+    expect(answer).toMatch(/only over HTTPS/);
+    expect(answer).toMatch(/\r\nProxy-Status: keygate; /i);
+  });
+});
+
