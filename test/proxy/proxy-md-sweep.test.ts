@@ -298,3 +298,33 @@ describe.each(PATHS)('destination integrity (%s)', (_name, fast) => {
   });
 });
 
+
+// ---- IP literals in every spelling meet the no_proxy lists -------------------------------------
+
+describe('an IPv4-mapped IPv6 literal is the IPv4 address for no_proxy (config and rule level)', () => {
+  const configs = {
+    'config no_proxy': { no_proxy: ['127.0.0.1'], rules: [{ name: 'all', match_hosts: ['*'], headers: [{ name: 'X-Key', value: SECRET }] }] },
+    'rule no_proxy': { no_proxy: [], rules: [{ name: 'all', match_hosts: ['*'], no_proxy: ['127.0.0.1'], headers: [{ name: 'X-Key', value: SECRET }] }] },
+  };
+
+  it.each(Object.keys(configs))('%s: CONNECT [::ffff:127.0.0.1] is a blind tunnel (the origin\'s own certificate, nothing injected)', async (which) => {
+    const p = await startProxy({ listen: { host: '127.0.0.1', port: 0 }, ca, config: compileConfig(configs[which as keyof typeof configs]), logger: createLogger({ destination: new Writable({ write: (c, _e, cb) => ((logs += c), cb()) }) }) });
+    try {
+      for (const host of ['127.0.0.1', '[::ffff:127.0.0.1]', '[::ffff:7f00:1]', '2130706433']) {
+        const c = await connectTunnel(p.port, `${host}:${origin.port}`);
+        expect(c.status, host).toBe(200);
+        const t = await new Promise<tls.TLSSocket>((resolve, reject) => {
+          const s = tls.connect({ socket: c.socket, servername: HOST, rejectUnauthorized: false, ALPNProtocols: ['http/1.1'] }, () => resolve(s));
+          s.once('error', reject);
+        });
+        expect(t.getPeerX509Certificate()?.fingerprint256, `${host}: the certificate is the origin's, not one keygate minted`).toBe(pki.fingerprint256);
+        const before = origin.seen.length;
+        const answer = await converse(t, `GET /np HTTP/1.1\r\nHost: ${HOST}\r\nConnection: close\r\n\r\n`);
+        expect(answer).toMatch(/^HTTP\/1\.1 200 /);
+        expect(valuesOf(origin.seen[before].rawHeaders, 'x-key')).toEqual([]);
+      }
+    } finally {
+      await p.close(200);
+    }
+  });
+});
