@@ -30,8 +30,19 @@ function canonicalIPv6(raw: string): string | undefined {
 }
 
 /**
+ * An internationalised name as it arrives in an HTTP/1.1 field: Node reads field bytes as
+ * latin1, so UTF-8 `bücher` comes as `bÃ¼cher`. Bytes that decode as UTF-8 are read so; anything
+ * else (a name typed in the configuration, latin1 on the wire) stays as it is.
+ */
+function fromWire(raw: string): string {
+  if (!/[\x80-\xff]/.test(raw) || /[^\x00-\xff]/.test(raw)) return raw;
+  const utf8 = Buffer.from(raw, 'latin1').toString('utf8');
+  return utf8.includes('\ufffd') ? raw : utf8;
+}
+
+/**
  * The one form of a host every comparison uses: lower-case, one trailing dot removed,
- * internationalised names in punycode, IPv4 in dotted decimal (so `0x7f.1`, `2130706433` and the
+ * internationalised names in punycode (sent as UTF-8 or typed), IPv4 in dotted decimal (so `0x7f.1`, `2130706433` and the
  * IPv4-mapped `[::ffff:127.0.0.1]` are `127.0.0.1`), IPv6 compressed and without brackets. Throws RuleInputError for anything else.
  */
 export function normaliseHost(raw: string): string {
@@ -47,7 +58,8 @@ export function normaliseHost(raw: string): string {
     if (!v6) throw new RuleInputError('invalid host');
     return v6;
   }
-  let host = raw.endsWith('.') ? raw.slice(0, -1) : raw;
+  const name = fromWire(raw);
+  let host = name.endsWith('.') ? name.slice(0, -1) : name;
   if (host.length === 0 || NOT_IN_HOST.test(host)) throw new RuleInputError('invalid host');
   try {
     host = new URL(`http://${host}/`).hostname;

@@ -33,6 +33,8 @@ import { h2Through } from './h2-helpers.js';
 const HOST = 'sweep.test.local';
 /** A name the origin's certificate does not cover (pinned to the same origin). */
 const WRONG = 'wrongname.test.local';
+/** An internationalised rule host (`bücher.test.local` in the configuration) and its ASCII form. */
+const IDN = 'xn--bcher-kva.test.local';
 const SECRET = 'kgSECRET-sweep-3b7f0a';
 const ADMIN_TOKEN = 'kgADMIN-sweep-token-0123456789abcdef';
 
@@ -102,12 +104,13 @@ async function proxy(fastPath: boolean): Promise<ProxyHandle> {
   return startProxy({
     listen: { host: '127.0.0.1', port: 0 },
     ca,
-    config: compileConfig({ no_proxy: [], rules: [{ name: 'sweep', match_hosts: [HOST, WRONG], headers: [{ name: 'X-Key', value: SECRET }] }] }),
+    config: compileConfig({ no_proxy: [], rules: [{ name: 'sweep', match_hosts: [HOST, WRONG, 'bücher.test.local'], headers: [{ name: 'X-Key', value: SECRET }] }] }),
     logger,
     resolve: new Map([
       [`${HOST}:${origin.port}`, '127.0.0.1'],
       [`${HOST}:80`, '127.0.0.1'],
       [`${WRONG}:${origin.port}`, '127.0.0.1'],
+      [`${IDN}:${origin.port}`, '127.0.0.1'],
     ]),
     upstreamCa: [pki.caPem],
     fastPath,
@@ -115,7 +118,7 @@ async function proxy(fastPath: boolean): Promise<ProxyHandle> {
 }
 
 beforeAll(async () => {
-  pki = await createTestPki([HOST]);
+  pki = await createTestPki([HOST, IDN]);
   ca = await ensureCa(path.join(mkdtempSync(path.join(os.tmpdir(), 'kg-sweep-')), 'certs'));
   origin = await startOrigin(pki);
   proxies.set(true, await proxy(true));
@@ -285,6 +288,30 @@ describe.each(PATHS)('destination integrity (%s)', (_name, fast) => {
     // The origin saw a TLS handshake at most: no HTTP bytes (they would be encrypted in the
     // recording only after the handshake completed, and it never did).
     expect(origin.bytes().slice(mark)).not.toContain('GET /x');
+  });
+
+  it('a Host naming the tunnel\'s internationalised host in UTF-8 (or latin1) is the same host: forwarded, injected once', async () => {
+    const p = proxies.get(fast)!;
+    for (const encoding of ['utf8', 'latin1'] as const) {
+      const c = await connectTunnel(p.port, `${IDN}:${origin.port}`);
+      const t = await tlsOverTunnel(c.socket, IDN, ca.certPem);
+      const before = origin.seen.length;
+      const answer = await converse(t, Buffer.from(`GET /idn HTTP/1.1\r\nHost: BÜCHER.test.local.:${origin.port}\r\nX-Key: client\r\nConnection: close\r\n\r\n`, encoding));
+      expect(answer, encoding).toMatch(/^HTTP\/1\.1 200 /);
+      const got = origin.seen[before];
+      expect(valuesOf(got.rawHeaders, 'x-key')).toEqual([SECRET]);
+      expect(valuesOf(got.rawHeaders, 'host')).toEqual([`${IDN}:${origin.port}`]);
+    }
+  });
+
+  it('a Host naming another host in UTF-8 is still 421', async () => {
+    const p = proxies.get(fast)!;
+    const c = await connectTunnel(p.port, `${IDN}:${origin.port}`);
+    const t = await tlsOverTunnel(c.socket, IDN, ca.certPem);
+    const before = origin.seen.length;
+    const answer = await converse(t, Buffer.from(`GET /idn HTTP/1.1\r\nHost: bücher2.test.local:${origin.port}\r\nConnection: close\r\n\r\n`, 'utf8'));
+    expect(answer).toMatch(/^HTTP\/1\.1 421 /);
+    expect(origin.seen.length).toBe(before);
   });
 
   it('cleartext HTTP inside a CONNECT tunnel to a rule host (port 80) is 403, and nothing reaches an origin', async () => {

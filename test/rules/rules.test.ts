@@ -34,6 +34,9 @@ describe('normaliseHost', () => {
     ['::FFFF:7f00:1', '127.0.0.1'],
     ['[0:0:0:0:0:ffff:a00:5]', '10.0.0.5'],
     ['[64:ff9b::10.0.0.5]', '64:ff9b::a00:5'],
+    // As an HTTP/1.1 field arrives (Node reads its bytes as latin1): UTF-8 and latin1 spellings.
+    [Buffer.from('Bücher.de', 'utf8').toString('latin1'), 'xn--bcher-kva.de'],
+    [Buffer.from('Bücher.de', 'latin1').toString('latin1'), 'xn--bcher-kva.de'],
   ])('%s -> %s', (raw, want) => expect(normaliseHost(raw)).toBe(want));
 
   it.each(['', 'a..b', 'example.com..', '-a.com', 'a-.com', 'a b.com', 'a/b', 'a\\b', 'user@host', 'a%2eb', 'host:80', '[::1', '[fe80::1%eth0]', '1.2.3.256', '999999999999', 'a\u0000b', 'x'.repeat(64) + '.com', '[1.2.3.4]'])(
