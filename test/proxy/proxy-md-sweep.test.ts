@@ -12,7 +12,7 @@
  * - cleartext HTTP inside a CONNECT tunnel to a rule host is 403, never forwarded.
  */
 import http from 'node:http';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -28,6 +28,7 @@ import { startProxy, type ProxyHandle } from '../../src/proxy/server.js';
 import { compileConfig } from '../../src/rules/index.js';
 import { connectTunnel, tlsOverTunnel } from '../helpers/connect.js';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
+import { spawnProxy } from '../helpers/proxy.js';
 import { h2Through } from './h2-helpers.js';
 
 const HOST = 'sweep.test.local';
@@ -414,5 +415,33 @@ describe('plain http:// to a rule host in any spelling is 403 (credentials only 
     expect(plainBytes).toMatch(/^GET \/x HTTP\/1\.1\r\n/);
     expect(plainBytes).not.toContain(SECRET);
     expect(plainBytes.toLowerCase()).toContain('x-key: client');
+  });
+});
+
+// ---- upstream trust: NODE_EXTRA_CA_CERTS of the proxy process ----------------------------------
+
+describe('upstream TLS is verified against NODE_EXTRA_CA_CERTS (a spawned keygate proxy)', () => {
+  it('an origin signed by a CA only in NODE_EXTRA_CA_CERTS is reached, with the injected value; without it, 502 and nothing sent', async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'kg-sweep-extra-'));
+    const caFile = path.join(dir, 'origin-ca.pem');
+    writeFileSync(caFile, pki.caPem);
+    const config = { no_proxy: [], rules: [{ name: 'sweep', match_hosts: [HOST], headers: [{ name: 'X-Key', type: 'workspace_secret', value: '{K}' }] }] };
+    const resolve = [`${HOST}:${origin.port}:127.0.0.1`];
+    for (const [extra, want] of [[caFile, 200], [undefined, 502]] as const) {
+      const p = await spawnProxy({ config, secrets: { K: SECRET }, resolve, env: { NODE_EXTRA_CA_CERTS: extra ?? '' } });
+      try {
+        const c = await connectTunnel(p.port, `${HOST}:${origin.port}`);
+        const t = await tlsOverTunnel(c.socket, HOST, p.caPem);
+        const before = origin.seen.length;
+        const answer = await converse(t, `GET /extra HTTP/1.1\r\nHost: ${HOST}:${origin.port}\r\nConnection: close\r\n\r\n`);
+        expect(answer.slice(0, 12), String(extra)).toBe(`HTTP/1.1 ${want}`);
+        expect(answer).not.toContain(SECRET);
+        if (want === 200) expect(valuesOf(origin.seen[before].rawHeaders, 'x-key')).toEqual([SECRET]);
+        else expect(origin.seen.length).toBe(before);
+      } finally {
+        await p.stop();
+        expect(p.output()).not.toContain(SECRET);
+      }
+    }
   });
 });
