@@ -445,3 +445,39 @@ describe('upstream TLS is verified against NODE_EXTRA_CA_CERTS (a spawned keygat
     }
   });
 });
+
+// ---- upstream certificates out of their validity -----------------------------------------------
+
+describe('an origin certificate out of its validity (expired, not yet valid) is 502 with a reason; nothing sent', () => {
+  it.each(PATHS)('%s', async (_n, fast) => {
+    const day = 24 * 3600_000;
+    const bad = {
+      expired: await createTestPki([HOST], 'sweep expired CA', { notBefore: new Date(Date.now() - 30 * day), notAfter: new Date(Date.now() - day) }),
+      'not yet valid': await createTestPki([HOST], 'sweep future CA', { notBefore: new Date(Date.now() + day), notAfter: new Date(Date.now() + 30 * day) }),
+    };
+    for (const [why, badPki] of Object.entries(bad)) {
+      const o = await startOrigin(badPki);
+      const p = await startProxy({
+        listen: { host: '127.0.0.1', port: 0 },
+        ca,
+        config: compileConfig({ no_proxy: [], rules: [{ name: 'sweep', match_hosts: [HOST], headers: [{ name: 'X-Key', value: SECRET }] }] }),
+        logger: createLogger({ destination: new Writable({ write: (c, _e, cb) => ((logs += c), cb()) }) }),
+        resolve: new Map([[`${HOST}:${o.port}`, '127.0.0.1']]),
+        upstreamCa: [badPki.caPem],
+        fastPath: fast,
+      });
+      try {
+        const c = await connectTunnel(p.port, `${HOST}:${o.port}`);
+        const t = await tlsOverTunnel(c.socket, HOST, ca.certPem);
+        const answer = await converse(t, `GET /x HTTP/1.1\r\nHost: ${HOST}:${o.port}\r\nConnection: close\r\n\r\n`);
+        expect(answer, why).toMatch(/^HTTP\/1\.1 502 /);
+        expect(answer).toMatch(/\r\nProxy-Status: keygate; error=tls_/i);
+        expect(o.seen).toEqual([]);
+        expect(o.bytes()).not.toContain('GET /x');
+      } finally {
+        await p.close(100);
+        await o.close();
+      }
+    }
+  });
+});
