@@ -36,6 +36,8 @@ const HOST = 'sweep.test.local';
 const WRONG = 'wrongname.test.local';
 /** An internationalised rule host (`bücher.test.local` in the configuration) and its ASCII form. */
 const IDN = 'xn--bcher-kva.test.local';
+/** An intercepted host whose one rule covers only `/only/*`. */
+const PATHS_HOST = 'paths.test.local';
 const SECRET = 'kgSECRET-sweep-3b7f0a';
 const ADMIN_TOKEN = 'kgADMIN-sweep-token-0123456789abcdef';
 
@@ -105,13 +107,20 @@ async function proxy(fastPath: boolean): Promise<ProxyHandle> {
   return startProxy({
     listen: { host: '127.0.0.1', port: 0 },
     ca,
-    config: compileConfig({ no_proxy: [], rules: [{ name: 'sweep', match_hosts: [HOST, WRONG, 'bücher.test.local'], headers: [{ name: 'X-Key', value: SECRET }] }] }),
+    config: compileConfig({
+      no_proxy: [],
+      rules: [
+        { name: 'sweep', match_hosts: [HOST, WRONG, 'bücher.test.local'], headers: [{ name: 'X-Key', value: SECRET }] },
+        { name: 'paths', match_hosts: [PATHS_HOST], match_paths: ['/only/*'], headers: [{ name: 'X-Key', value: SECRET }] },
+      ],
+    }),
     logger,
     resolve: new Map([
       [`${HOST}:${origin.port}`, '127.0.0.1'],
       [`${HOST}:80`, '127.0.0.1'],
       [`${WRONG}:${origin.port}`, '127.0.0.1'],
       [`${IDN}:${origin.port}`, '127.0.0.1'],
+      [`${PATHS_HOST}:${origin.port}`, '127.0.0.1'],
     ]),
     upstreamCa: [pki.caPem],
     fastPath,
@@ -119,7 +128,7 @@ async function proxy(fastPath: boolean): Promise<ProxyHandle> {
 }
 
 beforeAll(async () => {
-  pki = await createTestPki([HOST, IDN]);
+  pki = await createTestPki([HOST, IDN, PATHS_HOST]);
   ca = await ensureCa(path.join(mkdtempSync(path.join(os.tmpdir(), 'kg-sweep-')), 'certs'));
   origin = await startOrigin(pki);
   proxies.set(true, await proxy(true));
@@ -478,6 +487,71 @@ describe('an origin certificate out of its validity (expired, not yet valid) is 
         await p.close(100);
         await o.close();
       }
+    }
+  });
+});
+
+// ---- a request no rule matches passes unchanged ------------------------------------------------
+
+describe('a request to an intercepted host that no rule matches passes unchanged (hop-by-hop and Host aside)', () => {
+  const clientFields: [string, string][] = [
+    ['X-Key', 'client-1'],
+    ['authorization', 'Bearer client-token'],
+    ['x-KEY', 'client-2'],
+    ['Cookie', 'a=1'],
+    ['X-Dup', 'one'],
+    ['x-dup', 'two, three'],
+    ['Accept', '*/*'],
+  ];
+  const sent = clientFields.map(([n, v]) => `${n}: ${v}\r\n`).join('');
+  /** What the origin got, hop-by-hop fields and Host left out. */
+  const endToEnd = (raw: string[]) => {
+    const out: [string, string][] = [];
+    for (let i = 0; i < raw.length; i += 2) if (!['host', 'connection', 'keep-alive', 'content-length', 'transfer-encoding'].includes(raw[i].toLowerCase())) out.push([raw[i].toLowerCase(), raw[i + 1]]);
+    return out;
+  };
+  const want = clientFields.map(([n, v]) => [n.toLowerCase(), v]);
+
+  it.each(PATHS)('%s', async (_n, fast) => {
+    const p = proxies.get(fast)!;
+    for (const [path_, injected] of [['/other/x', false], ['/only/x', true]] as const) {
+      const c = await connectTunnel(p.port, `${PATHS_HOST}:${origin.port}`);
+      const t = await tlsOverTunnel(c.socket, PATHS_HOST, ca.certPem);
+      const before = origin.seen.length;
+      const answer = await converse(t, `GET ${path_} HTTP/1.1\r\nHost: ${PATHS_HOST}:${origin.port}\r\n${sent}Connection: close\r\n\r\n`);
+      expect(answer).toMatch(/^HTTP\/1\.1 200 /);
+      const got = endToEnd(origin.seen[before].rawHeaders);
+      if (!injected) expect(got, path_).toEqual(want);
+      else expect(got, path_).toEqual([...want.filter(([n]) => n !== 'x-key'), ['x-key', SECRET]]);
+    }
+  });
+
+  it('HTTP/2 (cookies joined, as RFC 9113 8.2.3 has it)', async () => {
+    const s = await h2Through(proxies.get(true)!.port, PATHS_HOST, origin.port, ca.certPem);
+    try {
+      for (const [path_, injected] of [['/other/x', false], ['/only/x', true]] as const) {
+        const before = origin.seen.length;
+        const status = await new Promise<number>((resolve) => {
+          const fields: Record<string, string | string[]> = { ':method': 'GET', ':path': path_ };
+          for (const [n, v] of clientFields) {
+            const k = n.toLowerCase();
+            const had = fields[k];
+            fields[k] = had === undefined ? v : [...(Array.isArray(had) ? had : [had]), v];
+          }
+          const req = s.request(fields);
+          let st = 0;
+          req.on('response', (h) => (st = Number(h[':status'])));
+          req.on('error', () => undefined);
+          req.resume();
+          req.on('close', () => resolve(st));
+        });
+        expect(status).toBe(200);
+        const got = endToEnd(origin.seen[before].rawHeaders).sort();
+        const base = want.filter(([n]) => !injected || n !== 'x-key');
+        expect(got, path_).toEqual([...base, ...(injected ? [['x-key', SECRET]] : [])].sort());
+      }
+    } finally {
+      s.close();
     }
   });
 });
