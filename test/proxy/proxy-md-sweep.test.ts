@@ -555,3 +555,27 @@ describe('a request to an intercepted host that no rule matches passes unchanged
     }
   });
 });
+
+describe('HTTP/2: upstream verification', () => {
+  it('an origin whose certificate does not cover the name: the stream is answered 502, the origin reads no request', async () => {
+    const s = await h2Through(proxies.get(true)!.port, WRONG, origin.port, ca.certPem);
+    try {
+      const mark = origin.bytes().length;
+      const before = origin.seen.length;
+      const answer = await new Promise<{ status: number; headers: Record<string, unknown> }>((resolve) => {
+        const req = s.request({ ':method': 'GET', ':path': '/h2wrong' });
+        let out = { status: 0, headers: {} as Record<string, unknown> };
+        req.on('response', (h) => (out = { status: Number(h[':status']), headers: h }));
+        req.on('error', () => undefined);
+        req.resume();
+        req.on('close', () => resolve(out));
+      });
+      expect(answer.status).toBe(502);
+      expect(String(answer.headers['proxy-status'])).toMatch(/^keygate; error=tls_/);
+      expect(origin.seen.length).toBe(before);
+      expect(origin.bytes().slice(mark)).not.toContain('/h2wrong');
+    } finally {
+      s.close();
+    }
+  });
+});
