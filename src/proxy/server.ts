@@ -112,7 +112,6 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     for (const list of Object.values(os.networkInterfaces())) for (const a of list ?? []) out.add(a.address.toLowerCase());
     return out;
   };
-  const localAddresses = listensEverywhere ? interfaceAddresses() : new Set<string>();
   /** An address of this host: any loopback spelling or, read now (interfaces come and go), an interface's. */
   const isHostAddress = (a: string) => LOOPBACK_NAMES.has(a) || a.startsWith('127.') || interfaceAddresses().has(a);
   /** An address:port that is one of the proxy's own listeners (or a deny target): a loop, or the admin API. */
@@ -121,7 +120,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     if (deny.has(formatAuthority(a, port))) return true;
     if (wildcardDenyPorts.has(port) && isHostAddress(a)) return true;
     if (port !== ownPort) return false;
-    return LOOPBACK_NAMES.has(a) || a.startsWith('127.') || a === listenHost || localAddresses.has(a);
+    return a === listenHost || (listensEverywhere ? isHostAddress(a) : LOOPBACK_NAMES.has(a) || a.startsWith('127.'));
   };
   const egressDenied = (host: string, port: number, kind: string, address?: string) => {
     events.emit('egress_denied', { host, port, kind, address });

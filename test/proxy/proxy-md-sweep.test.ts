@@ -222,6 +222,25 @@ describe('the admin listener bound to every address (0.0.0.0) is never reachable
   });
 });
 
+describe('a proxy bound to every address (0.0.0.0) never connects to itself (a loop)', () => {
+  it('CONNECT and absolute-form to its own port by loopback and interface addresses are 403', async () => {
+    const p = await startProxy({ listen: { host: '0.0.0.0', port: 0 }, ca, config: compileConfig({ no_proxy: [], rules: [] }), logger: createLogger({ destination: new Writable({ write: (c, _e, cb) => ((logs += c), cb()) }) }) });
+    try {
+      const hosts = ['127.0.0.1', '127.0.0.2', 'localhost', '[::ffff:127.0.0.3]', '2130706433'];
+      for (const list of Object.values(os.networkInterfaces())) for (const a of list ?? []) if (!a.internal && !a.address.startsWith('fe80')) hosts.push(a.family === 'IPv6' ? `[${a.address}]` : a.address);
+      for (const host of hosts) {
+        const c = await connectTunnel(p.port, `${host}:${p.port}`);
+        expect(c.status, `CONNECT ${host}`).toBe(403);
+        c.socket.destroy();
+        const answer = await converse(net.connect(p.port, '127.0.0.1'), `GET http://${host}:${p.port}/ HTTP/1.1\r\nHost: ${host}:${p.port}\r\n\r\n`);
+        expect(answer, `GET ${host}`).toMatch(/^HTTP\/1\.1 403 /);
+      }
+    } finally {
+      await p.close(100);
+    }
+  });
+});
+
 // ---- trailers carrying an injected header's name -----------------------------------------------
 
 describe.each(PATHS)('a client trailer cannot put a second value beside the injected one (%s)', (_name, fast) => {
