@@ -26,7 +26,7 @@ import { ensureCa, type Ca } from '../../src/certs/index.js';
 import { createLogger } from '../../src/log.js';
 import { startProxy, type ProxyHandle } from '../../src/proxy/server.js';
 import { compileConfig } from '../../src/rules/index.js';
-import { connectTunnel, tlsOverTunnel } from '../helpers/connect.js';
+import { connectTunnel, interceptedTls } from '../helpers/connect.js';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { spawnProxy } from '../helpers/proxy.js';
 import { h2Through } from './h2-helpers.js';
@@ -102,8 +102,11 @@ let origin: Origin;
 let logs = '';
 const proxies = new Map<boolean, ProxyHandle>();
 
+/** A logger into `logs` (checked for the secret after all tests). */
+const kept = () => createLogger({ destination: new Writable({ write: (c, _e, cb) => ((logs += c), cb()) }) });
+
 async function proxy(fastPath: boolean): Promise<ProxyHandle> {
-  const logger = createLogger({ destination: new Writable({ write: (c, _e, cb) => ((logs += c), cb()) }) });
+  const logger = kept();
   return startProxy({
     listen: { host: '127.0.0.1', port: 0 },
     ca,
@@ -179,7 +182,7 @@ describe('the admin listener bound to every address (0.0.0.0) is never reachable
 
   beforeAll(async () => {
     const metrics = new ProxyMetrics();
-    p = await startProxy({ listen: { host: '127.0.0.1', port: 0 }, ca, config: compileConfig({ no_proxy: [], rules: [] }), logger: createLogger({ destination: new Writable({ write: (c, _e, cb) => ((logs += c), cb()) }) }) });
+    p = await startProxy({ listen: { host: '127.0.0.1', port: 0 }, ca, config: compileConfig({ no_proxy: [], rules: [] }), logger: kept() });
     const holder = new ConfigHolder({ proxy: { setConfig: (c) => p.setConfig(c) }, metrics });
     admin = await startAdmin({ listen: { host: '0.0.0.0', port: 0 }, token: ADMIN_TOKEN, holder, metrics, proxy: p });
   });
@@ -224,7 +227,7 @@ describe('the admin listener bound to every address (0.0.0.0) is never reachable
 
 describe('a proxy bound to every address (0.0.0.0) never connects to itself (a loop)', () => {
   it('CONNECT and absolute-form to its own port by loopback and interface addresses are 403', async () => {
-    const p = await startProxy({ listen: { host: '0.0.0.0', port: 0 }, ca, config: compileConfig({ no_proxy: [], rules: [] }), logger: createLogger({ destination: new Writable({ write: (c, _e, cb) => ((logs += c), cb()) }) }) });
+    const p = await startProxy({ listen: { host: '0.0.0.0', port: 0 }, ca, config: compileConfig({ no_proxy: [], rules: [] }), logger: kept() });
     try {
       const hosts = ['127.0.0.1', '127.0.0.2', 'localhost', '[::ffff:127.0.0.3]', '2130706433'];
       for (const list of Object.values(os.networkInterfaces())) for (const a of list ?? []) if (!a.internal && !a.address.startsWith('fe80')) hosts.push(a.family === 'IPv6' ? `[${a.address}]` : a.address);
@@ -246,8 +249,7 @@ describe('a proxy bound to every address (0.0.0.0) never connects to itself (a l
 describe.each(PATHS)('a client trailer cannot put a second value beside the injected one (%s)', (_name, fast) => {
   it('a chunked request whose trailer names the injected header: the origin gets the injected value only, in the head', async () => {
     const p = proxies.get(fast)!;
-    const c = await connectTunnel(p.port, `${HOST}:${origin.port}`);
-    const t = await tlsOverTunnel(c.socket, HOST, ca.certPem);
+    const t = await interceptedTls(p.port, HOST, origin.port, ca.certPem);
     const mark = origin.bytes().length;
     const before = origin.seen.length;
     const answer = await converse(
@@ -294,8 +296,7 @@ describe('HTTP/2: trailing HEADERS carrying the injected name', () => {
 describe.each(PATHS)('destination integrity (%s)', (_name, fast) => {
   it('a 3xx Location to another host comes back to the client; the proxy does not follow it', async () => {
     const p = proxies.get(fast)!;
-    const c = await connectTunnel(p.port, `${HOST}:${origin.port}`);
-    const t = await tlsOverTunnel(c.socket, HOST, ca.certPem);
+    const t = await interceptedTls(p.port, HOST, origin.port, ca.certPem);
     const before = origin.seen.length;
     const answer = await converse(t, `GET /redirect HTTP/1.1\r\nHost: ${HOST}:${origin.port}\r\nConnection: close\r\n\r\n`);
     expect(answer).toMatch(/^HTTP\/1\.1 302 /);
@@ -305,8 +306,7 @@ describe.each(PATHS)('destination integrity (%s)', (_name, fast) => {
 
   it('an origin whose certificate does not cover the name is 502 with a reason, and gets no request', async () => {
     const p = proxies.get(fast)!;
-    const c = await connectTunnel(p.port, `${WRONG}:${origin.port}`);
-    const t = await tlsOverTunnel(c.socket, WRONG, ca.certPem);
+    const t = await interceptedTls(p.port, WRONG, origin.port, ca.certPem);
     const mark = origin.bytes().length;
     const before = origin.seen.length;
     const answer = await converse(t, `GET /x HTTP/1.1\r\nHost: ${WRONG}:${origin.port}\r\nConnection: close\r\n\r\n`);
@@ -322,8 +322,7 @@ describe.each(PATHS)('destination integrity (%s)', (_name, fast) => {
   it('a Host naming the tunnel\'s internationalised host in UTF-8 (or latin1) is the same host: forwarded, injected once', async () => {
     const p = proxies.get(fast)!;
     for (const encoding of ['utf8', 'latin1'] as const) {
-      const c = await connectTunnel(p.port, `${IDN}:${origin.port}`);
-      const t = await tlsOverTunnel(c.socket, IDN, ca.certPem);
+      const t = await interceptedTls(p.port, IDN, origin.port, ca.certPem);
       const before = origin.seen.length;
       const answer = await converse(t, Buffer.from(`GET /idn HTTP/1.1\r\nHost: BÜCHER.test.local.:${origin.port}\r\nX-Key: client\r\nConnection: close\r\n\r\n`, encoding));
       expect(answer, encoding).toMatch(/^HTTP\/1\.1 200 /);
@@ -335,8 +334,7 @@ describe.each(PATHS)('destination integrity (%s)', (_name, fast) => {
 
   it('a Host naming another host in UTF-8 is still 421', async () => {
     const p = proxies.get(fast)!;
-    const c = await connectTunnel(p.port, `${IDN}:${origin.port}`);
-    const t = await tlsOverTunnel(c.socket, IDN, ca.certPem);
+    const t = await interceptedTls(p.port, IDN, origin.port, ca.certPem);
     const before = origin.seen.length;
     const answer = await converse(t, Buffer.from(`GET /idn HTTP/1.1\r\nHost: bücher2.test.local:${origin.port}\r\nConnection: close\r\n\r\n`, 'utf8'));
     expect(answer).toMatch(/^HTTP\/1\.1 421 /);
@@ -364,7 +362,7 @@ describe('an IPv4-mapped IPv6 literal is the IPv4 address for no_proxy (config a
   };
 
   it.each(Object.keys(configs))('%s: CONNECT [::ffff:127.0.0.1] is a blind tunnel (the origin\'s own certificate, nothing injected)', async (which) => {
-    const p = await startProxy({ listen: { host: '127.0.0.1', port: 0 }, ca, config: compileConfig(configs[which as keyof typeof configs]), logger: createLogger({ destination: new Writable({ write: (c, _e, cb) => ((logs += c), cb()) }) }) });
+    const p = await startProxy({ listen: { host: '127.0.0.1', port: 0 }, ca, config: compileConfig(configs[which as keyof typeof configs]), logger: kept() });
     try {
       for (const host of ['127.0.0.1', '[::ffff:127.0.0.1]', '[::ffff:7f00:1]', '2130706433']) {
         const c = await connectTunnel(p.port, `${host}:${origin.port}`);
@@ -458,8 +456,7 @@ describe('upstream TLS is verified against NODE_EXTRA_CA_CERTS (a spawned keygat
     for (const [extra, want] of [[caFile, 200], [undefined, 502]] as const) {
       const p = await spawnProxy({ config, secrets: { K: SECRET }, resolve, env: { NODE_EXTRA_CA_CERTS: extra ?? '' } });
       try {
-        const c = await connectTunnel(p.port, `${HOST}:${origin.port}`);
-        const t = await tlsOverTunnel(c.socket, HOST, p.caPem);
+        const t = await interceptedTls(p.port, HOST, origin.port, p.caPem);
         const before = origin.seen.length;
         const answer = await converse(t, `GET /extra HTTP/1.1\r\nHost: ${HOST}:${origin.port}\r\nConnection: close\r\n\r\n`);
         expect(answer.slice(0, 12), String(extra)).toBe(`HTTP/1.1 ${want}`);
@@ -489,14 +486,13 @@ describe('an origin certificate out of its validity (expired, not yet valid) is 
         listen: { host: '127.0.0.1', port: 0 },
         ca,
         config: compileConfig({ no_proxy: [], rules: [{ name: 'sweep', match_hosts: [HOST], headers: [{ name: 'X-Key', value: SECRET }] }] }),
-        logger: createLogger({ destination: new Writable({ write: (c, _e, cb) => ((logs += c), cb()) }) }),
+        logger: kept(),
         resolve: new Map([[`${HOST}:${o.port}`, '127.0.0.1']]),
         upstreamCa: [badPki.caPem],
         fastPath: fast,
       });
       try {
-        const c = await connectTunnel(p.port, `${HOST}:${o.port}`);
-        const t = await tlsOverTunnel(c.socket, HOST, ca.certPem);
+        const t = await interceptedTls(p.port, HOST, o.port, ca.certPem);
         const answer = await converse(t, `GET /x HTTP/1.1\r\nHost: ${HOST}:${o.port}\r\nConnection: close\r\n\r\n`);
         expect(answer, why).toMatch(/^HTTP\/1\.1 502 /);
         expect(answer).toMatch(/\r\nProxy-Status: keygate; error=tls_/i);
@@ -534,8 +530,7 @@ describe('a request to an intercepted host that no rule matches passes unchanged
   it.each(PATHS)('%s', async (_n, fast) => {
     const p = proxies.get(fast)!;
     for (const [path_, injected] of [['/other/x', false], ['/only/x', true]] as const) {
-      const c = await connectTunnel(p.port, `${PATHS_HOST}:${origin.port}`);
-      const t = await tlsOverTunnel(c.socket, PATHS_HOST, ca.certPem);
+      const t = await interceptedTls(p.port, PATHS_HOST, origin.port, ca.certPem);
       const before = origin.seen.length;
       const answer = await converse(t, `GET ${path_} HTTP/1.1\r\nHost: ${PATHS_HOST}:${origin.port}\r\n${sent}Connection: close\r\n\r\n`);
       expect(answer).toMatch(/^HTTP\/1\.1 200 /);
