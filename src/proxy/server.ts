@@ -92,20 +92,14 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   let closing = false;
   const deny = new Set<string>();
   /**
-   * Ports of deny targets bound to every address (`0.0.0.0`, `::`: an admin listener given a
-   * wildcard): such a listener answers on every loopback address and every interface of the
-   * host, not only on the spelling that was denied.
+   * Ports of deny targets on this host (a wildcard, a loopback or an interface address): refused
+   * on every address of the host. Who adds a target cannot always say how its listener is bound
+   * (the sandbox API denies `127.0.0.1:PORT` for a server on `0.0.0.0`), and a listener bound to
+   * a wildcard answers on every loopback and interface address, not only the spelling denied.
    */
-  const wildcardDenyPorts = new Set<number>();
+  const hostDenyPorts = new Set<number>();
   let ownPort = 0;
   const listenHost = opts.listen.host;
-  const addDeny = (authority: string) => {
-    const { host, port } = parseAuthority(authority, undefined);
-    deny.add(formatAuthority(host, port));
-    if (host === '0.0.0.0' || host === '::') wildcardDenyPorts.add(port);
-  };
-  for (const d of opts.denyTargets ?? []) addDeny(d);
-
   const listensEverywhere = opts.listen.host === '0.0.0.0' || opts.listen.host === '::' || opts.listen.host === '';
   const interfaceAddresses = () => {
     const out = new Set<string>();
@@ -114,11 +108,18 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   };
   /** An address of this host: any loopback spelling or, read now (interfaces come and go), an interface's. */
   const isHostAddress = (a: string) => LOOPBACK_NAMES.has(a) || a.startsWith('127.') || interfaceAddresses().has(a);
+  const addDeny = (authority: string) => {
+    const { host, port } = parseAuthority(authority, undefined);
+    deny.add(formatAuthority(host, port));
+    if (isHostAddress(host)) hostDenyPorts.add(port);
+  };
+  for (const d of opts.denyTargets ?? []) addDeny(d);
+
   /** An address:port that is one of the proxy's own listeners (or a deny target): a loop, or the admin API. */
   const isSelf = (address: string, port: number) => {
     const a = unwrapAddress(address);
     if (deny.has(formatAuthority(a, port))) return true;
-    if (wildcardDenyPorts.has(port) && isHostAddress(a)) return true;
+    if (hostDenyPorts.has(port) && isHostAddress(a)) return true;
     if (port !== ownPort) return false;
     return a === listenHost || (listensEverywhere ? isHostAddress(a) : LOOPBACK_NAMES.has(a) || a.startsWith('127.'));
   };
@@ -145,8 +146,9 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     isDenied(host, port) {
       if (deny.has(formatAuthority(host, port))) return true;
       const address = upstream.address(host, port);
-      // A wildcard deny target (an admin listener on 0.0.0.0) by any address of this host, in any spelling.
-      if (wildcardDenyPorts.has(port) && (isSelf(host, port) || isSelf(address, port))) return true;
+      // A deny target on this host (an admin listener, the sandbox API) by any address of the host, in any
+      // spelling; a name is checked by the addresses it resolves to (upstream.ts).
+      if (hostDenyPorts.has(port) && isSelf(host, port)) return true;
       // The proxy itself, by any loopback spelling or the --resolve pin to it: a loop.
       return port === ownPort && (LOOPBACK_NAMES.has(host) || LOOPBACK_NAMES.has(address) || address === listenHost || host === listenHost);
     },

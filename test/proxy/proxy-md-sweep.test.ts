@@ -225,6 +225,45 @@ describe('the admin listener bound to every address (0.0.0.0) is never reachable
   });
 });
 
+describe('a deny target named by a loopback address covers its port on every address of the host', () => {
+  // What the sandbox API does for its own server (src/sandbox-api/area.ts): it denies
+  // 127.0.0.1, localhost and [::1] at its port, whatever address the server is bound to.
+  it('a server on 0.0.0.0 denied as 127.0.0.1:PORT is reached by no other loopback or interface address', async () => {
+    let reached = 0;
+    const api = net.createServer((s) => {
+      reached++;
+      s.on('error', () => undefined);
+      s.end('HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\napi');
+    });
+    await new Promise<void>((r) => api.listen(0, '0.0.0.0', r));
+    const port = (api.address() as net.AddressInfo).port;
+    const p = await startProxy({ listen: { host: '127.0.0.1', port: 0 }, ca, config: compileConfig({ no_proxy: [], rules: [] }), logger: kept() });
+    try {
+      for (const h of ['127.0.0.1', 'localhost', '[::1]']) p.denyTarget(`${h}:${port}`);
+      const hosts = ['127.0.0.2', '[::ffff:127.0.0.9]', '2130706435'];
+      for (const list of Object.values(os.networkInterfaces())) for (const a of list ?? []) if (!a.internal && !a.address.startsWith('fe80')) hosts.push(a.family === 'IPv6' ? `[${a.address}]` : a.address);
+      for (const host of hosts) {
+        const c = await connectTunnel(p.port, `${host}:${port}`);
+        expect(c.status, `CONNECT ${host}`).toBe(403);
+        c.socket.destroy();
+        const answer = await converse(net.connect(p.port, '127.0.0.1'), `GET http://${host}:${port}/ HTTP/1.1\r\nHost: ${host}:${port}\r\n\r\n`);
+        expect(answer, `GET ${host}`).toMatch(/^HTTP\/1\.1 403 /);
+      }
+      expect(reached).toBe(0);
+      // Another port of the same host stays reachable: the deny is the port, not the host.
+      const other = net.createServer((s) => s.end());
+      await new Promise<void>((r) => other.listen(0, '127.0.0.2', r));
+      const c = await connectTunnel(p.port, `127.0.0.2:${(other.address() as net.AddressInfo).port}`);
+      expect(c.status).toBe(200);
+      c.socket.destroy();
+      await new Promise<void>((r) => other.close(() => r()));
+    } finally {
+      await p.close(100);
+      await new Promise<void>((r) => api.close(() => r()));
+    }
+  });
+});
+
 describe('a proxy bound to every address (0.0.0.0) never connects to itself (a loop)', () => {
   it('CONNECT and absolute-form to its own port by loopback and interface addresses are 403', async () => {
     const p = await startProxy({ listen: { host: '0.0.0.0', port: 0 }, ca, config: compileConfig({ no_proxy: [], rules: [] }), logger: kept() });
