@@ -77,6 +77,13 @@ export interface ProxyHandle {
 
 const LOOPBACK_NAMES = new Set(['localhost', '127.0.0.1', '::1', '0.0.0.0', '::']);
 
+/** An address (or `localhost`) that reaches this host: loopback, unspecified, or one of its interfaces (read now: they change). */
+function isLocalAddress(a: string): boolean {
+  if (LOOPBACK_NAMES.has(a) || a.startsWith('127.')) return true;
+  for (const list of Object.values(os.networkInterfaces())) for (const i of list ?? []) if (i.address.toLowerCase() === a) return true;
+  return false;
+}
+
 /**
  * Starts the proxy: the data path of src/proxy/README.md, assembled. One listener for CONNECT
  * (blind tunnel or TLS interception per the rules) and absolute-form plain HTTP; intercepted
@@ -92,36 +99,31 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   let closing = false;
   const deny = new Set<string>();
   /**
-   * Ports of deny targets on this host (a wildcard, a loopback or an interface address): refused
-   * on every address of the host. Who adds a target cannot always say how its listener is bound
-   * (the sandbox API denies `127.0.0.1:PORT` for a server on `0.0.0.0`), and a listener bound to
-   * a wildcard answers on every loopback and interface address, not only the spelling denied.
+   * Ports denied on every address of this host: a deny target named by a loopback or wildcard
+   * address is a listener of this host, and one bound to 0.0.0.0 (the shipped image's API) answers
+   * on 127.0.0.2 and on every interface address too, not only on the spelling it was denied as.
    */
-  const hostDenyPorts = new Set<number>();
+  const denyLocalPorts = new Set<number>();
   let ownPort = 0;
   const listenHost = opts.listen.host;
-  const listensEverywhere = opts.listen.host === '0.0.0.0' || opts.listen.host === '::' || opts.listen.host === '';
-  const interfaceAddresses = () => {
-    const out = new Set<string>();
-    for (const list of Object.values(os.networkInterfaces())) for (const a of list ?? []) out.add(a.address.toLowerCase());
-    return out;
-  };
-  /** An address of this host: any loopback spelling or, read now (interfaces come and go), an interface's. */
-  const isHostAddress = (a: string) => LOOPBACK_NAMES.has(a) || a.startsWith('127.') || interfaceAddresses().has(a);
   const addDeny = (authority: string) => {
     const { host, port } = parseAuthority(authority, undefined);
     deny.add(formatAuthority(host, port));
-    if (isHostAddress(host)) hostDenyPorts.add(port);
+    if (isLocalAddress(unwrapAddress(host))) denyLocalPorts.add(port);
   };
   for (const d of opts.denyTargets ?? []) addDeny(d);
 
+  const localAddresses = new Set<string>();
+  if (opts.listen.host === '0.0.0.0' || opts.listen.host === '::' || opts.listen.host === '') {
+    for (const list of Object.values(os.networkInterfaces())) for (const a of list ?? []) localAddresses.add(a.address.toLowerCase());
+  }
   /** An address:port that is one of the proxy's own listeners (or a deny target): a loop, or the admin API. */
   const isSelf = (address: string, port: number) => {
     const a = unwrapAddress(address);
     if (deny.has(formatAuthority(a, port))) return true;
-    if (hostDenyPorts.has(port) && isHostAddress(a)) return true;
+    if (denyLocalPorts.has(port) && isLocalAddress(a)) return true;
     if (port !== ownPort) return false;
-    return a === listenHost || (listensEverywhere ? isHostAddress(a) : LOOPBACK_NAMES.has(a) || a.startsWith('127.'));
+    return LOOPBACK_NAMES.has(a) || a.startsWith('127.') || a === listenHost || localAddresses.has(a);
   };
   const egressDenied = (host: string, port: number, kind: string, address?: string) => {
     events.emit('egress_denied', { host, port, kind, address });
@@ -145,11 +147,8 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     draining: () => closing,
     isDenied(host, port) {
       if (deny.has(formatAuthority(host, port))) return true;
-      const address = upstream.address(host, port);
-      // A deny target on this host (an admin listener, the sandbox API) by any address of the host, in any
-      // spelling; a name is checked by the addresses it resolves to (upstream.ts).
-      if (hostDenyPorts.has(port) && isSelf(host, port)) return true;
       // The proxy itself, by any loopback spelling or the --resolve pin to it: a loop.
+      const address = upstream.address(host, port);
       return port === ownPort && (LOOPBACK_NAMES.has(host) || LOOPBACK_NAMES.has(address) || address === listenHost || host === listenHost);
     },
   };
