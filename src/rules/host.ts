@@ -13,16 +13,37 @@ export class RuleInputError extends Error {
 const NOT_IN_HOST = /[\s\u0000-\u001f\u007f/\\?#@%:[\]<>^|"'`{}]/;
 const LABEL = /^(?!-)[a-z0-9_-]{1,63}$/;
 
-/** Canonical text of an IPv6 literal (compressed, lower-case), or undefined. */
+/**
+ * Canonical text of an IPv6 literal (compressed, lower-case), or undefined. An IPv4-mapped
+ * address (`::ffff:127.0.0.1`, `::ffff:7f00:1`) is the IPv4 address it maps (RFC 4291 2.5.5.2):
+ * written in dotted form, so that a pattern or a no_proxy entry naming the IPv4 address matches
+ * it too (else `[::ffff:10.0.0.5]` would escape a no_proxy of `10.0.0.5`).
+ */
 function canonicalIPv6(raw: string): string | undefined {
   if (raw.includes('%') || !isIPv6(raw)) return undefined; // zone ids are local, never a destination
-  return new URL(`http://[${raw}]/`).hostname.slice(1, -1);
+  const v6 = new URL(`http://[${raw}]/`).hostname.slice(1, -1);
+  const mapped = /^::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})$/.exec(v6);
+  if (!mapped) return v6;
+  const hi = parseInt(mapped[1], 16);
+  const lo = parseInt(mapped[2], 16);
+  return `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`;
+}
+
+/**
+ * An internationalised name as it arrives in an HTTP/1.1 field: Node reads field bytes as
+ * latin1, so UTF-8 `bücher` comes as `bÃ¼cher`. Bytes that decode as UTF-8 are read so; anything
+ * else (a name typed in the configuration, latin1 on the wire) stays as it is.
+ */
+function fromWire(raw: string): string {
+  if (!/[\x80-\xff]/.test(raw) || /[^\x00-\xff]/.test(raw)) return raw;
+  const utf8 = Buffer.from(raw, 'latin1').toString('utf8');
+  return utf8.includes('\ufffd') ? raw : utf8;
 }
 
 /**
  * The one form of a host every comparison uses: lower-case, one trailing dot removed,
- * internationalised names in punycode, IPv4 in dotted decimal (so `0x7f.1` and `2130706433` are
- * `127.0.0.1`), IPv6 compressed and without brackets. Throws RuleInputError for anything else.
+ * internationalised names in punycode (sent as UTF-8 or typed), IPv4 in dotted decimal (so `0x7f.1`, `2130706433` and the
+ * IPv4-mapped `[::ffff:127.0.0.1]` are `127.0.0.1`), IPv6 compressed and without brackets. Throws RuleInputError for anything else.
  */
 export function normaliseHost(raw: string): string {
   if (typeof raw !== 'string' || raw.length === 0 || raw.length > 1024) throw new RuleInputError('empty or oversized host');
@@ -37,7 +58,8 @@ export function normaliseHost(raw: string): string {
     if (!v6) throw new RuleInputError('invalid host');
     return v6;
   }
-  let host = raw.endsWith('.') ? raw.slice(0, -1) : raw;
+  const name = fromWire(raw);
+  let host = name.endsWith('.') ? name.slice(0, -1) : name;
   if (host.length === 0 || NOT_IN_HOST.test(host)) throw new RuleInputError('invalid host');
   try {
     host = new URL(`http://${host}/`).hostname;

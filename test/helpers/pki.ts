@@ -26,8 +26,11 @@ function toPem(der: ArrayBuffer, label: string): string {
   return `-----BEGIN ${label}-----\n${b64.replace(/\n$/, '')}\n-----END ${label}-----\n`;
 }
 
-/** A CA named `caName` and one leaf valid for every name in `names` (DNS names, wildcards or IPs). */
-export async function createTestPki(names: string[], caName = 'keygate test origin CA'): Promise<TestPki> {
+/**
+ * A CA named `caName` and one leaf valid for every name in `names` (DNS names, wildcards or IPs);
+ * `leaf` moves the leaf's validity (an expired or not-yet-valid origin certificate).
+ */
+export async function createTestPki(names: string[], caName = 'keygate test origin CA', leaf: { notBefore?: Date; notAfter?: Date } = {}): Promise<TestPki> {
   const caKeys = (await webcrypto.subtle.generateKey(ALG, true, ['sign', 'verify'])) as webcrypto.CryptoKeyPair;
   const now = Date.now();
   const ca = await x509.X509CertificateGenerator.createSelfSigned({
@@ -44,12 +47,12 @@ export async function createTestPki(names: string[], caName = 'keygate test orig
     ],
   });
   const keys = (await webcrypto.subtle.generateKey(ALG, true, ['sign', 'verify'])) as webcrypto.CryptoKeyPair;
-  const leaf = await x509.X509CertificateGenerator.create({
+  const leafCert = await x509.X509CertificateGenerator.create({
     serialNumber: '02',
     subject: `CN=${names[0]}`,
     issuer: ca.subject,
-    notBefore: new Date(now - 3600_000),
-    notAfter: new Date(now + 7 * 24 * 3600_000),
+    notBefore: leaf.notBefore ?? new Date(now - 3600_000),
+    notAfter: leaf.notAfter ?? new Date(now + 7 * 24 * 3600_000),
     signingAlgorithm: ALG,
     publicKey: keys.publicKey,
     signingKey: caKeys.privateKey,
@@ -60,7 +63,7 @@ export async function createTestPki(names: string[], caName = 'keygate test orig
       await x509.AuthorityKeyIdentifierExtension.create(caKeys.publicKey),
     ],
   });
-  const certPem = leaf.toString('pem') + '\n';
+  const certPem = leafCert.toString('pem') + '\n';
   return {
     caPem: ca.toString('pem') + '\n',
     certPem,

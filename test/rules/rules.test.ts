@@ -29,6 +29,14 @@ describe('normaliseHost', () => {
     ['2130706433', '127.0.0.1'],
     ['ｅxample.com', 'example.com'],
     ['my_host.internal', 'my_host.internal'],
+    // IPv4-mapped IPv6 is the IPv4 address it maps; NAT64 is another address (a translator's).
+    ['[::ffff:127.0.0.1]', '127.0.0.1'],
+    ['::FFFF:7f00:1', '127.0.0.1'],
+    ['[0:0:0:0:0:ffff:a00:5]', '10.0.0.5'],
+    ['[64:ff9b::10.0.0.5]', '64:ff9b::a00:5'],
+    // As an HTTP/1.1 field arrives (Node reads its bytes as latin1): UTF-8 and latin1 spellings.
+    [Buffer.from('Bücher.de', 'utf8').toString('latin1'), 'xn--bcher-kva.de'],
+    [Buffer.from('Bücher.de', 'latin1').toString('latin1'), 'xn--bcher-kva.de'],
   ])('%s -> %s', (raw, want) => expect(normaliseHost(raw)).toBe(want));
 
   it.each(['', 'a..b', 'example.com..', '-a.com', 'a-.com', 'a b.com', 'a/b', 'a\\b', 'user@host', 'a%2eb', 'host:80', '[::1', '[fe80::1%eth0]', '1.2.3.256', '999999999999', 'a\u0000b', 'x'.repeat(64) + '.com', '[1.2.3.4]'])(
@@ -137,6 +145,9 @@ describe('host patterns', () => {
     expect(m('::1', '[::1]')).toBe(true);
     expect(m('[::1]:8443', '::1', 8443)).toBe(true);
     expect(m('[::1]:8443', '::1', 443)).toBe(false);
+    expect(m('10.0.0.5', '[::ffff:10.0.0.5]')).toBe(true);
+    expect(m('[::ffff:10.0.0.5]', '10.0.0.5')).toBe(true);
+    expect(m('10.0.0.5', '[::ffff:10.0.0.6]')).toBe(false);
   });
   it('an optional port restricts the match', () => {
     expect(m('api.example.com:8443', 'api.example.com', 8443)).toBe(true);
