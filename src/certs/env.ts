@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { chmodSync, existsSync, mkdirSync, mkdtempSync, realpathSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, realpathSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import tls from 'node:tls';
 import { promisify } from 'node:util';
@@ -87,9 +87,40 @@ export function sandboxEnv(opts: SandboxEnvOptions): Record<string, string> {
   };
 }
 
-/** The system roots Node trusts plus the proxy CA, as one PEM bundle. */
-export function caBundle(caPem: string): string {
-  return [...tls.rootCertificates, caPem.trim()].join('\n') + '\n';
+/**
+ * Where operating systems keep their trust store as one PEM file (Debian and Ubuntu, Fedora and
+ * RHEL, Alpine and the BSDs, openSUSE). The first that exists is "the system roots".
+ */
+export const SYSTEM_BUNDLES = ['/etc/ssl/certs/ca-certificates.crt', '/etc/pki/tls/certs/ca-bundle.crt', '/etc/ssl/cert.pem', '/etc/ssl/ca-bundle.pem'];
+
+const systemRootsCache = new Map<string, string>();
+
+/**
+ * The machine's own trust store, as PEM: what a client's SSL_CERT_FILE replaces, so the bundle
+ * must keep it, including the CAs an operator added to it (an internal CA for the hosts a box
+ * reaches through a blind tunnel). Node's built-in roots where no store file exists.
+ */
+export function systemRootsPem(candidates: readonly string[] = SYSTEM_BUNDLES): string {
+  const key = candidates.join('\0');
+  let pem = systemRootsCache.get(key);
+  if (pem === undefined) {
+    const file = candidates.find((f) => {
+      try {
+        return statSync(f).isFile();
+      } catch {
+        return false;
+      }
+    });
+    const text = file ? readFileSync(file, 'utf8') : '';
+    pem = text.includes('-----BEGIN CERTIFICATE-----') ? text.trim() : tls.rootCertificates.join('\n');
+    systemRootsCache.set(key, pem);
+  }
+  return pem;
+}
+
+/** The system roots plus the proxy CA, as one PEM bundle. */
+export function caBundle(caPem: string, candidates: readonly string[] = SYSTEM_BUNDLES): string {
+  return `${systemRootsPem(candidates)}\n${caPem.trim()}\n`;
 }
 
 /** Writes the bundle atomically (readable by everyone: it holds only certificates). */

@@ -1,6 +1,6 @@
 import { spawnSync } from 'node:child_process';
 import { X509Certificate } from 'node:crypto';
-import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync, chmodSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync, chmodSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -9,6 +9,7 @@ import 'reflect-metadata';
 import * as x509 from '@peculiar/x509';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ensureCa, loadCa, LeafMinter, sandboxEnv, writeCaBundle, CaError } from '../../src/certs/index.js';
+import { caBundle, SYSTEM_BUNDLES } from '../../src/certs/env.js';
 import { REPO_ROOT } from '../helpers/cli.js';
 
 const dirs: string[] = [];
@@ -167,6 +168,26 @@ describe('sandbox env and bundle', () => {
     const text = readFileSync(bundle, 'utf8');
     expect(text).toContain(ca.certPem.trim());
     expect(text).not.toContain('PRIVATE KEY');
-    expect(text.match(/BEGIN CERTIFICATE/g)!.length).toBe(tls.rootCertificates.length + 1);
+    // The machine's own store (what SSL_CERT_FILE replaces in a client), then the CA.
+    const store = SYSTEM_BUNDLES.find((f) => existsSync(f));
+    const roots = store ? readFileSync(store, 'utf8').match(/BEGIN CERTIFICATE/g)!.length : tls.rootCertificates.length;
+    expect(text.match(/BEGIN CERTIFICATE/g)!.length).toBe(roots + 1);
+    expect(text.trim().endsWith(ca.certPem.trim())).toBe(true);
+  });
+
+  it('keeps what the operator added to the system store (an internal CA); Node\'s roots where no store file exists', async () => {
+    const dir = tmp();
+    const ca = await ensureCa(dir);
+    const internal = await ensureCa(path.join(dir, 'internal'));
+    // A system store of the OS's shape: some roots, and the operator's internal CA among them.
+    const store = path.join(dir, 'ca-certificates.crt');
+    writeFileSync(store, `${tls.rootCertificates.slice(0, 3).join('\n')}\n${internal.certPem.trim()}\n`);
+    const withStore = caBundle(ca.certPem, ['/nonexistent/bundle.crt', store]);
+    expect(withStore).toContain(internal.certPem.trim());
+    expect(withStore.match(/BEGIN CERTIFICATE/g)!.length).toBe(5);
+    const noStore = caBundle(ca.certPem, [path.join(dir, 'missing.crt')]);
+    expect(noStore).not.toContain(internal.certPem.trim());
+    expect(noStore.match(/BEGIN CERTIFICATE/g)!.length).toBe(tls.rootCertificates.length + 1);
+    expect(noStore.trim().endsWith(ca.certPem.trim())).toBe(true);
   });
 });
