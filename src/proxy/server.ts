@@ -77,6 +77,13 @@ export interface ProxyHandle {
 
 const LOOPBACK_NAMES = new Set(['localhost', '127.0.0.1', '::1', '0.0.0.0', '::']);
 
+/** An address (or `localhost`) that reaches this host: loopback, unspecified, or one of its interfaces (read now: they change). */
+function isLocalAddress(a: string): boolean {
+  if (LOOPBACK_NAMES.has(a) || a.startsWith('127.')) return true;
+  for (const list of Object.values(os.networkInterfaces())) for (const i of list ?? []) if (i.address.toLowerCase() === a) return true;
+  return false;
+}
+
 /**
  * Starts the proxy: the data path of src/proxy/README.md, assembled. One listener for CONNECT
  * (blind tunnel or TLS interception per the rules) and absolute-form plain HTTP; intercepted
@@ -91,11 +98,18 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   let current = opts.config;
   let closing = false;
   const deny = new Set<string>();
+  /**
+   * Ports denied on every address of this host: a deny target named by a loopback or wildcard
+   * address is a listener of this host, and one bound to 0.0.0.0 (the shipped image's API) answers
+   * on 127.0.0.2 and on every interface address too, not only on the spelling it was denied as.
+   */
+  const denyLocalPorts = new Set<number>();
   let ownPort = 0;
   const listenHost = opts.listen.host;
   const addDeny = (authority: string) => {
     const { host, port } = parseAuthority(authority, undefined);
     deny.add(formatAuthority(host, port));
+    if (isLocalAddress(unwrapAddress(host))) denyLocalPorts.add(port);
   };
   for (const d of opts.denyTargets ?? []) addDeny(d);
 
@@ -107,6 +121,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   const isSelf = (address: string, port: number) => {
     const a = unwrapAddress(address);
     if (deny.has(formatAuthority(a, port))) return true;
+    if (denyLocalPorts.has(port) && isLocalAddress(a)) return true;
     if (port !== ownPort) return false;
     return LOOPBACK_NAMES.has(a) || a.startsWith('127.') || a === listenHost || localAddresses.has(a);
   };
