@@ -7,6 +7,7 @@ import { DockerEngine } from '../../src/docker/engine.js';
 import { boxImageUnavailableReason, ensureBoxImage } from '../helpers/box-image.js';
 import { startCli, waitForLine, type RunningCli } from '../helpers/cli.js';
 import { dockerSocket, engineUnavailableReason } from '../helpers/docker-engine.js';
+import { freshPgDatabase, pgAvailable } from '../helpers/pg.js';
 import { execIn, localBoxesUnavailable, setUpServe } from './box-helpers.js';
 import { api, cleanTmp, tmp } from './helpers.js';
 
@@ -119,5 +120,45 @@ done`;
         expect(JSON.parse(body).detail, f).toBeTruthy();
       }
     });
+  });
+});
+
+// keygate's own database (DATABASE_URL) is keygate: a box must not talk to it through its proxy.
+const PG_DRIVER = !UNAVAILABLE.local ? 'local' : !UNAVAILABLE.docker ? 'docker' : null;
+describe.skipIf(!PG_DRIVER || !pgAvailable())(`hostile box vs keygate serve on PostgreSQL (${PG_DRIVER ?? 'no real driver'})`, () => {
+  let origin: EchoOrigin;
+  let server: RunningCli;
+  let db: URL;
+
+  beforeAll(async () => {
+    db = new URL(await freshPgDatabase());
+    const cfg = tmp();
+    const image = PG_DRIVER === 'docker' ? await ensureBoxImage(new DockerEngine(dockerSocket()!)) : undefined;
+    writeFileSync(path.join(cfg, 'templates.json'), JSON.stringify([{ name: 'box', description: 'hostile', ...(image ? { image } : { rootfs: 'host' }), environment: {} }]));
+    let env: NodeJS.ProcessEnv;
+    let dataDir: string;
+    ({ origin, dataDir, env } = await setUpServe(KEY, ORIGIN_HOST, { DATABASE_URL: db.toString() }));
+    server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir, '--sandbox-driver', PG_DRIVER!, '--config-dir', cfg], { env });
+    await waitForLine(server, (l) => l.startsWith('sandbox driver'));
+    const r = await api(server.url, KEY, 'POST', '/api/v2/sandboxes/boxes', { template_name: 'box', name: 'p1', wait_for_ready: true });
+    expect(r.body.status, r.text).toBe('ready');
+  }, 90_000);
+
+  afterAll(async () => {
+    if (server) await api(server.url, KEY, 'DELETE', '/api/v2/sandboxes/boxes/p1');
+    if (server) expect(await server.stop(), server.output().slice(-3000)).toBe(0);
+    await origin?.close();
+    cleanTmp();
+  });
+
+  it("property 3: keygate's PostgreSQL is out of reach through the box's proxy, by its name or any address", async () => {
+    const port = db.port || '5432';
+    const hosts = [db.hostname, '127.0.0.1', '127.0.0.2', 'localhost', ...hostAddresses()];
+    const script = `for h in "$@"; do echo "$h $(curl -s --noproxy '' -x http://127.0.0.1:3128 -p -o /dev/null -w '%{http_connect}' --max-time 5 "telnet://$h:${port}" </dev/null)"; done`;
+    const r = await execIn(server.url, KEY, 'p1', ['sh', '-c', script, 'sh', ...hosts]);
+    const lines = r.stdout.trim().split('\n');
+    expect(lines).toHaveLength(hosts.length);
+    // 403 from the proxy; 200 would be a tunnel to the database.
+    for (const line of lines) expect(line.split(' ')[1], line).toBe('403');
   });
 });
