@@ -95,6 +95,15 @@ done`;
       }
     });
 
+    it("property 1: dialled directly (no proxy), keygate's API answers at no address, IPv4 or IPv6", async () => {
+      const script = `for h in "$@"; do echo "$h $(curl -s --noproxy '*' -o /dev/null -w '%{http_code}' --max-time 3 "http://$h:${apiPort}/healthz")"; done`;
+      const hosts = [...hostSpellings(), '[::]', '0.0.0.0'];
+      const r = await run('h1', ['sh', '-c', script, 'sh', ...hosts]);
+      const lines = r.stdout.trim().split('\n');
+      expect(lines).toHaveLength(hosts.length);
+      for (const line of lines) expect(line.split(' ')[1], line).toBe('000');
+    });
+
     it("property 6: another box's proxy is out of reach at every address of this host", async () => {
       const other = (await A('GET', '/api/v2/sandboxes/boxes/h2')).body.proxy.url as string;
       const port = new URL(other).port;

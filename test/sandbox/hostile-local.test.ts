@@ -4,7 +4,8 @@
  * are readable there, so they must hold nothing of the server (its working directory included,
  * which is often the data directory or a checkout).
  */
-import { mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync } from 'node:fs';
+import net from 'node:net';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Box } from '../../src/sandbox/driver.js';
@@ -40,5 +41,38 @@ describe.skipIf(!probe.ok)(`local driver: what pid 1 shows a box (${probe.why})`
     expect(r.stdout).not.toContain('kg-marker');
     expect(r.stdout).not.toContain(TMP);
     expect(r.stdout).not.toContain(serverCwd);
+  });
+
+  // Property 1: abstract unix sockets have no path to hide behind a mount; they belong to a network
+  // namespace. A keygate-like listener on the host's abstract namespace must be out of reach.
+  it.skipIf(!existsSync('/usr/bin/python3'))('no host abstract unix socket, raw or packet socket is reachable from the box', async () => {
+    const name = `kg-hostile-${process.pid}`;
+    let hits = 0;
+    const srv = net.createServer((c) => {
+      hits++;
+      c.destroy();
+    });
+    await new Promise<void>((r) => srv.listen(`\0${name}`, r));
+    try {
+      // The host can reach it (the attack is real) ...
+      await new Promise<void>((resolve, reject) => net.connect(`\0${name}`).on('connect', resolve).on('error', reject));
+      const py = `
+import socket
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect("\\0${name}"); print("CONNECTED abstract")
+except OSError as e: print("refused abstract", e.errno)
+for fam, typ, proto in [(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP), (socket.AF_PACKET, socket.SOCK_RAW, 0), (socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)]:
+    try:
+        socket.socket(fam, typ, proto); print("OPEN raw", fam)
+    except OSError as e: print("refused raw", e.errno)
+`;
+      const r = await run(box, ['python3', '-c', py]);
+      expect(r.exitCode, r.stderr).toBe(0);
+      expect(r.stdout.trim().split('\n')).toEqual(['refused abstract 111', 'refused raw 1', 'refused raw 1', 'refused raw 1']);
+      expect(hits).toBe(1); // only the host's own connection
+    } finally {
+      await new Promise((r) => srv.close(r));
+    }
   });
 });
