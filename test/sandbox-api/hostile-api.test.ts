@@ -2,6 +2,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import WebSocket from 'ws';
 import type { EchoOrigin } from '../../src/sandbox-api/demo-origin.js';
 import { DockerEngine } from '../../src/docker/engine.js';
 import { boxImageUnavailableReason, ensureBoxImage } from '../helpers/box-image.js';
@@ -114,6 +115,40 @@ done`;
         expect(['403', '502', '000'], line).toContain(connect);
       }
     });
+
+    it("property 5: stdin sent faster than the command reads is not buffered by the server: backpressure reaches the client, and nothing is lost", async () => {
+      const MiB = 1024 * 1024;
+      const frame = JSON.stringify({ type: 'stdin', data: 'x'.repeat(MiB / 2) });
+      const open = (command: string, timeout: number) => {
+        const ws = new WebSocket(`${server.url.replace('http', 'ws')}/api/v2/sandboxes/boxes/h1/execute/ws`, { headers: { 'x-api-key': KEY } });
+        const msgs: any[] = [];
+        ws.on('message', (m) => msgs.push(JSON.parse(m.toString())));
+        const closed = new Promise<void>((r) => ws.on('close', () => r()));
+        ws.on('error', () => undefined);
+        return new Promise<{ ws: WebSocket; msgs: any[]; closed: Promise<void> }>((resolve) =>
+          ws.on('open', () => {
+            ws.send(JSON.stringify({ command, stdin: true, timeout_seconds: timeout }));
+            resolve({ ws, msgs, closed });
+          }),
+        );
+      };
+      // A command that never reads: 16 MiB pushed at once stay on the client's side.
+      const stalled = await open('sleep 600', 6);
+      for (let i = 0; i < 32; i++) stalled.ws.send(frame);
+      await new Promise((r) => setTimeout(r, 3000));
+      expect(stalled.ws.bufferedAmount).toBeGreaterThan(8 * MiB);
+      // Once the command ends (its timeout), the server reads again and the socket closes.
+      await stalled.closed;
+      expect(stalled.msgs.at(-1)?.type === 'exit' || stalled.msgs.at(-1)?.type === 'error', JSON.stringify(stalled.msgs.slice(-2))).toBe(true);
+      // A command that reads late gets every byte.
+      const late = await open('sleep 2; wc -c', 60);
+      for (let i = 0; i < 32; i++) late.ws.send(frame);
+      late.ws.send(JSON.stringify({ type: 'stdin_close' }));
+      await late.closed;
+      const out = late.msgs.filter((m) => m.type === 'stdout').map((m) => m.data).join('');
+      expect(out.trim()).toBe(String(16 * MiB));
+      expect(late.msgs.at(-1)).toMatchObject({ type: 'exit', exit_code: 0 });
+    }, 60_000);
 
     it('property 4: downloading a FIFO, or a symlink to /dev/zero, answers at once and never streams', async () => {
       const r = await run('h1', 'cd /workspace && mkfifo fifo && ln -s /dev/zero zero && ln -s /dev/urandom random && echo ok');
