@@ -43,6 +43,14 @@ describe.skipIf(!probe.ok)(`local driver: what pid 1 shows a box (${probe.why})`
     expect(r.stdout).not.toContain(serverCwd);
   });
 
+  // Property 4: /workspace is a host directory on the same file system as /usr and the data
+  // directory here; a hard link would let keygate's side see a host file as the box's.
+  it('a host file cannot be hard-linked into /workspace or /tmp', async () => {
+    const r = await run(box, ['sh', '-c', 'for t in /workspace/l1 /tmp/l2; do ln /usr/bin/env "$t" 2>&1 && echo "LINKED $t"; done; ln /etc/keygate/ca.pem /workspace/l3 2>&1 && echo LINKED ca; true']);
+    expect(r.stdout).not.toContain('LINKED');
+    expect(r.stdout).toMatch(/Invalid cross-device link|Operation not permitted|Read-only/);
+  });
+
   // Property 1: abstract unix sockets have no path to hide behind a mount; they belong to a network
   // namespace. A keygate-like listener on the host's abstract namespace must be out of reach.
   it.skipIf(!existsSync('/usr/bin/python3'))('no host abstract unix socket, raw or packet socket is reachable from the box', async () => {
