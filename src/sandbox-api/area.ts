@@ -1,3 +1,4 @@
+import { lookup } from 'node:dns/promises';
 import { readFileSync, unwatchFile, watchFile, type Stats } from 'node:fs';
 import path from 'node:path';
 import { ensureCa, type Ca } from '../certs/ca.js';
@@ -120,6 +121,18 @@ export function createSandboxArea(opts: SandboxAreaOptions = {}): Area {
         const { port } = new URL(url);
         for (const host of ['127.0.0.1', 'localhost', '[::1]']) service.denyToAll(`${host}:${port}`);
       });
+      // keygate's own PostgreSQL is keygate too (sandbox.md, property 3): no box talks to it
+      // through its proxy, by name or by any address the name has now.
+      if (ctx.db.kind === 'postgres' && ctx.env.DATABASE_URL) {
+        const db = databaseAuthority(ctx.env.DATABASE_URL);
+        if (db) {
+          service.denyToAll(formatAuthority(db.host, db.port));
+          app.addHook('onReady', async () => {
+            const answers = await lookup(db.host, { all: true }).catch(() => []);
+            for (const a of answers) service.denyToAll(formatAuthority(a.address, db.port));
+          });
+        }
+      }
 
       if (ctx.db.kind === 'sqlite') {
         // The embedded secrets file is shared with `keygate secrets set/delete`, which another
@@ -143,3 +156,19 @@ export function createSandboxArea(opts: SandboxAreaOptions = {}): Area {
 
 /** The area as loadAreas() lists it; `keygate serve` and `keygate start` replace it with one that has their driver. */
 export const sandboxArea: Area = createSandboxArea();
+
+/** The TCP host and port of a `postgres://` URL (default port 5432), or null for a unix socket or a URL that does not parse. */
+export function databaseAuthority(url: string): { host: string; port: number } | null {
+  let u: URL;
+  try {
+    u = new URL(url);
+  } catch {
+    return null;
+  }
+  if (!u.hostname || u.hostname.startsWith('%2F')) return null;
+  try {
+    return { host: normaliseHost(u.hostname), port: u.port ? Number(u.port) : 5432 };
+  } catch {
+    return null;
+  }
+}

@@ -92,18 +92,32 @@ export async function registerExecWebSocket(app: FastifyInstance, service: Sandb
       let closed = false;
       const fail = (err: unknown) => {
         send(ws, { type: 'error', detail: errorDetail(err) });
+        ws.resume(); // the closing handshake reads the client's close frame
         ws.close(1008);
       };
       ws.on('close', () => {
         closed = true;
         proc?.kill('SIGKILL'); // the client went away: so does its command
       });
-      // Frames that arrive while the execution is starting wait here, in order (bounded by the
-      // socket's own limits: the client cannot send faster than we read).
+      // Frames that arrive while the execution is starting wait here, in order (bounded: the
+      // socket is paused meanwhile, so only frames already received can land here).
       const pending: Record<string, unknown>[] = [];
       const control = (msg: Record<string, unknown>) => {
         if (!proc) return void pending.push(msg);
-        if (msg.type === 'stdin' && typeof msg.data === 'string') proc.stdin?.write(msg.data);
+        if (msg.type === 'stdin' && typeof msg.data === 'string') {
+          // Backpressure: a command that does not read its stdin stops us reading the socket, so
+          // a client can never make the server buffer stdin without bound (the client's own
+          // close, or the timeout, still ends the command).
+          const stdin = proc.stdin;
+          if (stdin?.writable && !stdin.write(msg.data) && !stdin.destroyed) {
+            ws.pause();
+            const go = () => {
+              stdin.off('drain', go).off('close', go);
+              ws.resume();
+            };
+            stdin.on('drain', go).on('close', go);
+          }
+        }
         else if (msg.type === 'stdin_close') proc.stdin?.end();
         else if (msg.type === 'kill') proc.kill(typeof msg.signal === 'string' && KILL_SIGNALS.has(msg.signal) ? (msg.signal as NodeJS.Signals) : 'SIGKILL');
         else fail(new HttpValidationError([{ loc: ['body', 'type'], msg: "Expected 'stdin', 'stdin_close' or 'kill'", type: 'value_error' }]));
@@ -119,6 +133,8 @@ export async function registerExecWebSocket(app: FastifyInstance, service: Sandb
         }
         if (starting) return control(msg);
         starting = true;
+        // Frames sent while the execution starts are not read until it has (see control).
+        ws.pause();
         void start(msg);
       });
 
@@ -141,6 +157,7 @@ export async function registerExecWebSocket(app: FastifyInstance, service: Sandb
         proc.stdin?.on('error', () => undefined); // the command may exit before reading its stdin
         send(ws, { type: 'started' });
         for (const m of pending.splice(0)) control(m);
+        if (!proc.stdin?.writableNeedDrain) ws.resume();
         const out = new CappedOutput();
         const errOut = new CappedOutput();
         forward(ws, proc.stdout, 'stdout', out);

@@ -270,7 +270,8 @@ export class LocalDriver implements SandboxDriver {
     // The arguments go through a pipe (`--args`): the box reads pid 1's command line, and host
     // paths of the data directory have no business there.
     const cmd = [...prefix, tools.bwrap, '--args', '4', '--', ...BOX_MAIN];
-    const child = spawn(cmd[0], cmd.slice(1), { env: HOST_HELPER_ENV, stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe'] });
+    // cwd `/`: bwrap's init is pid 1 in the box, whose environment (PWD) the box reads.
+    const child = spawn(cmd[0], cmd.slice(1), { env: HOST_HELPER_ENV, cwd: '/', stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe'] });
     const argsPipe = child.stdio[4] as NodeJS.WritableStream;
     argsPipe.on('error', () => undefined);
     argsPipe.end(args.map((a) => `${a}\0`).join(''));
