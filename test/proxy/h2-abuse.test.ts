@@ -8,7 +8,7 @@ import { describe, expect, it } from 'vitest';
 import { memoryOf } from '../helpers/proxy.js';
 import { useProxyFixture } from './fixture.js';
 import { h2Request, h2Through, tunnelTls } from './h2-helpers.js';
-import { converseH2, END_HEADERS, END_STREAM, frame, literalBlock, PREFACE, type Frame } from './h2-raw.js';
+import { converseH2, END_HEADERS, END_STREAM, frame, literalBlock, PREFACE, type Conversation, type Frame } from './h2-raw.js';
 
 const ctx = useProxyFixture();
 const HOST = 'api.test.local';
@@ -32,7 +32,7 @@ async function goodClientServed(): Promise<void> {
   }
 }
 
-async function attack(frames: Buffer[], until: (f: Frame[]) => boolean, ms = 4000): Promise<Frame[]> {
+async function attack(frames: Buffer[], until: (f: Frame[]) => boolean, ms = 4000): Promise<Conversation> {
   const t = await tunnelTls(ctx.f.proxy.port, HOST, ctx.f.origin.port, ctx.f.proxy.caPem, ['h2']);
   return converseH2(t, frames, until, ms);
 }
@@ -44,7 +44,11 @@ describe('HTTP/2 abuse limits', () => {
     const frames = [frame(1, 0, 1, literalBlock(headers()))];
     for (let i = 0; i < 2000; i++) frames.push(frame(9, 0, 1, pad)); // CONTINUATION without END_HEADERS
     const got = await attack(frames, (f) => goaway(f) || resets(f).length > 0);
-    expect(goaway(got) || resets(got).length > 0).toBe(true);
+    // Cut: a GOAWAY or a reset, or the connection closed by the proxy. The proxy closes while
+    // the flood is still arriving, so the kernel answers the rest with a reset, which can
+    // discard the GOAWAY before this client reads it (seen in CI under load). Never cut, the
+    // conversation would run to its clock with neither.
+    expect(goaway(got) || resets(got).length > 0 || got.closedByPeer).toBe(true);
     expect(ctx.f.origin.requests).toBe(before);
     await goodClientServed();
   });

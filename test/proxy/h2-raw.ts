@@ -52,12 +52,19 @@ export interface Frame {
   payload: Buffer;
 }
 
+/** Frames received, and whether the peer ended the connection (rather than `until` or the clock). */
+export type Conversation = Frame[] & { closedByPeer?: boolean };
+
 /** Sends the preface, an empty SETTINGS and `frames`, then collects frames until `until` holds, the socket closes or `ms` pass. */
-export function converseH2(socket: tls.TLSSocket, frames: Buffer[], until: (f: Frame[]) => boolean, ms = 3000): Promise<Frame[]> {
+export function converseH2(socket: tls.TLSSocket, frames: Buffer[], until: (f: Frame[]) => boolean, ms = 3000): Promise<Conversation> {
   return new Promise((resolve) => {
     let buf = Buffer.alloc(0);
-    const got: Frame[] = [];
-    const finish = () => {
+    const got: Conversation = [];
+    let done = false;
+    const finish = (byPeer = false) => {
+      if (done) return;
+      done = true;
+      got.closedByPeer = byPeer;
       clearTimeout(timer);
       socket.destroy();
       resolve(got);
@@ -76,7 +83,7 @@ export function converseH2(socket: tls.TLSSocket, frames: Buffer[], until: (f: F
       }
       if (until(got)) finish();
     });
-    socket.on('close', finish);
+    socket.on('close', () => finish(true));
     socket.on('error', () => undefined);
     socket.write(Buffer.concat([PREFACE, frame(4, 0, 0), ...frames]));
   });
