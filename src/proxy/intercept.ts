@@ -62,11 +62,19 @@ export async function intercept(dp: DataPath, minter: LeafMinter, exchanges: Exc
   dp.tunnels.set(tlsSocket, t);
   dp.track(tlsSocket);
   let secured = false;
-  let readAtSecure = 0;
-  const handshakeTimer = setTimeout(() => tlsSocket.destroy(), core.timeouts.tlsHandshakeMs);
+  // A failure already logged (an error with its cause) or not worth a line (the handshake clock).
+  let explained = false;
+  const handshakeTimer = setTimeout(() => {
+    explained = true;
+    tlsSocket.destroy();
+  }, core.timeouts.tlsHandshakeMs);
+  // The TCP socket came from the HTTP server, half-open allowed: a client that gives up during
+  // the handshake (FIN: a certificate it does not trust) would otherwise hold it until the clock.
+  tlsSocket.once('end', () => {
+    if (!secured) tlsSocket.destroy();
+  });
   tlsSocket.once('secure', () => {
     secured = true;
-    readAtSecure = client.bytesRead;
     clearTimeout(handshakeTimer);
     // From here the exchange's idle clock (on the TLS socket) applies, request-aware.
     client.setTimeout(0);
@@ -80,6 +88,7 @@ export async function intercept(dp: DataPath, minter: LeafMinter, exchanges: Exc
     // done: its alert (unknown CA, bad certificate) arrives after 'secure', and is still a handshake failure.
     if (!secured || /^ERR_SSL_.*ALERT/.test(err.code ?? '')) {
       clearTimeout(handshakeTimer);
+      explained = true;
       const reason = err.code ?? 'handshake failed';
       core.events.emit('tls_handshake', { host, ok: false, reason });
       core.logger.info({ type: 'tls_handshake', client: clientAddr, host, port, ok: false, reason }, `client TLS handshake failed: ${handshakeFailure(err)}`);
@@ -88,10 +97,13 @@ export async function intercept(dp: DataPath, minter: LeafMinter, exchanges: Exc
   });
   tlsSocket.once('close', () => {
     clearTimeout(handshakeTimer);
-    // A TLS 1.3 client that rejects the certificate often just closes, no alert: after 'secure'
-    // nothing came but at most a close_notify (24 bytes), too little for any request.
-    if (secured && client.bytesRead - readAtSecure < 40) {
-      core.logger.info({ type: 'tls_handshake', client: clientAddr, host, port, ok: false, reason: 'closed after handshake' }, 'client closed the connection right after the TLS handshake, without a request (does the client trust the keygate CA?)');
+    // A TLS 1.3 client that rejects the certificate often just closes, no alert, before its
+    // Finished reached the proxy (Node's client) or right after it: no application byte came.
+    // Counted on the TLS socket: the TCP socket's own count stops when TLS takes over its handle
+    // (reading that one put this line, and its cost, on every intercepted connection).
+    if (!explained && tlsSocket.bytesRead === 0) {
+      const when = secured ? 'right after' : 'during';
+      core.logger.info({ type: 'tls_handshake', client: clientAddr, host, port, ok: false, reason: `closed ${secured ? 'after' : 'during'} handshake` }, `client closed the connection ${when} the TLS handshake, without a request (does the client trust the keygate CA?)`);
     }
     client.destroy();
   });

@@ -14,7 +14,11 @@ export async function tunnelTls(proxyPort: number, host: string, port: number, c
   if (c.status !== 200) throw new Error(`CONNECT ${host}:${port} answered ${c.status}`);
   return new Promise((resolve, reject) => {
     const t = tls.connect({ socket: c.socket, servername: net.isIP(host) ? undefined : host, ca, ALPNProtocols: alpn }, () => resolve(t));
-    t.once('error', reject);
+    t.once('error', (err) => {
+      // As a real client does when the handshake fails: the connection closes.
+      c.socket.destroy();
+      reject(err);
+    });
   });
 }
 
