@@ -162,6 +162,10 @@ export async function startKeygate({ work, pki, token, names, originPort, extraA
   );
   writeFileSync(secrets, JSON.stringify({ BENCH_TOKEN: token }), { mode: 0o600 });
   const certs = path.join(dir, 'certs');
+  // The CA exists before the measured start, as in a deployment that created it once (`keygate ca
+  // init` or an earlier start): the start that creates a CA also loads the X.509 library, which
+  // would count in one peer's idle memory and not another's, depending on what bench/.work held.
+  if (!existsSync(path.join(certs, 'ca.pem'))) execFileSync(node, [path.join(REPO_ROOT, 'dist/cli/main.js'), 'ca', 'init', '--certs', certs], { stdio: 'ignore' });
   const logFile = path.join(dir, 'stdout.log');
   const resolve = names.flatMap((n) => ['--resolve', `${n}:${originPort}:127.0.0.1`]);
   const args = ['proxy', '--config', config, '--listen', '127.0.0.1:0', '--certs', certs, '--secrets', secrets, '--upstream-ca', pki.originCa, ...resolve, '--grace', '1', ...extraArgs];
