@@ -1,4 +1,5 @@
-import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { STATUS_CODES } from '../node-http.js';
 import type { Duplex } from 'node:stream';
 import { errorResponse, type ErrorResponse } from './errors.js';
 import { sendJson } from './http-json.js';

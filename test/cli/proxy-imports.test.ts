@@ -3,20 +3,23 @@
  * counts): the data path, its configuration and secret sources, never the stacks of the other
  * commands (fastify, the database drivers, ajv's compiler, the control plane, sandboxes), and
  * with a CA already on disk not @peculiar/x509 either (only creating a CA needs it). An
- * intercepted request on the fast path does not load undici's WebAssembly HTTP parser.
+ * intercepted request on the fast path does not load undici's WebAssembly HTTP parser, and
+ * Node's own bundled undici is not loaded at all (an ES import of node:http does that on Node
+ * >= 22: src/node-http.ts).
  *
- * Checked on a real process: every module it loads is recorded by a loader hook (ES modules)
- * and a require hook (CommonJS), preloaded with NODE_OPTIONS=--import, from start-up through one
- * intercepted request.
+ * Checked on a real process, on every Node this machine has: every module it loads is recorded
+ * by a loader hook (ES modules), a require hook (CommonJS) and, at exit, Node's list of its own
+ * modules, preloaded with NODE_OPTIONS=--import, from start-up through one intercepted request.
  */
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { interceptedTls, rawExchange } from '../helpers/connect.js';
+import { machineNodes, type NodeBin } from '../helpers/nodes.js';
 import { startOrigin, type TestOrigin } from '../helpers/origin.js';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
-import { spawnProxy } from '../helpers/proxy.js';
+import { CLI, spawnProxy } from '../helpers/proxy.js';
 import { CONFIG, NAMES, SECRET } from '../proxy/fixture.js';
 
 const HOST = 'api.test.local';
@@ -31,6 +34,7 @@ const NOT_LOADED: [string, RegExp][] = [
   ['jose', /\/node_modules\/jose\//],
   ["undici's HTTP parser on the fast path", /\/node_modules\/undici\/lib\/llhttp\/llhttp(_simd)?-wasm/],
   ["other commands' code", /^(?!.*\/node_modules\/).*\/dist\/(control-plane|sandbox|sandbox-api|runtime|deploy|docker|auth)\//],
+  ["Node's bundled undici", /^builtin:.*internal\/deps\/undici/],
 ];
 
 let pki: TestPki;
@@ -63,6 +67,7 @@ Module._load = function (request, parent, isMain) {
   } catch {}
   return load.apply(this, arguments);
 };
+process.on('exit', () => appendFileSync(process.env.KG_IMPORT_LOG, process.moduleLoadList.map((m) => 'builtin:' + m + '\\n').join('')));
 `,
   );
 });
@@ -73,7 +78,7 @@ afterAll(async () => {
 });
 
 /** Runs `keygate proxy` with the hooks (CA in `certsDir`), sends one intercepted request, returns the loaded files. */
-async function loadedBy(certsDir: string): Promise<string[]> {
+async function loadedBy(node: NodeBin, certsDir: string): Promise<string[]> {
   const log = path.join(dir, `loaded-${Date.now()}.txt`);
   writeFileSync(log, '');
   const proxy = await spawnProxy({
@@ -82,6 +87,7 @@ async function loadedBy(certsDir: string): Promise<string[]> {
     resolve: NAMES.map((n) => `${n}:${origin.port}:127.0.0.1`),
     upstreamCa: [pki.caPem],
     certsDir,
+    command: [node.bin, CLI],
     env: { KG_IMPORT_LOG: log, NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import ${path.join(dir, 'preload.mjs')}`.trim() },
   });
   try {
@@ -96,14 +102,15 @@ async function loadedBy(certsDir: string): Promise<string[]> {
 }
 
 describe('keygate proxy loads the data path only', () => {
-  it('with an existing CA: none of the other commands\' stacks, no x509 library, no undici parser for a fast-path request', async () => {
-    const certsDir = path.join(dir, 'certs');
+  it.each(machineNodes().map((n) => [n.name, n] as const))('%s, with an existing CA: none of the other commands\' stacks, no x509 library, no undici', async (_name, node) => {
+    const certsDir = path.join(dir, `certs-${node.major}`);
     // The first start creates the CA (that one may load @peculiar/x509); the second is the one judged.
-    await loadedBy(certsDir);
-    const loaded = await loadedBy(certsDir);
+    await loadedBy(node, certsDir);
+    const loaded = await loadedBy(node, certsDir);
     // The hooks saw the process: the data path and its dependencies are in the list.
     expect(loaded.some((f) => f.includes('/dist/proxy/h1/connection.js'))).toBe(true);
     expect(loaded.some((f) => f.includes('/node_modules/pino/'))).toBe(true);
+    expect(loaded.some((f) => f.startsWith('builtin:') && f.includes('NativeModule tls'))).toBe(true);
     const found = NOT_LOADED.map(([what, re]) => [what, loaded.filter((f) => re.test(f))] as const).filter(([, files]) => files.length > 0);
     expect(found).toEqual([]);
   });
