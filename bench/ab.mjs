@@ -31,6 +31,6 @@ variants.forEach((v, j) => {
   const rs = results[j];
   const rate = (r) => r.rps ?? (r.runs ? med(r.runs.map((x) => x.mib_s)) : 0);
   console.log(
-    `${v || '(as built)'}: rate ${med(rs.map(rate)).toFixed(0)} [${rs.map((r) => Math.round(rate(r))).join(' ')}]  cpu ${med(rs.map((r) => r.cpu_us_per_req ?? 0)).toFixed(0)}  p50 ${med(rs.map((r) => r.p50_ms ?? 0)).toFixed(2)} ms  idle ${med(rs.map((r) => r.idle)).toFixed(1)}  peak ${med(rs.map((r) => r.peak)).toFixed(1)} MiB`,
+    `${v || '(as built)'}: rate ${med(rs.map(rate)).toFixed(0)} [${rs.map((r) => Math.round(rate(r))).join(' ')}]  cpu ${med(rs.map((r) => r.cpu_us_per_req ?? 0)).toFixed(0)} [${rs.map((r) => Math.round(r.cpu_us_per_req ?? 0)).join(' ')}]  p50 ${med(rs.map((r) => r.p50_ms ?? 0)).toFixed(2)} ms  idle ${med(rs.map((r) => r.idle)).toFixed(1)}  peak ${med(rs.map((r) => r.peak)).toFixed(1)} MiB`,
   );
 });

@@ -4,13 +4,16 @@
 // flags), one phase, one JSON line: the client's figures plus the proxy's CPU (`cpu_us_per_req`;
 // for bulk, ms of CPU per GiB), `util` (its CPU share), `idle` and `peak` RSS (MiB).
 //
-// usage: node bench/phase.mjs [--mode small|bulk|probe|fresh] [--connections 32] [--seconds 5]
+// usage: node bench/phase.mjs [--mode small|bulk|probe|fresh] [--known [--count 20] (probe, fresh: new
+//          connections to --host)] [--connections 32] [--seconds 5]
 //          [--host bench.test|plain.test] [--cpu-prof] [--strace FILE [--strace-raw]]
 //          [--repeats N (bulk)] [--perf FILE (perf record of keygate; add
 //          KEYGATE_NODE_ARGS=--perf-basic-prof for JS names)] [--keygate-arg ARG]...
 // env: KEYGATE_NODE_ARGS  extra node flags for keygate (space separated, given as NODE_OPTIONS), e.g. --trace-gc
 //      BENCH_NODE         the node binary keygate's bin runs on (default: the one running this script)
 //      and any KEYGATE_* setting, passed through to keygate.
+//      KEYGATE_BENCH_BASE=DIR  the bin of another built checkout instead of this one (an earlier
+//      commit; in bench/ab.mjs, a variant beside "").
 //      BENCH_PROXY=squid|bare  measure squid, or the bare Node TLS pipe (bench/lib/bare-proxy.mjs,
 //      the ceiling of any Node proxy), instead of keygate: in bench/ab.mjs, a variant.
 import path from 'node:path';
@@ -33,6 +36,8 @@ const { values: o } = parseArgs({
     repeats: { type: 'string', default: '3' },
     perf: { type: 'string' },
     'keygate-arg': { type: 'string', multiple: true, default: [] },
+    known: { type: 'boolean', default: false },
+    count: { type: 'string', default: '20' },
   },
 });
 const WORK = path.join(BENCH_DIR, '.work');
@@ -47,7 +52,7 @@ try {
   const which = process.env.BENCH_PROXY ?? 'keygate';
   if (which === 'squid') kg = await startSquid({ work: WORK, pki, token: 'phase-token', names });
   else if (which === 'bare') kg = await startBare({ work: WORK, pki, originPort: origin.port });
-  else kg = await startKeygate({ work: WORK, pki, token: 'phase-token', names, originPort: origin.port, extraArgs: o['keygate-arg'], nodeArgs, node: process.env.BENCH_NODE ?? process.execPath });
+  else kg = await startKeygate({ work: WORK, pki, token: 'phase-token', names, originPort: origin.port, extraArgs: o['keygate-arg'], nodeArgs, node: process.env.BENCH_NODE ?? process.execPath, ...(process.env.KEYGATE_BENCH_BASE ? { repo: process.env.KEYGATE_BENCH_BASE } : {}) });
   await new Promise((r) => setTimeout(r, 1500));
   const idle = rssMiB(kg.pid);
   const client = (spec) =>
@@ -69,13 +74,15 @@ try {
     pf = spawn('perf', ['record', '-F', '1999', '-p', String(kg.pid), '-o', o.perf], { stdio: 'ignore' });
     await new Promise((r) => setTimeout(r, 500));
   }
+  // First requests: to 20 names the proxy has not seen, or (--known) --count times to --host.
+  const firstHosts = o.known ? Array(Number(o.count)).fill(o.host) : names.slice(2);
   const c0 = cpuSeconds(kg.pid);
   const t0 = performance.now();
   let r;
   if (o.mode === 'small') r = await client({ ...base, mode: 'small', host: o.host, connections: Number(o.connections), durationMs: Number(o.seconds) * 1000, warmupMs: 500 });
   else if (o.mode === 'bulk') r = await client({ ...base, mode: 'bulk', host: o.host, expectBytes: 100 * 1048576, warmupTransfers: 1, repeats: Number(o.repeats) });
-  else if (o.mode === 'probe') r = await probe({ proxyPort: kg.port, originPort: origin.port, hosts: names.slice(2), ca: [kg.ca, pki.originCa] });
-  else if (o.mode === 'fresh') r = await client({ ...base, mode: 'fresh', hosts: names.slice(2) });
+  else if (o.mode === 'probe') r = await probe({ proxyPort: kg.port, originPort: origin.port, hosts: firstHosts, ca: [kg.ca, pki.originCa] });
+  else if (o.mode === 'fresh') r = await client({ ...base, mode: 'fresh', hosts: firstHosts });
   else throw new Error(`unknown --mode ${o.mode}`);
   const c1 = cpuSeconds(kg.pid);
   if (pf) {
@@ -87,7 +94,8 @@ try {
     await new Promise((res) => st.on('close', res));
   }
   r.util = (c1 - c0) / ((performance.now() - t0) / 1000);
-  r.cpu_us_per_req = r.total ? ((c1 - c0) * 1e6) / r.total : r.runs ? ((c1 - c0) * 1e3) / ((r.runs.length + 1) * (100 / 1024)) : undefined;
+  // small: us per request; bulk: ms per GiB; probe, fresh: us per new connection (its one request included).
+  r.cpu_us_per_req = r.total ? ((c1 - c0) * 1e6) / r.total : r.runs ? ((c1 - c0) * 1e3) / ((r.runs.length + 1) * (100 / 1024)) : ((c1 - c0) * 1e6) / firstHosts.length;
   r.idle = idle;
   r.peak = peakRssMiB(kg.pid);
   console.log(JSON.stringify(r));

@@ -172,6 +172,10 @@ export async function startKeygate({ work, pki, token, names, originPort, extraR
   );
   writeFileSync(secrets, JSON.stringify({ BENCH_TOKEN: token }), { mode: 0o600 });
   const certs = path.join(dir, 'certs');
+  // The CA exists before the measured start, as in a deployment that created it once (`keygate ca
+  // init` or an earlier start): the start that creates a CA also loads the X.509 library, which
+  // would count in one peer's idle memory and not another's, depending on what bench/.work held.
+  if (!existsSync(path.join(certs, 'ca.pem'))) execFileSync(node, [path.join(REPO_ROOT, 'dist/cli/main.js'), 'ca', 'init', '--certs', certs], { stdio: 'ignore' });
   const logFile = path.join(dir, 'stdout.log');
   // extraResolve: host:port:address entries for other local servers (the h2 phase's gRPC origin).
   const resolve = [...names.map((n) => `${n}:${originPort}:127.0.0.1`), ...extraResolve].flatMap((r) => ['--resolve', r]);

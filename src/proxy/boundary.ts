@@ -1,4 +1,5 @@
-import http, { type IncomingMessage } from 'node:http';
+import type http from 'node:http';
+import type { IncomingMessage } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { formatAuthority } from '../rules/host.js';

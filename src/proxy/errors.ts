@@ -1,5 +1,5 @@
 import type { ServerResponse } from 'node:http';
-import { STATUS_CODES } from 'node:http';
+import { STATUS_CODES } from '../node-http.js';
 import type { Duplex } from 'node:stream';
 
 /**

@@ -1,4 +1,5 @@
-import http, { type IncomingMessage, type ServerResponse } from 'node:http';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import http from '../node-http.js';
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { formatAuthority, parseAuthority } from '../rules/host.js';
@@ -17,7 +18,7 @@ import { refuseUpgrade, relayUpgrade } from './websocket.js';
  * policy by name, and an absolute-form `http://` request goes through the plan step and is
  * forwarded as is (never with a rule's headers). Everything refused closes the connection.
  */
-export function createListener(dp: DataPath, intercept: (client: Socket, head: Buffer, host: string, port: number, clientAddr: string) => void): http.Server {
+export function createListener(dp: DataPath, intercept: (client: Socket, head: Buffer, host: string, port: number, clientAddr: string) => void): Server {
   const { core, limits, boundary } = dp;
   const front = http.createServer(serverOptions(limits));
   front.timeout = limits.idleTimeoutMs;

@@ -1,4 +1,5 @@
-import http, { type IncomingMessage, type ServerResponse } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import http from '../node-http.js';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import { checkExpectationsInPlan, factsOf, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';

@@ -1,5 +1,5 @@
-import http, { type IncomingMessage } from 'node:http';
-import { STATUS_CODES } from 'node:http';
+import type { IncomingMessage, RequestOptions } from 'node:http';
+import http, { STATUS_CODES } from '../node-http.js';
 import type { Duplex } from 'node:stream';
 import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore } from './context.js';
@@ -66,7 +66,7 @@ function relayTo(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Bu
     setHost: false,
     // No agent: with createConnection, node:http uses our (verified) socket for this one request.
     createConnection: () => (t.scheme === 'https' ? core.upstream.connectTls(t.host, t.port, address) : core.upstream.connectTcp(t.host, t.port, address)),
-  } as http.RequestOptions);
+  } as RequestOptions);
   const timer = setTimeout(() => upReq.destroy(Object.assign(new Error('timeout'), { code: 'UND_ERR_HEADERS_TIMEOUT' })), core.timeouts.headersMs);
   socket.on('error', () => upReq.destroy());
 

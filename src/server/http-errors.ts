@@ -1,4 +1,5 @@
-import { maxHeaderSize, STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import http, { STATUS_CODES } from '../node-http.js';
 import type { Duplex } from 'node:stream';
 import type { Server } from 'node:net';
 import { errorResponse, type ErrorResponse } from './errors.js';
@@ -124,7 +125,7 @@ export function onClientError(err: Error & { code?: string }, socket: Duplex): v
   const lines = headLinesOf(socket);
   const parsed = err as { rawPacket?: unknown; bytesParsed?: number };
   const packet = Buffer.isBuffer(parsed.rawPacket) ? parsed.rawPacket : undefined;
-  const limit = (socket as Duplex & { server?: { maxHeaderSize?: number } }).server?.maxHeaderSize ?? maxHeaderSize;
+  const limit = (socket as Duplex & { server?: { maxHeaderSize?: number } }).server?.maxHeaderSize ?? http.maxHeaderSize;
   const known = lines?.overflowed(err.code, limit, packet, parsed.bytesParsed) ? { code: 'HPE_HEADER_OVERFLOW', requestLineBytes: lines.requestLineBytes(packet, parsed.bytesParsed) } : err;
   socket.end(rawErrorResponse(errorResponse(known)));
   // end() flushes the answer; destroy afterwards in case the peer never reads it.

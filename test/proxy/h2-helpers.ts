@@ -15,7 +15,8 @@ export async function tunnelTls(proxyPort: number, host: string, port: number, c
   return new Promise((resolve, reject) => {
     const t = tls.connect({ socket: c.socket, servername: net.isIP(host) ? undefined : host, ca, ALPNProtocols: alpn }, () => resolve(t));
     t.once('error', (err) => {
-      // As a real client's would: a TLS socket over a given socket leaves that one open.
+      // As a real client does when the handshake fails: the connection closes (a TLS socket over
+      // a given socket would leave that one open).
       c.socket.destroy();
       reject(err);
     });

@@ -355,6 +355,22 @@ describe('HTTP/2 requests that could become HTTP/1.1 framing are refused, never 
 });
 
 describe('client handshake failures say what failed', () => {
+  it('a connection that made a request (HTTP/1.1 or h2) is not logged as closed right after the handshake', async () => {
+    const closedEarly = () => proxy.output().split('\n').filter((l) => / the TLS handshake, without a request/.test(l)).length;
+    const before = closedEarly();
+    const t1 = await tunnelTls(proxy.port, HOST, origin.port, proxy.caPem, ['http/1.1']);
+    const r = await rawExchange(t1, `GET /repos/served-h1 HTTP/1.1\r\nHost: ${authority()}\r\nConnection: close\r\n\r\n`);
+    expect(r.status).toBe(200);
+    t1.destroy();
+    const s = await session();
+    expect((await h2Request(s, { ':method': 'GET', ':path': '/repos/served-h2', ':authority': authority() })).status).toBe(200);
+    await new Promise<void>((resolve) => s.close(() => resolve()));
+    await expect.poll(() => proxy.output()).toMatch(/served-h1[\s\S]*served-h2|served-h2[\s\S]*served-h1/);
+    // The proxy's close handlers run after the records; its log goes out in batches of 100 ms.
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    expect(closedEarly()).toBe(before);
+  });
+
   it('TLS 1.1 only: logged as no protocol version in common', async () => {
     const c = await connectTunnel(proxy.port, authority());
     await new Promise<void>((resolve) => {

@@ -1,4 +1,4 @@
-import { STATUS_CODES } from 'node:http';
+import { STATUS_CODES } from '../../node-http.js';
 import type { TLSSocket } from 'node:tls';
 import type { CompiledConfig, CompiledRule } from '../../rules/compile.js';
 import { urlAuthority } from '../../rules/host.js';
