@@ -86,6 +86,9 @@ describe('keygate serve restarting with many boxes in its store', () => {
     const ports = running.map((b) => Number(new URL(b.proxy.url!).port));
     expect(new Set(ports).size).toBe(running.length);
     for (const p of ports) expect(await portAccepts(p)).toBe(true);
+    // The summary line follows the last restore; the logger writes in batches, so it may land
+    // just after the API already shows every box ready (seen in CI): wait for it, bounded.
+    await waitFor(async () => server!.output().includes('"msg":"sandboxes restored"') || undefined, 'the restore summary line', 10_000);
     expect(server.output()).toContain('"msg":"sandboxes restored"');
   }, 240_000);
 });
