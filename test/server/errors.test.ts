@@ -108,7 +108,14 @@ describe('framework errors come out as {"detail": ...} with the right status', (
     ['a 20 KiB request line', 414, `GET /v2/deployments/${'c'.repeat(20 * 1024)} HTTP/1.1\r\nHost: x\r\n\r\n`],
   ])('%s: always %i, however the bytes arrive (issue #18, class 4)', async (_name, status, bytes) => {
     const port = Number(new URL(server.url).port);
-    for (const [how, parts] of segmentations(bytes)) expect(await statusAfterPieces(port, parts), how).toBe(status);
+    for (const [how, parts] of segmentations(bytes)) {
+      // No answer at all (0) was seen once in CI for 1000-byte pieces: the client was still
+      // writing when the server closed, and the reset can discard an answer already sent. That
+      // is not a second status; it is asked again (twice at most). Any status but `status` fails.
+      let got = await statusAfterPieces(port, parts);
+      for (let again = 0; got === 0 && again < 2; again++) got = await statusAfterPieces(port, parts);
+      expect(got, how).toBe(status);
+    }
   }, 60_000);
 
   it('a URL longer than the parser allows is answered in the wire shape too', async () => {
