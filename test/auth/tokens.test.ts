@@ -416,7 +416,7 @@ function defineSuite(name: string, databaseUrl: () => Promise<string>, full: boo
       const landed = await browse(bad.body.url, `${h.server.url}/v2/auth/callback/`);
       expect(landed.status).toBe(502);
       expect((await call(h.server.url, 'GET', `/v2/auth/wait/${bad.body.auth_id}?timeout=1`, { key: h.alice })).body).toEqual({ status: 'failed' });
-      expect(h.server.output()).toMatch(/"reason":"the token endpoint answered HTTP 401 \(invalid_client\)"/);
+      await expect.poll(() => h.server.output(), { timeout: 10_000 }).toMatch(/"reason":"the token endpoint answered HTTP 401 \(invalid_client\)"/);
       expect((await call(h.server.url, 'GET', '/v2/auth/tokens?provider_id=badsecret', { key: h.alice })).body).toEqual([]);
     });
 
