@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { createReadStream, createWriteStream, rmSync } from 'node:fs';
+import { open } from 'node:fs/promises';
 import path from 'node:path';
 import { PassThrough, Readable, Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -146,9 +147,13 @@ export async function writeBoxFile(ctx: FilesContext, boxPath: string, body: Rea
 
   const spool = path.join(ctx.spoolDir, `upload-${randomBytes(8).toString('hex')}`);
   const counter = { n: 0 };
+  // The spool file is created here, before the copy: a write stream that opens it by itself can
+  // still be opening (and then create it) after a refused body has already been cleaned up below,
+  // which left `upload-*` files behind on the host.
+  const spoolFile = await open(spool, 'wx', 0o600);
   try {
     try {
-      await pipeline(body, bounded(maxBytes, counter), createWriteStream(spool, { mode: 0o600 }));
+      await pipeline(body, bounded(maxBytes, counter), createWriteStream('', { fd: spoolFile }));
     } catch (err) {
       if (err instanceof BoxFileError) throw err;
       throw new Error('the upload was cut');
@@ -169,5 +174,6 @@ export async function writeBoxFile(ctx: FilesContext, boxPath: string, body: Rea
     throw new Error(`the engine refused a file write (${res.statusCode})`);
   } finally {
     rmSync(spool, { force: true });
+    await spoolFile.close().catch(() => undefined);
   }
 }
