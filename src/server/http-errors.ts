@@ -114,6 +114,9 @@ export function rawErrorResponse(r: ErrorResponse): string {
  * it is only destroyed.
  */
 export function onClientError(err: Error & { code?: string }, socket: Duplex): void {
+  // Node's parser stays in its error state and reports again for every later chunk (or a timeout
+  // fires): the answer is already going out and the socket is draining; nothing more to do.
+  if (answered.has(socket)) return;
   // Node's own handler makes the same check: a response in flight on this socket has begun.
   const inFlight = (socket as Duplex & { _httpMessage?: ServerResponse })._httpMessage;
   if (err.code === 'ECONNRESET' || !socket.writable || inFlight?.headersSent) {
@@ -127,9 +130,38 @@ export function onClientError(err: Error & { code?: string }, socket: Duplex): v
   const packet = Buffer.isBuffer(parsed.rawPacket) ? parsed.rawPacket : undefined;
   const limit = (socket as Duplex & { server?: { maxHeaderSize?: number } }).server?.maxHeaderSize ?? http.maxHeaderSize;
   const known = lines?.overflowed(err.code, limit, packet, parsed.bytesParsed) ? { code: 'HPE_HEADER_OVERFLOW', requestLineBytes: lines.requestLineBytes(packet, parsed.bytesParsed) } : err;
+  answered.add(socket);
   socket.end(rawErrorResponse(errorResponse(known)));
-  // end() flushes the answer; destroy afterwards in case the peer never reads it.
-  setTimeout(() => socket.destroy(), 1000).unref();
+  drainThenClose(socket);
+}
+
+/** Sockets whose parser refusal has been answered (see {@link onClientError}). */
+const answered = new WeakSet<Duplex>();
+
+/**
+ * After a parser refusal's answer: what the client still sends (the rest of an oversized head, a
+ * body) is read and dropped until it closes its side, within {@link DISCARD_MAX_BYTES} and
+ * {@link DISCARD_MAX_MS}. Closing with unread bytes in the kernel's receive queue makes it send a
+ * reset instead of a FIN, and a reset can discard the answer before the client reads it (seen as
+ * no answer at all when a long head arrived in small pieces). Node's own data handler is removed:
+ * its parser is in its error state and would only report the same error again.
+ */
+function drainThenClose(socket: Duplex): void {
+  let left = DISCARD_MAX_BYTES;
+  const cut = () => {
+    clearTimeout(timer);
+    socket.destroy();
+  };
+  const timer = setTimeout(cut, DISCARD_MAX_MS).unref();
+  socket.once('close', () => clearTimeout(timer));
+  socket.removeAllListeners('data');
+  socket.on('data', (chunk: Buffer) => {
+    left -= chunk.length;
+    if (left < 0) cut();
+  });
+  // The client closed its side: close once the answer is flushed (destroy() would drop it).
+  socket.once('end', () => (socket.writableFinished ? cut() : socket.once('finish', cut)));
+  socket.resume();
 }
 
 /**
