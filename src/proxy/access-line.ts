@@ -1,3 +1,4 @@
+import diagnosticsChannel from 'node:diagnostics_channel';
 import { pino, type Logger } from 'pino';
 import type { RequestRecord } from './context.js';
 
@@ -17,10 +18,13 @@ import type { RequestRecord } from './context.js';
  * destination), so a child logger's bindings and the batching destination of src/log.ts apply
  * as before. A logger this serialiser cannot stand in for exactly (a mixin, hooks, formatters,
  * serializers or stringifiers for a record key, a nested or renamed message key, a message
- * prefix) gets the line from pino itself.
+ * prefix) gets the line from pino itself, as does every line while someone subscribes to
+ * pino's `pino_asJson` tracing channel.
  */
 
 const S = pino.symbols;
+/** pino traces its serialisation on this channel; with a subscriber, pino writes the line itself. */
+const asJsonChannel = diagnosticsChannel.tracingChannel('pino_asJson');
 /** Not in pino's type declarations, but in pino.symbols at run time (10.x). */
 const msgPrefixSym = (pino.symbols as unknown as Record<string, symbol>).msgPrefixSym;
 type Internals = Record<string | symbol, unknown>;
@@ -133,7 +137,7 @@ function fixedShape(rec: RequestRecord): boolean {
 
 /** Writes the access line of `rec` at `level` ('info' or 'warn') through `log`. */
 export function requestLine(log: Logger, rec: RequestRecord, level: 'info' | 'warn'): void {
-  if (!plain(log) || !fixedShape(rec)) {
+  if (!plain(log) || !fixedShape(rec) || asJsonChannel.hasSubscribers !== false) {
     log[level](rec, 'request');
     return;
   }

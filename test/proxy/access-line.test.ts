@@ -1,3 +1,4 @@
+import diagnosticsChannel from 'node:diagnostics_channel';
 import { describe, expect, it } from 'vitest';
 import { pino, type DestinationStream, type Logger, type LoggerOptions } from 'pino';
 import { createLogger } from '../../src/log.js';
@@ -116,6 +117,20 @@ describe('access line (hand-written serialiser)', () => {
       expect(got).toEqual(want);
     }
     expect(both((d) => logger(d, { serializers: { path: () => 'hidden' } }), rec, 'info')[1][0]).toContain('"path":"hidden"');
+  });
+
+  it("leaves the line to pino while pino's tracing channel has a subscriber", () => {
+    const ch = diagnosticsChannel.tracingChannel('pino_asJson');
+    let traced = 0;
+    const handlers = { start: () => traced++, end: () => undefined, asyncStart: () => undefined, asyncEnd: () => undefined, error: () => undefined };
+    ch.subscribe(handlers);
+    try {
+      const [want, got] = both((d) => logger(d), records()[0], 'info');
+      expect(got).toEqual(want);
+      expect(traced).toBe(2); // pino's own line and the one requestLine handed to it
+    } finally {
+      ch.unsubscribe(handlers);
+    }
   });
 
   it('leaves a record with another shape to pino', () => {
