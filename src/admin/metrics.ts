@@ -53,7 +53,8 @@ class Counter implements Metric {
     private readonly unlabelled = false,
   ) {}
 
-  private entry(labels: Labels) {
+  /** The series of `labels`, created at 0; the object stays this series' for the registry's life. */
+  entry(labels: Labels): { labels: Labels; value: number } {
     const key = seriesKey(labels);
     let e = this.values.get(key);
     if (!e) this.values.set(key, (e = { labels, value: 0 }));
@@ -80,8 +81,15 @@ class Counter implements Metric {
   }
 }
 
+interface HistogramSeries {
+  labels: Labels;
+  counts: number[];
+  sum: number;
+  count: number;
+}
+
 class Histogram implements Metric {
-  private readonly series = new Map<string, { labels: Labels; counts: number[]; sum: number; count: number }>();
+  private readonly series = new Map<string, HistogramSeries>();
   constructor(
     readonly name: string,
     readonly help: string,
@@ -89,9 +97,18 @@ class Histogram implements Metric {
   ) {}
 
   observe(labels: Labels, value: number): void {
+    this.observeIn(this.entry(labels), value);
+  }
+
+  /** The series of `labels`, created empty; the object stays this series' for the registry's life. */
+  entry(labels: Labels): HistogramSeries {
     const key = seriesKey(labels);
     let s = this.series.get(key);
     if (!s) this.series.set(key, (s = { labels, counts: this.buckets.map(() => 0), sum: 0, count: 0 }));
+    return s;
+  }
+
+  observeIn(s: HistogramSeries, value: number): void {
     for (let i = 0; i < this.buckets.length; i++) if (value <= this.buckets[i]) s.counts[i]++;
     s.sum += value;
     s.count++;
@@ -125,6 +142,13 @@ interface TunnelEvent {
   phase: 'open' | 'close';
   decision: string;
   status?: number;
+}
+
+interface RequestSeries {
+  requests: { value: number };
+  injections?: { value: number };
+  injectedHeaders?: { value: number };
+  duration: HistogramSeries;
 }
 
 export class ProxyMetrics {
@@ -174,14 +198,17 @@ export class ProxyMetrics {
   attach(events: EventEmitter, caExpiry?: () => { daysLeft: number }): () => void {
     this.caExpirySource = caExpiry;
     const onRequest = (r: RequestEvent) => {
-      const rule = r.rule ?? '';
-      this.requests.inc({ decision: r.decision, rule, status: String(r.status), proto: r.proto });
+      const s = this.requestSeries(r);
+      s.requests.value++;
       const injected = r.injected?.length ?? 0;
       if (injected > 0) {
-        this.injections.inc({ rule });
-        this.injectedHeaders.inc({ rule }, injected);
+        // Made on the first injection only: a rule that never injected has no series (as before).
+        s.injections ??= this.injections.entry({ rule: r.rule ?? '' });
+        s.injectedHeaders ??= this.injectedHeaders.entry({ rule: r.rule ?? '' });
+        s.injections.value++;
+        s.injectedHeaders.value += injected;
       }
-      this.duration.observe({ decision: r.decision, proto: r.proto }, r.duration_ms / 1000);
+      this.duration.observeIn(s.duration, r.duration_ms / 1000);
     };
     const onTunnel = (t: TunnelEvent) => {
       if (t.phase === 'open') {
@@ -221,6 +248,32 @@ export class ProxyMetrics {
       // Only the attachment that set the CA source clears it.
       if (this.caExpirySource === caExpiry) this.caExpirySource = undefined;
     };
+  }
+
+  /**
+   * The series a request event adds to, found through nested maps keyed by the event's own
+   * values instead of a series key string built and hashed per request (the decision, protocol
+   * and rule name strings are the same objects request after request, so their hashes are
+   * cached). A series, once made, lives as long as the registry, as it does in the maps.
+   */
+  private readonly requestSeriesCache = new Map<string, Map<string, Map<string, Map<number, RequestSeries>>>>();
+  private requestSeries(r: RequestEvent): RequestSeries {
+    const rule = r.rule ?? '';
+    let byProto = this.requestSeriesCache.get(r.decision);
+    if (!byProto) this.requestSeriesCache.set(r.decision, (byProto = new Map()));
+    let byRule = byProto.get(r.proto);
+    if (!byRule) byProto.set(r.proto, (byRule = new Map()));
+    let byStatus = byRule.get(rule);
+    if (!byStatus) byRule.set(rule, (byStatus = new Map()));
+    let s = byStatus.get(r.status);
+    if (!s) {
+      s = {
+        requests: this.requests.entry({ decision: r.decision, rule, status: String(r.status), proto: r.proto }),
+        duration: this.duration.entry({ decision: r.decision, proto: r.proto }),
+      };
+      byStatus.set(r.status, s);
+    }
+    return s;
   }
 
   recordApply(source: string, result: 'applied' | 'rejected', generation?: number): void {

@@ -1,6 +1,7 @@
 import type { Logger } from '../log.js';
 import type { Decision } from '../rules/compile.js';
 import type { ProxyCore, RequestRecord } from './context.js';
+import { requestLine } from './access-line.js';
 
 /**
  * The one place request records are built, logged and emitted, whichever exchange served the
@@ -63,7 +64,6 @@ export function accessLog(core: ProxyCore): Logger {
 export function finishRecord(core: ProxyCore, rec: RequestRecord, started: number): void {
   rec.duration_ms = Math.round((performance.now() - started) * 10) / 10;
   core.events.emit('request', rec);
-  if (rec.status >= 500 || rec.error) accessLog(core).warn(rec, 'request');
-  else accessLog(core).info(rec, 'request');
+  requestLine(accessLog(core), rec, rec.status >= 500 || rec.error ? 'warn' : 'info');
 }
 

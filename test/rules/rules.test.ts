@@ -232,3 +232,18 @@ describe('compileConfig', () => {
     expect(require('node:util').inspect(cfg, { depth: 5 })).not.toContain('Bearer');
   });
 });
+
+describe('normaliseHost memo', () => {
+  it('answers a repeated host as the first time, and refuses a bad one every time', () => {
+    const inputs = ['Example.COM.', 'bücher.example', '0x7f.1', '[::ffff:127.0.0.1]', 'API.example.com'];
+    const first = inputs.map((h) => normaliseHost(h));
+    expect(first).toEqual(['example.com', 'xn--bcher-kva.example', '127.0.0.1', '127.0.0.1', 'api.example.com']);
+    // Past the memo's bound (it empties itself), then the same inputs again.
+    for (let i = 0; i < 1500; i++) normaliseHost(`h${i}.example`);
+    expect(inputs.map((h) => normaliseHost(h))).toEqual(first);
+    for (let i = 0; i < 2; i++) {
+      expect(() => normaliseHost('a b.example')).toThrow();
+      expect(() => normaliseHost('1.2.3.256')).toThrow();
+    }
+  });
+});
