@@ -1,4 +1,4 @@
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from '../builtins/fs.js';
 import { createLogger, type Logger } from '../log.js';
 import { ensureCa, type Ca } from '../certs/ca.js';
 import { availableParallelism } from 'node:os';
