@@ -6,6 +6,7 @@
 
 import { CliError } from './errors.js';
 import { ensureServerFlags, leanServerFlags } from './v8-flags.js';
+import { startIdleGc } from '../proxy/idle-gc.js';
 
 type CommandModule = { run(argv: string[]): Promise<number | void> };
 
@@ -49,6 +50,7 @@ async function main(argv: string[]): Promise<number> {
     // Does not return when the process re-executes itself with the heap flags.
     ensureServerFlags();
     leanServerFlags();
+    startIdleGc();
   }
   const mod = await command.load();
   const code = await mod.run(rest);
