@@ -75,3 +75,39 @@ export function leanServerFlags(env: NodeJS.ProcessEnv = process.env): boolean {
   v8.setFlagsFromString('--liftoff-only');
   return true;
 }
+
+/** Node options that say what the user wants of V8's optimizing compiler: left alone then. */
+const OPTIMIZER_OPTIONS = /^--(no-)?(turbofan|opt|jitless|always-turbofan|always-opt|max-opt)(=|$)/;
+
+let optimizerHeld = false;
+
+/**
+ * No TurboFan while a server starts. Start-up runs hot for a moment in code it never runs again
+ * (module resolution: path normalisation for ~150 modules made `normalizeString` hot enough for
+ * TurboFan), and the first TurboFan compilation maps in about 5 MiB of the node binary's
+ * optimizing-compiler code: a sidecar that then sits idle kept them resident for nothing
+ * (`keygate proxy` settled at 67.7 MiB on Node 24 with, 62.4 without; 55.0 and 50.9 on Node 20;
+ * bench/README.md). Baseline tiers (Ignition, Sparkplug, Maglev on Node 24) still run. The
+ * server re-enables TurboFan once it listens (`releaseOptimizer`), so the code that serves
+ * requests is optimized as before; under load the compiler's pages come back. A command that
+ * never calls it gets TurboFan back after 15 s. The flag is read when V8 decides to optimize a
+ * function, so it works at run time (checked on Node 20 and 24 with --trace-opt:
+ * test/cli/v8-flags.test.ts). Untouched when node was given an optimizer option;
+ * KEYGATE_STARTUP_TURBOFAN=1 leaves it on.
+ */
+export function holdOptimizer(env: NodeJS.ProcessEnv = process.env, execArgv: readonly string[] = process.execArgv): boolean {
+  if (optimizerHeld || env.KEYGATE_STARTUP_TURBOFAN === '1') return false;
+  const given = [...execArgv, ...(env.NODE_OPTIONS ?? '').split(/\s+/)].map((a) => a.replace(/_/g, '-'));
+  if (given.some((a) => OPTIMIZER_OPTIONS.test(a))) return false;
+  v8.setFlagsFromString('--no-turbofan');
+  optimizerHeld = true;
+  setTimeout(releaseOptimizer, 15_000).unref();
+  return true;
+}
+
+/** TurboFan back on (the server listens): a no-op unless holdOptimizer turned it off. */
+export function releaseOptimizer(): void {
+  if (!optimizerHeld) return;
+  optimizerHeld = false;
+  v8.setFlagsFromString('--turbofan');
+}

@@ -260,6 +260,27 @@ describe.each(NODES)('$name: an idle proxy gives memory back', (node) => {
   }, 40_000);
 });
 
+describe.each(NODES)('$name: no TurboFan during start-up, TurboFan for the requests', (node) => {
+  // src/cli/v8-flags.ts holdOptimizer/releaseOptimizer: start-up's module resolution made
+  // path normalisation hot enough for TurboFan, whose code pages (about 5 MiB of the node binary)
+  // then stayed resident in an idle sidecar. Checked by V8's own trace of its compilations.
+  // `(target TURBOFAN)` on Node 20, `(target TURBOFAN_JS)` on Node 24.
+  const TURBOFAN = /completed (optimizing|compiling) .*\(target TURBOFAN(_JS)?\)/g;
+  it('an idle proxy has compiled nothing with TurboFan; once requests come, TurboFan compiles them', async () => {
+    const proxy = await startProxy({ command: [node.bin, '--trace-opt', CLI], env: { PATH: pathFor(node) } });
+    try {
+      await new Promise((r) => setTimeout(r, 1500));
+      const idle = proxy.output().match(TURBOFAN) ?? [];
+      expect(idle, `TurboFan ran during start-up (${node.name})`).toEqual([]);
+      await burst(proxy, 10);
+      const busy = proxy.output().match(TURBOFAN) ?? [];
+      expect(busy.length, `no TurboFan compilation under a burst of requests (${node.name})`).toBeGreaterThan(0);
+    } finally {
+      await proxy.stop();
+    }
+  }, 60_000);
+});
+
 describe(`keygate serve (${RUNNING.name}, the Node the native database driver was built for)`, () => {
   it('the bin starts serve with the flags; its per-sandbox proxies run in that process', async () => {
     const data = mkdtempSync(path.join(os.tmpdir(), 'kg-serve-'));
