@@ -272,6 +272,8 @@ describe.each(NODES)('$name: no TurboFan during start-up, TurboFan for the reque
       await new Promise((r) => setTimeout(r, 1500));
       const idle = proxy.output().match(TURBOFAN) ?? [];
       expect(idle, `TurboFan ran during start-up (${node.name})`).toEqual([]);
+      // Maglev (Node 24) is held from the same point, but Node compiles two of its path helpers
+      // with it while it loads the main module, before any keygate code runs: not checked here.
       await burst(proxy, 10);
       const busy = proxy.output().match(TURBOFAN) ?? [];
       expect(busy.length, `no TurboFan compilation under a burst of requests (${node.name})`).toBeGreaterThan(0);
