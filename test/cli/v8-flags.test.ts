@@ -330,7 +330,11 @@ describe.each(NODES)('$name: wasm tier-up', (node) => {
     const tiered = await burstGrowthMib({ KEYGATE_V8_WASM_TIERUP: '1' });
     const why = `peak growth: ${lean.toFixed(1)} MiB lean, ${tiered.toFixed(1)} MiB with tier-up (${node.name})`;
     console.log(why);
-    expect(lean, why).toBeLessThan(30);
+    // Growth from a fresh proxy's RSS: since session 5 the start leaves out what the first
+    // requests load (TurboFan's code pages, the upstream trust store, undici's connector: about
+    // 9 MiB on Node 24, bench/README.md), so the growth includes them (35 MiB measured on Node 24,
+    // 16 on Node 20; the peak itself did not grow).
+    expect(lean, why).toBeLessThan(42);
     if (spike) expect(tiered - lean, why).toBeGreaterThan(15);
     else expect(Math.abs(tiered - lean), why).toBeLessThan(10);
   }, 60_000);
