@@ -1,4 +1,4 @@
-import { writeSync } from 'node:fs';
+import { writeSync } from './builtins/fs.js';
 import { pino, type Logger, type DestinationStream, type LoggerOptions } from 'pino';
 
 export type { Logger } from 'pino';

@@ -1,4 +1,4 @@
-import { watch, readFileSync, statSync, type FSWatcher } from 'node:fs';
+import { watch, readFileSync, statSync, type FSWatcher } from '../builtins/fs.js';
 import path from 'node:path';
 import type { Logger } from '../log.js';
 import { ValidationFailure } from '../validation/errors.js';

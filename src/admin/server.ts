@@ -1,5 +1,5 @@
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
-import { chmodSync, existsSync, readFileSync, unlinkSync, lstatSync } from 'node:fs';
+import { chmodSync, existsSync, readFileSync, unlinkSync, lstatSync } from '../builtins/fs.js';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import http from '../node-http.js';
 import type { AddressInfo } from 'node:net';

@@ -1,5 +1,5 @@
 import { createHash, createPrivateKey, createPublicKey, randomBytes, webcrypto, X509Certificate as NodeX509, type KeyObject } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, statSync } from '../builtins/fs.js';
 import path from 'node:path';
 import { createFileExclusive } from '../secrets/envelope.js';
 import { certificateSubjectAndSki } from './der.js';

@@ -1,4 +1,4 @@
-import { parseArgs, type ParseArgsConfig } from 'node:util';
+import { parseArgs, type ParseArgsConfig } from '../builtins/util.js';
 import { CliError } from './errors.js';
 
 /**

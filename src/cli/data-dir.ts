@@ -1,4 +1,4 @@
-import { mkdirSync } from 'node:fs';
+import { mkdirSync } from '../builtins/fs.js';
 import path from 'node:path';
 
 /**

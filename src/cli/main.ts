@@ -5,7 +5,8 @@
 // the database driver and `keygate deploy` never loads the TLS interception code.
 
 import { CliError } from './errors.js';
-import { ensureServerFlags, leanServerFlags } from './v8-flags.js';
+import { ensureServerFlags, holdOptimizer, leanServerFlags } from './v8-flags.js';
+import { startIdleGc } from '../proxy/idle-gc.js';
 
 type CommandModule = { run(argv: string[]): Promise<number | void> };
 
@@ -49,6 +50,8 @@ async function main(argv: string[]): Promise<number> {
     // Does not return when the process re-executes itself with the heap flags.
     ensureServerFlags();
     leanServerFlags();
+    holdOptimizer();
+    startIdleGc();
   }
   const mod = await command.load();
   const code = await mod.run(rest);

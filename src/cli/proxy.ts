@@ -1,4 +1,4 @@
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from '../builtins/fs.js';
 import { createLogger, type Logger } from '../log.js';
 import { ensureCa, type Ca } from '../certs/ca.js';
 import { availableParallelism } from 'node:os';
@@ -23,6 +23,7 @@ import { parseListen } from './listen.js';
 import type { PreparedStart, ProxyCliOptions, RunningProxy } from './proxy-types.js';
 import { CliError } from './errors.js';
 import { untilShutdown } from './shutdown.js';
+import { releaseOptimizer } from './v8-flags.js';
 
 const USAGE = `usage: keygate proxy --config FILE [--listen HOST:PORT] [--certs DIR] [--secrets FILE]
                      [--resolve HOST:PORT:ADDR]... [--upstream-ca FILE]... [--grace SECONDS]
@@ -281,6 +282,8 @@ export async function startFromOptions(opts: ProxyCliOptions, logger: Logger = c
     const tokenSource = process.env.KEYGATE_ADMIN_TOKEN?.trim() ? 'KEYGATE_ADMIN_TOKEN' : path.join(dataDirOf(opts), 'admin.token');
     logger.info({ admin: control.admin.url, token_from: tokenSource }, `admin listener on ${control.admin.url}`);
   }
+  // Started: the optimizing compiler is for the requests from here on (v8-flags.ts).
+  releaseOptimizer();
   return { handle, ca, logger, control };
 }
 

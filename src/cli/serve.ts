@@ -7,6 +7,7 @@ import type { Area } from '../server/area.js';
 import { resolveDataDir } from './data-dir.js';
 import { parseCliArgs } from './args.js';
 import { CliError } from './errors.js';
+import { releaseOptimizer } from './v8-flags.js';
 import { parseListen } from './listen.js';
 import { untilShutdown } from './shutdown.js';
 
@@ -111,6 +112,7 @@ export async function run(argv: string[]): Promise<number> {
   const stopRequested = untilShutdown((sig) => logger.warn({ signal: sig }, 'still shutting down'));
   const url = await server.listen(host, port);
   const addr = new URL(url);
+  releaseOptimizer(); // started: TurboFan for the requests from here on (v8-flags.ts)
   process.stdout.write(`keygate serve listening on ${addr.host} (data: ${dataDir}${process.env.DATABASE_URL ? ', database: PostgreSQL' : ''})\n`);
   process.stdout.write(`${choice.why}\n`);
   if (server.keyFile) process.stdout.write(`API key file: ${server.keyFile}\n`);

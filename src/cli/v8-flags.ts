@@ -75,3 +75,41 @@ export function leanServerFlags(env: NodeJS.ProcessEnv = process.env): boolean {
   v8.setFlagsFromString('--liftoff-only');
   return true;
 }
+
+/** Node options that say what the user wants of V8's optimizing compiler: left alone then. */
+const OPTIMIZER_OPTIONS = /^--(no-)?(turbofan|opt|maglev|jitless|always-turbofan|always-opt|max-opt)(=|$)/;
+/** Maglev, V8's mid-tier optimizer, is on by default from V8 12 (Node 22); on Node 20 it is off and stays off. */
+const HOLDS = Number(process.versions.v8.split('.')[0]) >= 12 ? ['turbofan', 'maglev'] : ['turbofan'];
+
+let optimizerHeld = false;
+
+/**
+ * No optimizing compiler while a server starts. Start-up runs hot for a moment in code it never
+ * runs again (module resolution: path normalisation for ~150 modules made `normalizeString` hot
+ * enough for TurboFan), and the first TurboFan compilation maps in about 5 MiB of the node
+ * binary's compiler code: a sidecar that then sits idle kept those pages resident for nothing
+ * (`keygate proxy` settled at 67.7 MiB on Node 24 with, 62.4 without; 55.0 and 50.9 on Node 20;
+ * bench/README.md). Maglev, Node 24's mid tier, is held the same way (its code is 1.5 MiB
+ * more); the interpreter and Sparkplug still run. The server re-enables both once it listens
+ * (`releaseOptimizer`), so the code that serves requests is optimized as before; under load the
+ * compilers' pages come back. A command that never calls it gets them back after 15 s. V8
+ * reads these flags when it decides to optimize a function, so they work at run time (checked
+ * with --trace-opt on Node 20 and 24: test/cli/v8-flags.test.ts). Untouched when node was given
+ * an optimizer option; KEYGATE_STARTUP_TURBOFAN=1 leaves V8's default.
+ */
+export function holdOptimizer(env: NodeJS.ProcessEnv = process.env, execArgv: readonly string[] = process.execArgv): boolean {
+  if (optimizerHeld || env.KEYGATE_STARTUP_TURBOFAN === '1') return false;
+  const given = [...execArgv, ...(env.NODE_OPTIONS ?? '').split(/\s+/)].map((a) => a.replace(/_/g, '-'));
+  if (given.some((a) => OPTIMIZER_OPTIONS.test(a))) return false;
+  for (const f of HOLDS) v8.setFlagsFromString(`--no-${f}`);
+  optimizerHeld = true;
+  setTimeout(releaseOptimizer, 15_000).unref();
+  return true;
+}
+
+/** The optimizing compilers back on (the server listens): a no-op unless holdOptimizer turned them off. */
+export function releaseOptimizer(): void {
+  if (!optimizerHeld) return;
+  optimizerHeld = false;
+  for (const f of HOLDS) v8.setFlagsFromString(`--${f}`);
+}

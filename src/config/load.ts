@@ -1,4 +1,4 @@
-import { readFileSync } from 'node:fs';
+import { readFileSync } from '../builtins/fs.js';
 import { ValidationFailure, formatLoc, type ValidationIssue } from '../validation/errors.js';
 import type { CompiledConfig } from '../rules/compile.js';
 import type { ProxyConfig } from './schema.js';

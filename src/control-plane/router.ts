@@ -1,4 +1,5 @@
-import http from 'node:http';
+import type * as Http from 'node:http';
+import http from '../node-http.js';
 import type { AddressInfo } from 'node:net';
 import type { Readable } from 'node:stream';
 import type { Logger } from '../log.js';
@@ -21,7 +22,7 @@ export interface FrontRouterOptions {
   host: string;
 }
 
-function send(res: http.ServerResponse, status: number, detail: string, headers: Record<string, string> = {}): void {
+function send(res: Http.ServerResponse, status: number, detail: string, headers: Record<string, string> = {}): void {
   writeErrorResponse(res, errorResponse(new HttpError(status, detail, { code: `router_${status}`, headers })));
 }
 
@@ -46,7 +47,7 @@ export function appRequestHeaders(rawHeaders: string[], own: { apiKey: string; c
 }
 
 /** `GET /ok` of an app is public (`app serve` documents it so): health checks need no key. */
-function isPublic(req: http.IncomingMessage): boolean {
+function isPublic(req: Http.IncomingMessage): boolean {
   if (req.method !== 'GET' && req.method !== 'HEAD') return false;
   const url = req.url ?? '';
   return url === '/ok' || url.startsWith('/ok?');
@@ -65,7 +66,7 @@ function errCode(err: unknown): string {
  */
 export class FrontRouter {
   private active: ReplicaSet | null = null;
-  private readonly server: http.Server;
+  private readonly server: Http.Server;
   port = 0;
 
   constructor(private readonly o: FrontRouterOptions) {
@@ -119,7 +120,7 @@ export class FrontRouter {
     });
   }
 
-  private async handle(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+  private async handle(req: Http.IncomingMessage, res: Http.ServerResponse): Promise<void> {
     res.socket?.setNoDelay(true);
     if (!isPublic(req)) {
       const rawKey = req.headers['x-api-key'];

@@ -20,14 +20,15 @@ import vm from 'node:vm';
  */
 const STEP = 8 * 1024 * 1024;
 
-type Gc = (options: { type: 'minor' | 'major'; execution: 'sync' | 'async' }) => void;
+type Gc = (options: { type: 'minor' | 'major'; execution: 'sync' | 'async'; flavor?: 'regular' | 'last-resort' }) => void;
 
 let gc: Gc | null | undefined;
+let relayGc: boolean | undefined;
 let relayed = 0;
 
-function collector(): Gc | null {
+/** V8's collector, reached once (also used by idle-gc.ts); null where that does not work. */
+export function collector(): Gc | null {
   if (gc === undefined) {
-    if (process.env.KEYGATE_RELAY_GC === '0') return (gc = null);
     try {
       v8.setFlagsFromString('--expose-gc');
       const fn: unknown = vm.runInNewContext('typeof gc === "function" ? gc : null');
@@ -44,5 +45,6 @@ export function chunkRelayed(bytes: number): void {
   relayed += bytes;
   if (relayed < STEP) return;
   relayed = 0;
-  collector()?.({ type: 'minor', execution: 'async' });
+  relayGc ??= process.env.KEYGATE_RELAY_GC !== '0';
+  if (relayGc) collector()?.({ type: 'minor', execution: 'async' });
 }

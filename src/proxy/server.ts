@@ -18,7 +18,7 @@ import { intercept } from './intercept.js';
 import { limitsFromTimeouts, resolveLimits, timeoutsOf, type ProxyLimits } from './limits.js';
 import { createListener } from './listener.js';
 import { createNodeExchange } from './node-exchange.js';
-import { createH2Exchange } from './h2/exchange.js';
+import type { H2Exchange } from './h2/exchange.js';
 import { planIntercepted } from './plan.js';
 import { Upstream } from './upstream.js';
 
@@ -191,7 +191,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     fallback: node.adopt,
   };
   const fast: Exchange | undefined = fastPath ? { name: 'fast', serve: (socket, t) => serveFast(socket, t, fastOptions) } : undefined;
-  const h2 = createH2Exchange(dp);
+  const h2 = lazyH2Exchange(dp);
   const exchanges = { fast, node, h2 };
   const front = createListener(dp, (client, head, host, port, clientAddr) => void intercept(dp, minter, exchanges, client, head, host, port, clientAddr));
 
@@ -263,6 +263,42 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
         await upstream.close();
       })();
       return closed;
+    },
+  };
+}
+
+/**
+ * The HTTP/2 exchange, loaded with the first intercepted connection whose client chose h2.
+ * node:http2 and the exchange are about 0.9 MiB of a sidecar's idle memory on Node 24 (0.4 on
+ * Node 20; bench/README.md), and many sidecars never see an h2 client. That first connection
+ * waits for the import (a few ms, once per process); what its client sends meanwhile stays in
+ * the TLS socket's buffer, which Node's http2 session reads first. A connection gone meanwhile,
+ * or a proxy closing, is not served. test/cli/proxy-imports.test.ts checks an h1-only proxy
+ * never loads node:http2.
+ */
+function lazyH2Exchange(dp: DataPath): Exchange & { close(): void } {
+  let h2: H2Exchange | undefined;
+  let loading: Promise<H2Exchange> | undefined;
+  let closed = false;
+  return {
+    name: 'h2',
+    serve(socket, t) {
+      if (h2) return h2.serve(socket, t);
+      loading ??= import('./h2/exchange.js').then((m) => (h2 = m.createH2Exchange(dp)));
+      loading.then(
+        (x) => {
+          if (closed || socket.destroyed) socket.destroy();
+          else x.serve(socket, t);
+        },
+        (err: unknown) => {
+          dp.core.logger.error({ err }, 'the HTTP/2 exchange could not be loaded');
+          socket.destroy();
+        },
+      );
+    },
+    close() {
+      closed = true;
+      h2?.close();
     },
   };
 }

@@ -1,4 +1,4 @@
-import { readFileSync } from 'node:fs';
+import { readFileSync } from '../builtins/fs.js';
 import net from 'node:net';
 import tls from 'node:tls';
 import { createRequire } from 'node:module';
@@ -21,9 +21,42 @@ function undiciPart<T>(file: string, name: 'Agent' | 'buildConnector'): T {
     return (requireCjs('undici') as Record<string, unknown>)[name] as T;
   }
 }
-const Agent = undiciPart<typeof Undici.Agent>('dispatcher/agent.js', 'Agent');
 type Agent = Undici.Agent;
-const buildConnector = undiciPart<typeof Undici.buildConnector>('core/connect.js', 'buildConnector');
+/**
+ * Loaded on first use, not at start-up (issue #20: a sidecar's idle memory). The Agent brings
+ * undici's client, pools, HTTP/1 and HTTP/2 dispatchers (and node:http2); intercepted HTTP/1.1 on
+ * the fast path never needs it, only plain HTTP, WebSockets' fallbacks, HTTP/2 clients and
+ * requests the fast path hands over do. The connector comes with the first upstream connection.
+ * test/cli/proxy-imports.test.ts checks that an idle proxy has loaded neither.
+ */
+let agentClass: typeof Undici.Agent | undefined;
+let connectorBuilder: typeof Undici.buildConnector | undefined;
+const loadAgent = () => (agentClass ??= undiciPart<typeof Undici.Agent>('dispatcher/agent.js', 'Agent'));
+const loadConnector = () => (connectorBuilder ??= undiciPart<typeof Undici.buildConnector>('core/connect.js', 'buildConnector'));
+
+/**
+ * Trust stores for upstream TLS, one per distinct set of extra CAs, shared by every Upstream in
+ * the process and built on the first upstream connection. A store holds the ~140 public roots
+ * parsed into OpenSSL objects (about 1 MiB): `keygate serve` runs one proxy per sandbox, all with
+ * the same CAs, and a sidecar that has not dialled yet needs none. A store never changes once
+ * built (the same as before: it was built once per proxy), so sharing it changes nothing a
+ * connection verifies against.
+ */
+const trustStores = new Map<string, tls.SecureContext>();
+function trustStore(extraPem: readonly string[]): tls.SecureContext {
+  const key = extraPem.join('\n');
+  let ctx = trustStores.get(key);
+  if (!ctx) {
+    ctx = tls.createSecureContext({ ca: [...tls.rootCertificates, ...extraPem], minVersion: 'TLSv1.2' });
+    trustStores.set(key, ctx);
+  }
+  return ctx;
+}
+
+/** The number of trust stores built so far (tests: shared and lazy). */
+export function trustStoresBuilt(): number {
+  return trustStores.size;
+}
 
 /**
  * undici 7 (the last line that runs on Node 20) crashes the whole process when an upstream
@@ -151,16 +184,16 @@ interface Warm {
  * would dominate connect cost), and the address map for --resolve.
  */
 export class Upstream {
-  #agent: Agent;
+  #agent: Agent | undefined;
   /** The pool for HTTP/2 clients' requests: h2 where the origin offers it in ALPN, HTTP/1.1 otherwise. */
-  #h2Agent: Agent;
-  readonly secureContext: tls.SecureContext;
+  #h2Agent: Agent | undefined;
+  /** The extra CAs (NODE_EXTRA_CA_CERTS, --upstream-ca), read when the proxy starts. */
+  private readonly extraCa: readonly string[];
   private readonly resolveMap: ReadonlyMap<string, string>;
   private readonly connector: Undici.buildConnector.connector;
-  /** Dials a new connection (the connector without the connections opened ahead). */
-  private readonly dial: Undici.buildConnector.connector;
-  /** The same, offering h2 and http/1.1 in ALPN (the HTTP/2 clients' pool; never given a warm connection, which offered only http/1.1). */
-  private readonly dialH2: Undici.buildConnector.connector;
+  #trust: tls.SecureContext | undefined;
+  #dial: Undici.buildConnector.connector | undefined;
+  #dialH2: Undici.buildConnector.connector | undefined;
   /** Upstream connections open now, by origin key (`https://host:port`, as undici names it). */
   private readonly live = new Map<string, number>();
   private readonly warm = new Map<string, Warm>();
@@ -169,11 +202,7 @@ export class Upstream {
 
   constructor(private readonly opts: UpstreamOptions) {
     this.resolveMap = opts.resolve ?? new Map();
-    const ca = [...tls.rootCertificates, ...extraCaFromEnv(), ...(opts.upstreamCa ?? []).flatMap((p) => p.match(PEM_CERT) ?? [])];
-    this.secureContext = tls.createSecureContext({ ca, minVersion: 'TLSv1.2' });
-    const tlsOptions = { secureContext: this.secureContext, rejectUnauthorized: true, timeout: opts.timeouts.connectMs };
-    this.dial = this.dialWith(buildConnector(tlsOptions as Undici.buildConnector.BuildOptions));
-    this.dialH2 = this.dialWith(buildConnector({ ...tlsOptions, allowH2: true } as Undici.buildConnector.BuildOptions));
+    this.extraCa = [...extraCaFromEnv(), ...(opts.upstreamCa ?? []).flatMap((p) => p.match(PEM_CERT) ?? [])];
     this.connector = (o, cb) => {
       const warm = this.takeWarm(`${o.protocol}//${o.host}`);
       if (!warm) return this.dial(o, cb);
@@ -182,9 +211,26 @@ export class Upstream {
       if (warm.error) return process.nextTick(cb, warm.error, null);
       warm.waiter = cb;
     };
-    this.#agent = this.newAgent(false);
-    this.#h2Agent = this.newAgent(true);
     this.h1 = new H1Pool((host, port, cb) => this.connector(connectOptions(host, port), cb as ConnectCallback), opts.timeouts.keepAliveMs);
+  }
+
+  /** The trust store upstream TLS verifies against: the public roots plus the extra CAs (shared, built on first use). */
+  get secureContext(): tls.SecureContext {
+    return (this.#trust ??= trustStore(this.extraCa));
+  }
+
+  private tlsOptions(allowH2: boolean): Undici.buildConnector.BuildOptions {
+    return { secureContext: this.secureContext, rejectUnauthorized: true, timeout: this.opts.timeouts.connectMs, ...(allowH2 ? { allowH2: true } : {}) } as Undici.buildConnector.BuildOptions;
+  }
+
+  /** Dials a new connection (the connector without the connections opened ahead). */
+  private get dial(): Undici.buildConnector.connector {
+    return (this.#dial ??= this.dialWith(loadConnector()(this.tlsOptions(false))));
+  }
+
+  /** The same, offering h2 and http/1.1 in ALPN (the HTTP/2 clients' pool; never given a warm connection, which offered only http/1.1). */
+  private get dialH2(): Undici.buildConnector.connector {
+    return (this.#dialH2 ??= this.dialWith(loadConnector()(this.tlsOptions(true))));
   }
 
   /** A dialler over undici's TLS connector `base`: egress policy and pins first, then verified TLS. */
@@ -281,8 +327,9 @@ export class Upstream {
 
   private newAgent(h2: boolean): Agent {
     const opts = this.opts;
+    const Agent = loadAgent();
     return new Agent({
-      connect: h2 ? this.dialH2 : this.connector,
+      connect: h2 ? (o, cb) => this.dialH2(o, cb) : this.connector,
       allowH2: h2,
       keepAliveTimeout: opts.timeouts.keepAliveMs,
       keepAliveMaxTimeout: 10 * 60_000,
@@ -294,12 +341,12 @@ export class Upstream {
 
   /** The pool requests go through. */
   get agent(): Agent {
-    return this.#agent;
+    return (this.#agent ??= this.newAgent(false));
   }
 
   /** The pool HTTP/2 clients' requests go through (h2 upstream where the origin offers it). */
   get h2Agent(): Agent {
-    return this.#h2Agent;
+    return (this.#h2Agent ??= this.newAgent(true));
   }
 
   /**
@@ -309,10 +356,10 @@ export class Upstream {
   renewPool(): void {
     this.dropWarm();
     this.h1.clear();
+    // The next request makes a new pool (as at start-up: only when one is needed).
     const old = [this.#agent, this.#h2Agent];
-    this.#agent = this.newAgent(false);
-    this.#h2Agent = this.newAgent(true);
-    for (const a of old) void a.close().catch(() => undefined);
+    this.#agent = this.#h2Agent = undefined;
+    for (const a of old) void a?.close().catch(() => undefined);
   }
 
   /**
@@ -354,13 +401,13 @@ export class Upstream {
   async close(): Promise<void> {
     this.dropWarm();
     this.h1.clear();
-    await Promise.all([this.#agent.close().catch(() => undefined), this.#h2Agent.close().catch(() => undefined)]);
+    await Promise.all([this.#agent?.close().catch(() => undefined), this.#h2Agent?.close().catch(() => undefined)]);
   }
 
   destroy(): void {
     this.dropWarm();
     this.h1.clear();
-    void this.#agent.destroy().catch(() => undefined);
-    void this.#h2Agent.destroy().catch(() => undefined);
+    void this.#agent?.destroy().catch(() => undefined);
+    void this.#h2Agent?.destroy().catch(() => undefined);
   }
 }

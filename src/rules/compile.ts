@@ -1,4 +1,4 @@
-import { inspect } from 'node:util';
+import { inspect } from '../builtins/util.js';
 import { compileHostPattern, compilePathPattern, type HostPattern, type PathPattern } from './patterns.js';
 import { compileEgress, type AccessControl, type EgressPolicy } from './egress.js';
 

@@ -1,6 +1,7 @@
 import { createHash, randomUUID, timingSafeEqual } from 'node:crypto';
 import { statSync } from 'node:fs';
-import http, { type IncomingMessage, type ServerResponse } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import http from '../node-http.js';
 import type { AddressInfo } from 'node:net';
 import { createLogger, type Logger } from '../log.js';
 import { HttpError, HttpValidationError } from '../server/errors.js';

@@ -1,4 +1,4 @@
-import { readFileSync } from 'node:fs';
+import { readFileSync } from '../builtins/fs.js';
 import path from 'node:path';
 import { Envelope, EnvelopeError, writeFileAtomic } from './envelope.js';
 import { withFileLock, type LockOptions } from './lock.js';

@@ -1,4 +1,4 @@
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from '../builtins/fs.js';
 import path from 'node:path';
 import { Envelope, EnvelopeError, MASTER_KEY_FILE, keyIdOf, loadMasterKey, parseMasterKey, type MasterKey } from './envelope.js';
 

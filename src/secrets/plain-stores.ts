@@ -1,4 +1,4 @@
-import { existsSync, readFileSync, readdirSync, realpathSync, statSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, realpathSync, statSync } from '../builtins/fs.js';
 import path from 'node:path';
 import { isSecretKey } from './keys.js';
 import { ReadOnlyStoreError, SecretStoreError, assertSecretKey, type SecretStore } from './types.js';

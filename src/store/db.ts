@@ -1,6 +1,6 @@
 import type { Statement } from 'better-sqlite3';
 import { AsyncLocalStorage } from 'node:async_hooks';
-import { mkdirSync } from 'node:fs';
+import { mkdirSync } from '../builtins/fs.js';
 import path from 'node:path';
 
 /**

@@ -3,9 +3,9 @@
  * counts): the data path, its configuration and secret sources, never the stacks of the other
  * commands (fastify, the database drivers, ajv's compiler, the control plane, sandboxes), and
  * with a CA already on disk not @peculiar/x509 either (only creating a CA needs it). An
- * intercepted request on the fast path does not load undici's WebAssembly HTTP parser, and
- * Node's own bundled undici is not loaded at all (an ES import of node:http does that on Node
- * >= 22: src/node-http.ts).
+ * intercepted request on the fast path does not load undici's WebAssembly HTTP parser nor its
+ * Agent (loaded on first use: src/proxy/upstream.ts), and Node's own bundled undici is not
+ * loaded at all (an ES import of node:http does that on Node >= 22: src/node-http.ts).
  *
  * Checked on a real process, on every Node this machine has: every module it loads is recorded
  * by a loader hook (ES modules), a require hook (CommonJS) and, at exit, Node's list of its own
@@ -33,8 +33,17 @@ const NOT_LOADED: [string, RegExp][] = [
   ['@peculiar/x509 with an existing CA', /\/node_modules\/(@peculiar\/|reflect-metadata\/)/],
   ['jose', /\/node_modules\/jose\//],
   ["undici's HTTP parser on the fast path", /\/node_modules\/undici\/lib\/llhttp\/llhttp(_simd)?-wasm/],
+  // Loaded on first use (src/proxy/upstream.ts): its client, pools and HTTP/2 dispatcher (with
+  // node:http2) are about 1.3 MiB on Node 24, and a fast-path request never needs them.
+  ["undici's Agent on the fast path", /\/node_modules\/undici\/lib\/dispatcher\/(agent|pool|client|client-h1|client-h2)\.js$/],
   ["other commands' code", /^(?!.*\/node_modules\/).*\/dist\/(control-plane|sandbox|sandbox-api|runtime|deploy|docker|auth)\//],
   ["Node's bundled undici", /^builtin:.*internal\/deps\/undici/],
+  // ES imports of node:util and node:fs read every export, lazy getters included (util.diff and
+  // the worker helpers on Node 24; fs's streams): src/builtins/ takes them through require.
+  // Loaded with the first h2 client (src/proxy/server.ts): this proxy only saw HTTP/1.1.
+  ['node:http2 and the h2 exchange for HTTP/1.1 clients', /^builtin:NativeModule http2$|\/dist\/proxy\/h2\/exchange\.js$/],
+  ["node:util's ES facade (Node 24: util.diff)", /^builtin:NativeModule internal\/util\/diff$/],
+  ["node:fs's ES facade (fs.ReadStream and co.)", /^builtin:NativeModule internal\/fs\/streams$/],
 ];
 
 let pki: TestPki;
@@ -56,8 +65,9 @@ export async function load(url, context, next) {
   );
   writeFileSync(
     path.join(dir, 'preload.mjs'),
-    `import { appendFileSync } from 'node:fs';
-import { createRequire, register } from 'node:module';
+    // node:fs through require: an ES import of it would itself load what the fs check below looks for.
+    `import { createRequire, register } from 'node:module';
+const { appendFileSync } = createRequire(import.meta.url)('node:fs');
 register('./hooks.mjs', import.meta.url);
 const Module = createRequire(import.meta.url)('node:module');
 const load = Module._load;

@@ -243,6 +243,46 @@ describe.each(NODES)('$name: the heap flags however keygate proxy is started', (
   }, 60_000);
 });
 
+describe.each(NODES)('$name: an idle proxy gives memory back', (node) => {
+  // src/proxy/idle-gc.ts. On Node 24 V8's own memory reducer never starts in a quiet process
+  // (it keeps judging the allocation rate high), so without the idle collection a fresh proxy
+  // runs no full collection at all: only the scavenges of start-up (measured: none in 20 s).
+  // Node 20's reducer runs one by itself; there this checks nothing breaks.
+  it('a memory-reducing full collection within seconds of going quiet after start-up', async () => {
+    const proxy = await startProxy({ command: [node.bin, '--trace-gc', CLI], env: { PATH: pathFor(node) } });
+    try {
+      const deadline = Date.now() + 20_000;
+      while (!/Mark-Compact/.test(proxy.output()) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 250));
+      expect(proxy.output(), `no full collection within 20 s of start (${node.name})`).toMatch(/Mark-Compact/);
+    } finally {
+      await proxy.stop();
+    }
+  }, 40_000);
+});
+
+describe.each(NODES)('$name: no TurboFan during start-up, TurboFan for the requests', (node) => {
+  // src/cli/v8-flags.ts holdOptimizer/releaseOptimizer: start-up's module resolution made
+  // path normalisation hot enough for TurboFan, whose code pages (about 5 MiB of the node binary)
+  // then stayed resident in an idle sidecar. Checked by V8's own trace of its compilations.
+  // `(target TURBOFAN)` on Node 20, `(target TURBOFAN_JS)` on Node 24.
+  const TURBOFAN = /completed (optimizing|compiling) .*\(target TURBOFAN(_JS)?\)/g;
+  it('an idle proxy has compiled nothing with TurboFan; once requests come, TurboFan compiles them', async () => {
+    const proxy = await startProxy({ command: [node.bin, '--trace-opt', CLI], env: { PATH: pathFor(node) } });
+    try {
+      await new Promise((r) => setTimeout(r, 1500));
+      const idle = proxy.output().match(TURBOFAN) ?? [];
+      expect(idle, `TurboFan ran during start-up (${node.name})`).toEqual([]);
+      // Maglev (Node 24) is held from the same point, but Node compiles two of its path helpers
+      // with it while it loads the main module, before any keygate code runs: not checked here.
+      await burst(proxy, 10);
+      const busy = proxy.output().match(TURBOFAN) ?? [];
+      expect(busy.length, `no TurboFan compilation under a burst of requests (${node.name})`).toBeGreaterThan(0);
+    } finally {
+      await proxy.stop();
+    }
+  }, 60_000);
+});
+
 describe(`keygate serve (${RUNNING.name}, the Node the native database driver was built for)`, () => {
   it('the bin starts serve with the flags; its per-sandbox proxies run in that process', async () => {
     const data = mkdtempSync(path.join(os.tmpdir(), 'kg-serve-'));
@@ -290,7 +330,11 @@ describe.each(NODES)('$name: wasm tier-up', (node) => {
     const tiered = await burstGrowthMib({ KEYGATE_V8_WASM_TIERUP: '1' });
     const why = `peak growth: ${lean.toFixed(1)} MiB lean, ${tiered.toFixed(1)} MiB with tier-up (${node.name})`;
     console.log(why);
-    expect(lean, why).toBeLessThan(30);
+    // Growth from a fresh proxy's RSS: since session 5 the start leaves out what the first
+    // requests load (TurboFan's code pages, the upstream trust store, undici's connector: about
+    // 9 MiB on Node 24, bench/README.md), so the growth includes them (35 MiB measured on Node 24,
+    // 16 on Node 20; the peak itself did not grow).
+    expect(lean, why).toBeLessThan(42);
     if (spike) expect(tiered - lean, why).toBeGreaterThan(15);
     else expect(Math.abs(tiered - lean), why).toBeLessThan(10);
   }, 60_000);

@@ -1,0 +1,33 @@
+import { createRequire } from 'node:module';
+import type * as Fs from 'node:fs';
+
+/**
+ * `node:fs` through `require`, for the modules a sidecar loads (as src/node-http.ts does for
+ * `node:http`). An ES import builds the module's ES facade by reading every export, lazy getters
+ * included, and `fs.promises` is one: the first `import ... from 'node:fs'` in the process loads
+ * fs/promises with Node's readline interface and REPL history code and the web streams behind
+ * them, none of which keygate uses (bench/README.md, issue #20). `import type` from 'node:fs' is
+ * fine (erased at build). test/cli/proxy-imports.test.ts checks what `keygate proxy` loads.
+ */
+const fs = createRequire(import.meta.url)('node:fs') as typeof Fs;
+
+export type { FSWatcher } from 'node:fs';
+export const {
+  chmodSync,
+  closeSync,
+  existsSync,
+  fsyncSync,
+  linkSync,
+  lstatSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  realpathSync,
+  renameSync,
+  statSync,
+  unlinkSync,
+  utimesSync,
+  watch,
+  writeSync,
+} = fs;

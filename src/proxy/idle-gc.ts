@@ -1,0 +1,81 @@
+import { collector } from './buffer-gc.js';
+
+/**
+ * Gives memory back once a server goes quiet: one memory-reducing full collection after start-up
+ * and after each busy spell, once the process has used almost no CPU for a whole check interval.
+ *
+ * V8 has its own "memory reducer" for exactly this, but on Node 24 (V8 13.6) it never starts in
+ * a quiet process: `--trace-memory-reducer` says "high alloc" every 8 s, in keygate and in a bare
+ * script alike, so the young generation that start-up grew (two 2 MiB semi-spaces) and the pages
+ * V8 keeps pooled stay resident: keygate proxy sat at 74.8 MiB from 1.5 s to 20 s after start.
+ * Node 20's reducer does run (61.6 -> 56.6 MiB); there this collection finds little left to do.
+ * bench/README.md has the figures.
+ *
+ * The collection is V8's "last resort" flavour (what LowMemoryNotification does: full
+ * collections that shrink the young generation and release pooled pages), run synchronously:
+ * a few ms on an idle sidecar's heap, at a moment the process has nothing else to do. V8 11
+ * (Node 20) has no flavours and takes any options object for a young-generation collection,
+ * so there it is a plain full one. A busy process is never interrupted: a check only reads the
+ * CPU clock. KEYGATE_IDLE_GC=0 turns it off.
+ */
+const V8_MAJOR = Number(process.versions.v8.split('.')[0]);
+
+function reduceMemory(): void {
+  const gc = collector();
+  if (!gc) return;
+  if (V8_MAJOR >= 12) gc({ type: 'major', execution: 'sync', flavor: 'last-resort' });
+  else (gc as unknown as () => void)();
+}
+
+export interface IdleGcOptions {
+  /** How often the CPU clock is read (ms). */
+  intervalMs?: number;
+  /** CPU time (us) within one interval below which the process counts as quiet. Default 1 % of it. */
+  quietUs?: number;
+  /** The collection (default: V8's, a memory-reducing full one). */
+  collect?: () => void;
+  /** The CPU clock (default process.cpuUsage). */
+  cpu?: () => NodeJS.CpuUsage;
+}
+
+export interface IdleGc {
+  /** One check (what the timer runs): true when it collected. */
+  tick(): boolean;
+  stop(): void;
+}
+
+export function idleGc(opts: IdleGcOptions = {}): IdleGc {
+  const intervalMs = opts.intervalMs ?? 4000;
+  const quietUs = opts.quietUs ?? intervalMs * 10;
+  const collect = opts.collect ?? reduceMemory;
+  const cpu = opts.cpu ?? (() => process.cpuUsage());
+  // Start-up is the first busy spell.
+  let dirty = true;
+  let last = cpu();
+  const tick = (): boolean => {
+    const now = cpu();
+    const used = now.user - last.user + (now.system - last.system);
+    last = now;
+    if (used >= quietUs) {
+      dirty = true;
+      return false;
+    }
+    if (!dirty) return false;
+    dirty = false;
+    collect();
+    // The collection's own CPU time is not a busy spell.
+    last = cpu();
+    return true;
+  };
+  const timer = setInterval(tick, intervalMs).unref();
+  return { tick, stop: () => clearInterval(timer) };
+}
+
+let running: IdleGc | undefined;
+
+/** Starts the checks for this process (the server commands), once. */
+export function startIdleGc(env: NodeJS.ProcessEnv = process.env): boolean {
+  if (running || env.KEYGATE_IDLE_GC === '0') return false;
+  running = idleGc();
+  return true;
+}

@@ -1,0 +1,59 @@
+/**
+ * The idle collection (src/proxy/idle-gc.ts): one memory-reducing full collection after start-up
+ * and after each busy spell, once a whole check interval passed with almost no CPU used; never
+ * while the process is busy, and not again while it stays quiet. The timer-driven behaviour is
+ * checked with a fake CPU clock and collector; the real collector with the flavour the module
+ * asks for runs on this Node. That a real idle `keygate proxy` collects: test/cli/v8-flags.test.ts.
+ */
+import { describe, expect, it } from 'vitest';
+import { collector } from '../../src/proxy/buffer-gc.js';
+import { idleGc } from '../../src/proxy/idle-gc.js';
+
+function fakeClock() {
+  let us = 0;
+  return { spend: (n: number) => (us += n), cpu: () => ({ user: us, system: 0 }) };
+}
+
+describe('idle collection', () => {
+  it('collects once after start-up when quiet, not again while quiet, again after a busy spell', () => {
+    const clock = fakeClock();
+    let collected = 0;
+    const g = idleGc({ intervalMs: 60_000, quietUs: 1000, collect: () => collected++, cpu: clock.cpu });
+    try {
+      clock.spend(10); // quiet interval right after start-up: start-up was the busy spell
+      expect(g.tick()).toBe(true);
+      expect(collected).toBe(1);
+      clock.spend(10);
+      expect(g.tick()).toBe(false); // still quiet: nothing new to give back
+      clock.spend(5000); // busy: never interrupted
+      expect(g.tick()).toBe(false);
+      clock.spend(5000);
+      expect(g.tick()).toBe(false);
+      expect(collected).toBe(1);
+      clock.spend(999); // quiet again
+      expect(g.tick()).toBe(true);
+      expect(collected).toBe(2);
+      expect(g.tick()).toBe(false);
+    } finally {
+      g.stop();
+    }
+  });
+
+  it("the collection's own CPU time does not count as a busy spell", () => {
+    const clock = fakeClock();
+    let collected = 0;
+    const g = idleGc({ intervalMs: 60_000, quietUs: 1000, collect: () => (collected++, clock.spend(50_000)), cpu: clock.cpu });
+    try {
+      expect(g.tick()).toBe(true);
+      expect(g.tick()).toBe(false);
+      expect(g.tick()).toBe(false);
+      expect(collected).toBe(1);
+    } finally {
+      g.stop();
+    }
+  });
+
+  it("V8's collector is reachable on this Node", () => {
+    expect(typeof collector()).toBe('function');
+  });
+});
