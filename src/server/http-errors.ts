@@ -1,6 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import http, { STATUS_CODES } from '../node-http.js';
-import type { Duplex } from 'node:stream';
+import type { Duplex, Readable } from 'node:stream';
 import type { Server } from 'node:net';
 import { errorResponse, type ErrorResponse } from './errors.js';
 import { followHeadLines, headLinesOf } from './head-lines.js';
@@ -71,27 +71,42 @@ function lingerBeforeClosing(req: IncomingMessage): void {
   const socket = req.socket as IncomingMessage['socket'] & { destroySoon?: () => void };
   // Node's server calls destroySoon() once a `Connection: close` response is finished.
   socket.destroySoon = () => {
-    const cut = () => {
-      clearTimeout(timer);
-      socket.destroy();
-    };
-    // Nothing more to read: close once the answer is flushed (destroy() would drop unsent bytes).
-    const close = () => (socket.writableFinished ? cut() : socket.once('finish', cut));
-    const timer = setTimeout(cut, DISCARD_MAX_MS).unref();
-    let left = DISCARD_MAX_BYTES;
-    socket.once('close', () => clearTimeout(timer));
-    socket.once('end', close);
     socket.end();
-    if (req.complete) return close();
-    req.removeAllListeners('data');
-    req.on('data', (chunk: Buffer) => {
-      left -= chunk.length;
-      if (left < 0) cut();
-    });
-    req.once('end', close);
-    req.once('error', cut);
-    req.resume();
+    closeAfterDraining(socket, req.complete ? undefined : req);
   };
+}
+
+/**
+ * The bounded wait of both closing paths (a refusal before the body was read, a parser refusal):
+ * what still arrives on `body` (the request, or the raw socket whose parser gave up) is read and
+ * dropped; once it ended, or the client closed its side, `socket` is destroyed as soon as the
+ * answer is flushed (destroy() would drop unsent bytes). Past {@link DISCARD_MAX_BYTES} or
+ * {@link DISCARD_MAX_MS} it is cut. No `body`: nothing more to read, close once flushed.
+ */
+function closeAfterDraining(socket: Duplex, body: Readable | undefined): void {
+  const cut = () => {
+    clearTimeout(timer);
+    socket.destroy();
+  };
+  const close = () => (socket.writableFinished ? cut() : socket.once('finish', cut));
+  const timer = setTimeout(cut, DISCARD_MAX_MS).unref();
+  let left = DISCARD_MAX_BYTES;
+  socket.once('close', () => clearTimeout(timer));
+  socket.once('end', close);
+  if (!body) {
+    close();
+    return;
+  }
+  body.removeAllListeners('data');
+  body.on('data', (chunk: Buffer) => {
+    left -= chunk.length;
+    if (left < 0) cut();
+  });
+  if (body !== socket) {
+    body.once('end', close);
+    body.once('error', cut);
+  }
+  body.resume();
 }
 
 /** A complete HTTP/1.1 response for `r` that closes the connection (the parser state is lost). */
@@ -132,37 +147,16 @@ export function onClientError(err: Error & { code?: string }, socket: Duplex): v
   const known = lines?.overflowed(err.code, limit, packet, parsed.bytesParsed) ? { code: 'HPE_HEADER_OVERFLOW', requestLineBytes: lines.requestLineBytes(packet, parsed.bytesParsed) } : err;
   answered.add(socket);
   socket.end(rawErrorResponse(errorResponse(known)));
-  drainThenClose(socket);
+  // What the client still sends (the rest of an oversized head, a body) is read and dropped until
+  // it closes its side: closing over unread bytes in the kernel's receive queue sends a reset
+  // instead of a FIN, and a reset can discard the answer before the client reads it (seen as no
+  // answer at all when a long head arrived in small pieces). Node's own data handler goes: its
+  // parser is in its error state and would only report the same error again.
+  closeAfterDraining(socket, socket);
 }
 
 /** Sockets whose parser refusal has been answered (see {@link onClientError}). */
 const answered = new WeakSet<Duplex>();
-
-/**
- * After a parser refusal's answer: what the client still sends (the rest of an oversized head, a
- * body) is read and dropped until it closes its side, within {@link DISCARD_MAX_BYTES} and
- * {@link DISCARD_MAX_MS}. Closing with unread bytes in the kernel's receive queue makes it send a
- * reset instead of a FIN, and a reset can discard the answer before the client reads it (seen as
- * no answer at all when a long head arrived in small pieces). Node's own data handler is removed:
- * its parser is in its error state and would only report the same error again.
- */
-function drainThenClose(socket: Duplex): void {
-  let left = DISCARD_MAX_BYTES;
-  const cut = () => {
-    clearTimeout(timer);
-    socket.destroy();
-  };
-  const timer = setTimeout(cut, DISCARD_MAX_MS).unref();
-  socket.once('close', () => clearTimeout(timer));
-  socket.removeAllListeners('data');
-  socket.on('data', (chunk: Buffer) => {
-    left -= chunk.length;
-    if (left < 0) cut();
-  });
-  // The client closed its side: close once the answer is flushed (destroy() would drop it).
-  socket.once('end', () => (socket.writableFinished ? cut() : socket.once('finish', cut)));
-  socket.resume();
-}
 
 /**
  * Every plain node:http server's parser refusals (the admin listener, `app serve`, the deployment
