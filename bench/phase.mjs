@@ -14,12 +14,13 @@
 //      and any KEYGATE_* setting, passed through to keygate.
 //      KEYGATE_BENCH_BASE=DIR  the bin of another built checkout instead of this one (an earlier
 //      commit; in bench/ab.mjs, a variant beside "").
-//      BENCH_PROXY=squid|bare  measure squid, or the bare Node TLS pipe (bench/lib/bare-proxy.mjs,
-//      the ceiling of any Node proxy), instead of keygate: in bench/ab.mjs, a variant.
+//      BENCH_PROXY=squid|mitmproxy|bare|direct  measure squid, mitmproxy, the bare Node TLS pipe
+//      (bench/lib/bare-proxy.mjs, the ceiling of any Node proxy) or no proxy at all instead of
+//      keygate: in bench/ab.mjs, a variant.
 import path from 'node:path';
 import { spawn, spawnSync } from 'node:child_process';
 import { parseArgs } from 'node:util';
-import { startOrigin, startKeygate, startSquid, startBare, BENCH_DIR } from './lib/peers.mjs';
+import { startOrigin, startKeygate, startSquid, startMitmproxy, startBare, BENCH_DIR } from './lib/peers.mjs';
 import { ensurePki, ensureContent } from './lib/setup.mjs';
 import { cpuSeconds, rssMiB, peakRssMiB } from './lib/proc.mjs';
 import { probe } from './lib/probe.mjs';
@@ -51,10 +52,12 @@ let kg;
 try {
   const which = process.env.BENCH_PROXY ?? 'keygate';
   if (which === 'squid') kg = await startSquid({ work: WORK, pki, token: 'phase-token', names });
+  else if (which === 'mitmproxy') kg = await startMitmproxy({ work: WORK, pki, token: 'phase-token' });
+  else if (which === 'direct') kg = { port: 0, pid: 0, ca: pki.originCa, stop: async () => {} };
   else if (which === 'bare') kg = await startBare({ work: WORK, pki, originPort: origin.port });
   else kg = await startKeygate({ work: WORK, pki, token: 'phase-token', names, originPort: origin.port, extraArgs: o['keygate-arg'], nodeArgs, node: process.env.BENCH_NODE ?? process.execPath, ...(process.env.KEYGATE_BENCH_BASE ? { repo: process.env.KEYGATE_BENCH_BASE } : {}) });
   await new Promise((r) => setTimeout(r, 1500));
-  const idle = rssMiB(kg.pid);
+  const idle = kg.pid ? rssMiB(kg.pid) : 0;
   const client = (spec) =>
     new Promise((resolve) => {
       const c = spawn('taskset', ['-c', '1', process.execPath, path.join(BENCH_DIR, 'client.mjs'), JSON.stringify(spec)]);
@@ -63,7 +66,7 @@ try {
       c.stderr.on('data', (d) => process.stderr.write(d));
       c.on('close', () => resolve(JSON.parse(out.trim().split('\n').pop() || '{"ok":false}')));
     });
-  const base = { proxy: { host: '127.0.0.1', port: kg.port }, port: origin.port, ca: [kg.ca, pki.originCa] };
+  const base = { proxy: kg.port ? { host: '127.0.0.1', port: kg.port } : null, port: origin.port, ca: [kg.ca, pki.originCa] };
   let st;
   if (o.strace) {
     st = spawn('strace', [o['strace-raw'] ? '-tt' : '-c', '-f', '-p', String(kg.pid), '-o', o.strace]);
@@ -76,7 +79,7 @@ try {
   }
   // First requests: to 20 names the proxy has not seen, or (--known) --count times to --host.
   const firstHosts = o.known ? Array(Number(o.count)).fill(o.host) : names.slice(2);
-  const c0 = cpuSeconds(kg.pid);
+  const c0 = kg.pid ? cpuSeconds(kg.pid) : 0;
   const t0 = performance.now();
   let r;
   if (o.mode === 'small') r = await client({ ...base, mode: 'small', host: o.host, connections: Number(o.connections), durationMs: Number(o.seconds) * 1000, warmupMs: 500 });
@@ -84,7 +87,7 @@ try {
   else if (o.mode === 'probe') r = await probe({ proxyPort: kg.port, originPort: origin.port, hosts: firstHosts, ca: [kg.ca, pki.originCa] });
   else if (o.mode === 'fresh') r = await client({ ...base, mode: 'fresh', hosts: firstHosts });
   else throw new Error(`unknown --mode ${o.mode}`);
-  const c1 = cpuSeconds(kg.pid);
+  const c1 = kg.pid ? cpuSeconds(kg.pid) : 0;
   if (pf) {
     pf.kill('SIGINT');
     await new Promise((res) => pf.on('close', res));
@@ -97,7 +100,7 @@ try {
   // small: us per request; bulk: ms per GiB; probe, fresh: us per new connection (its one request included).
   r.cpu_us_per_req = r.total ? ((c1 - c0) * 1e6) / r.total : r.runs ? ((c1 - c0) * 1e3) / ((r.runs.length + 1) * (100 / 1024)) : ((c1 - c0) * 1e6) / firstHosts.length;
   r.idle = idle;
-  r.peak = peakRssMiB(kg.pid);
+  r.peak = kg.pid ? peakRssMiB(kg.pid) : 0;
   console.log(JSON.stringify(r));
 } finally {
   // The origin too, whatever failed: a run must not leave an nginx behind.

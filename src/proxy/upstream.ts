@@ -1,6 +1,7 @@
 import { readFileSync } from '../builtins/fs.js';
 import net from 'node:net';
 import tls from 'node:tls';
+import { createHash } from 'node:crypto';
 import { createRequire } from 'node:module';
 import type * as Undici from 'undici';
 import { formatAuthority, urlAuthority } from '../rules/host.js';
@@ -44,7 +45,9 @@ const loadConnector = () => (connectorBuilder ??= undiciPart<typeof Undici.build
  */
 const trustStores = new Map<string, tls.SecureContext>();
 function trustStore(extraPem: readonly string[]): tls.SecureContext {
-  const key = extraPem.join('\n');
+  // A digest, not the PEM text itself: the text can be a whole system bundle (~220 KB), kept for
+  // the life of the process as a map key.
+  const key = createHash('sha256').update(extraPem.join('\n')).digest('base64');
   let ctx = trustStores.get(key);
   if (!ctx) {
     ctx = tls.createSecureContext({ ca: [...tls.rootCertificates, ...extraPem], minVersion: 'TLSv1.2' });
@@ -187,8 +190,8 @@ export class Upstream {
   #agent: Agent | undefined;
   /** The pool for HTTP/2 clients' requests: h2 where the origin offers it in ALPN, HTTP/1.1 otherwise. */
   #h2Agent: Agent | undefined;
-  /** The extra CAs (NODE_EXTRA_CA_CERTS, --upstream-ca), read when the proxy starts. */
-  private readonly extraCa: readonly string[];
+  /** The CAs given with --upstream-ca (NODE_EXTRA_CA_CERTS is read with the first dial). */
+  private readonly upstreamCa: readonly string[];
   private readonly resolveMap: ReadonlyMap<string, string>;
   private readonly connector: Undici.buildConnector.connector;
   #trust: tls.SecureContext | undefined;
@@ -202,7 +205,7 @@ export class Upstream {
 
   constructor(private readonly opts: UpstreamOptions) {
     this.resolveMap = opts.resolve ?? new Map();
-    this.extraCa = [...extraCaFromEnv(), ...(opts.upstreamCa ?? []).flatMap((p) => p.match(PEM_CERT) ?? [])];
+    this.upstreamCa = (opts.upstreamCa ?? []).flatMap((p) => p.match(PEM_CERT) ?? []);
     this.connector = (o, cb) => {
       const warm = this.takeWarm(`${o.protocol}//${o.host}`);
       if (!warm) return this.dial(o, cb);
@@ -214,9 +217,14 @@ export class Upstream {
     this.h1 = new H1Pool((host, port, cb) => this.connector(connectOptions(host, port), cb as ConnectCallback), opts.timeouts.keepAliveMs);
   }
 
-  /** The trust store upstream TLS verifies against: the public roots plus the extra CAs (shared, built on first use). */
+  /**
+   * The trust store upstream TLS verifies against: the public roots plus the extra CAs (shared,
+   * built on first use). NODE_EXTRA_CA_CERTS is read here, not at start: where it names the whole
+   * system bundle (as on many CI machines), its ~140 certificates as strings were 0.7 MiB of an
+   * idle sidecar that had not dialled yet (bench/README.md).
+   */
   get secureContext(): tls.SecureContext {
-    return (this.#trust ??= trustStore(this.extraCa));
+    return (this.#trust ??= trustStore([...extraCaFromEnv(), ...this.upstreamCa]));
   }
 
   private tlsOptions(allowH2: boolean): Undici.buildConnector.BuildOptions {
