@@ -48,7 +48,7 @@ async function main(argv: string[]): Promise<number> {
   }
   if (SERVERS.has(name)) {
     // Does not return when the process re-executes itself with the heap flags.
-    ensureServerFlags();
+    ensureServerFlags(process.env, { sidecar: name === 'proxy' });
     leanServerFlags();
     holdOptimizer();
     startIdleGc();

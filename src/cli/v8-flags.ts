@@ -29,6 +29,24 @@ export function missingServerFlags(execArgv: readonly string[], nodeOptions = ''
 export type ServerFlagsState = 'present' | 'disabled' | 'unavailable';
 
 /**
+ * The C library allocator's settings for the sidecar (`keygate proxy`). glibc gives threads that
+ * allocate their own malloc arenas (up to 8 per core): V8's worker threads, the libuv pool and
+ * the main thread each keep free memory the others never reuse, so a sidecar's RSS after the
+ * benchmark's bulk and h2 phases stayed 4-9 MiB above what one arena needs, at the same CPU per
+ * request and per GiB (interleaved A/B, bench/README.md "Session 6"). glibc reads it only from
+ * the environment when the process starts, so it comes with the re-execution below; musl and
+ * other C libraries ignore it. A value the user set (any value, e.g. MALLOC_ARENA_MAX=8) is
+ * kept. Not for `serve` and `start`: their children (deployed applications, box tooling)
+ * would inherit it.
+ */
+export const SIDECAR_ENV: Readonly<Record<string, string>> = { MALLOC_ARENA_MAX: '1' };
+
+/** The SIDECAR_ENV settings not already in `env`. */
+export function missingSidecarEnv(env: NodeJS.ProcessEnv): Record<string, string> {
+  return Object.fromEntries(Object.entries(SIDECAR_ENV).filter(([k]) => env[k] === undefined || env[k] === ''));
+}
+
+/**
  * Makes sure the heap flags are in effect before the server starts.
  *
  * The `keygate` bin carries them in its shebang (`#!/usr/bin/env -S node --max-semi...`), which
@@ -42,17 +60,25 @@ export type ServerFlagsState = 'present' | 'disabled' | 'unavailable';
  * started ('unavailable'); a second process just to hold the flags would cost more memory than
  * they save.
  *
- * KEYGATE_NODE_FLAGS=0 keeps node's defaults (e.g. to compare, or under a profiler that must
- * keep its own process).
+ * With `sidecar` (`keygate proxy`), SIDECAR_ENV is ensured the same way: a sidecar started
+ * through the bin (flags present) without MALLOC_ARENA_MAX re-executes once with it added to
+ * its environment (about 40 ms more start-up on Node >= 22.15; none on Node 20, which keeps
+ * glibc's default).
+ *
+ * KEYGATE_NODE_FLAGS=0 keeps node's and the C library's defaults (e.g. to compare, or under a
+ * profiler that must keep its own process).
  */
-export function ensureServerFlags(env: NodeJS.ProcessEnv = process.env): ServerFlagsState {
+export function ensureServerFlags(env: NodeJS.ProcessEnv = process.env, opts: { sidecar?: boolean } = {}): ServerFlagsState {
   if (env.KEYGATE_NODE_FLAGS === '0') return 'disabled';
   const missing = missingServerFlags(process.execArgv, env.NODE_OPTIONS);
-  if (missing.length === 0) return 'present';
+  const missingEnv = opts.sidecar ? missingSidecarEnv(env) : {};
+  if (missing.length === 0 && Object.keys(missingEnv).length === 0) return 'present';
   const execve = (process as { execve?: (file: string, args: string[], env: NodeJS.ProcessEnv) => never }).execve;
   if (typeof execve !== 'function' || process.argv[1] === undefined) return 'unavailable';
   try {
-    execve.call(process, process.execPath, [process.execPath, ...missing, ...process.execArgv, process.argv[1], ...process.argv.slice(2)], env);
+    // The new process has the flags on its command line and the settings in its environment,
+    // so it finds nothing missing and cannot loop.
+    execve.call(process, process.execPath, [process.execPath, ...missing, ...process.execArgv, process.argv[1], ...process.argv.slice(2)], { ...env, ...missingEnv });
   } catch {
     // The binary could not be executed again (removed, no permission): run as started.
   }

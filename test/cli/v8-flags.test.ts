@@ -21,7 +21,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { ProxyAgent, request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { missingServerFlags, SERVER_NODE_FLAGS } from '../../src/cli/v8-flags.js';
+import { missingServerFlags, missingSidecarEnv, SERVER_NODE_FLAGS, SIDECAR_ENV } from '../../src/cli/v8-flags.js';
 import { startOrigin, type TestOrigin } from '../helpers/origin.js';
 import { machineNodes, type NodeBin } from '../helpers/nodes.js';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
@@ -67,6 +67,16 @@ function processTree(root: number): Proc[] {
   };
   visit(root);
   return out;
+}
+
+/** A process's environment (what glibc read at its start). */
+function environOf(pid: number): Record<string, string> {
+  return Object.fromEntries(
+    readFileSync(`/proc/${pid}/environ`, 'utf8')
+      .split('\0')
+      .filter(Boolean)
+      .map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]),
+  );
 }
 
 /** The node processes running keygate's CLI in a tree, with their node flags (before the script). */
@@ -128,6 +138,13 @@ describe('the heap flags', () => {
     expect(first).toBe(`#!/usr/bin/env -S node ${SERVER_NODE_FLAGS.join(' ')}`);
   });
 
+  it('the sidecar\'s allocator setting: added when unset or empty, a value the user set is kept', () => {
+    expect(SIDECAR_ENV).toEqual({ MALLOC_ARENA_MAX: '1' });
+    expect(missingSidecarEnv({})).toEqual({ MALLOC_ARENA_MAX: '1' });
+    expect(missingSidecarEnv({ MALLOC_ARENA_MAX: '' })).toEqual({ MALLOC_ARENA_MAX: '1' });
+    expect(missingSidecarEnv({ MALLOC_ARENA_MAX: '8' })).toEqual({});
+  });
+
   it('a value given on the command line or in NODE_OPTIONS is kept, the other flag still added', () => {
     expect(missingServerFlags([])).toEqual([...SERVER_NODE_FLAGS]);
     expect(missingServerFlags([...SERVER_NODE_FLAGS])).toEqual([]);
@@ -137,7 +154,8 @@ describe('the heap flags', () => {
 });
 
 describe.each(NODES)('$name: the heap flags however keygate proxy is started', (node) => {
-  const env = { PATH: pathFor(node) };
+  // Whatever the test runner's own environment says, glibc's allocator setting starts unset.
+  const env = { PATH: pathFor(node), MALLOC_ARENA_MAX: undefined };
 
   it('node_modules/.bin/keygate (the bin)', async () => {
     const proxy = await startProxy({ command: [path.join(project, 'node_modules/.bin/keygate')], cwd: project, env });
@@ -147,6 +165,8 @@ describe.each(NODES)('$name: the heap flags however keygate proxy is started', (
       expect(p.pid).toBe(proxy.pid); // env execs node in place: one process
       expect(realpathSync(p.exe)).toBe(node.bin);
       expect(p.nodeFlags).toEqual([...SERVER_NODE_FLAGS]);
+      // One malloc arena: re-executed with it where Node can (same pid), glibc's default on Node 20.
+      expect(environOf(p.pid).MALLOC_ARENA_MAX).toBe(node.execve ? '1' : undefined);
     } finally {
       expect(await proxy.stop()).toBe(0);
     }
@@ -186,6 +206,7 @@ describe.each(NODES)('$name: the heap flags however keygate proxy is started', (
       for (const p of found) {
         expect(realpathSync(p.exe)).toBe(node.bin);
         expect(p.nodeFlags).toEqual([...SERVER_NODE_FLAGS]);
+        expect(environOf(p.pid).MALLOC_ARENA_MAX).toBe(node.execve ? '1' : undefined);
       }
     } finally {
       expect(await proxy.stop()).toBe(0);
@@ -215,8 +236,16 @@ describe.each(NODES)('$name: the heap flags however keygate proxy is started', (
     const off = await startProxy({ command: [node.bin, CLI], env: { ...env, KEYGATE_NODE_FLAGS: '0' } });
     try {
       expect(keygateProcesses(off.pid)[0].nodeFlags).toEqual([]);
+      expect(environOf(off.pid).MALLOC_ARENA_MAX).toBeUndefined();
     } finally {
       await off.stop();
+    }
+    // The user's own allocator setting is kept through the bin, and nothing else re-executes it.
+    const mine = await startProxy({ command: [path.join(project, 'node_modules/.bin/keygate')], cwd: project, env: { ...env, MALLOC_ARENA_MAX: '4' } });
+    try {
+      expect(environOf(mine.pid).MALLOC_ARENA_MAX).toBe('4');
+    } finally {
+      await mine.stop();
     }
   }, 30_000);
 
