@@ -78,6 +78,9 @@ const cfg = {
   rounds: num(opts.rounds, 2),
   hosts: num(opts.hosts, opts.quick ? 10 : 20),
   bulkBytes: num(opts['bulk-mib'], 100) * 1048576,
+  // One 100 MiB transfer took 0.2-0.4 s and moved by up to 1.3x between rounds of the same
+  // build; the median of three per round is what each round reports.
+  bulkRepeats: 3,
   connections: num(opts.connections, 32),
   peers: opts.peers.split(',').map((s) => s.trim()).filter(Boolean),
 };
@@ -340,7 +343,7 @@ async function main() {
       }
       const bulk = async (host) => {
         const cpu0 = p.pid ? cpuSeconds(p.pid) : 0;
-        const x = await client({ ...b, mode: 'bulk', host, expectBytes: cfg.bulkBytes, warmupTransfers: 1 });
+        const x = await client({ ...b, mode: 'bulk', host, expectBytes: cfg.bulkBytes, warmupTransfers: 1, repeats: cfg.bulkRepeats });
         if (x.ok && p.pid) x.cpu_s_per_gib = ((cpuSeconds(p.pid) - cpu0) * 1024 * 1048576) / x.total_bytes;
         return x;
       };

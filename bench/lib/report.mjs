@@ -120,7 +120,7 @@ export function renderResults({ machine, cfg, peers, summary, notes, command, or
   L.push(`- node ${machine.node} (the harness); keygate on Node ${machine.keygateNodes?.keygate ?? 'n/a'} and ${machine.keygateNodes?.['keygate-node20'] ?? 'n/a'}, started with the bin; ${machine.nginx ?? 'nginx: not installed'}; ${machine.squid ?? 'squid: not installed'}; ${machine.mitmproxy ?? 'mitmproxy: not installed'}; ${machine.openssl}`);
   L.push(`- every proxy pinned to core 0 (\`taskset -c 0\`); client and origin (${origin === 'nginx' ? 'nginx, 1 worker' : 'Node fallback server'}) on core 1; loopback only`);
   L.push(`- load average (1/5/15 min) at start: ${machine.loadAtStart ?? 'n/a'}; at the end: ${machine.loadavg ?? 'n/a'}`);
-  L.push(`- ${cfg.rounds} interleaved rounds, medians; ${cfg.durationMs / 1000} s per load phase after ${cfg.warmupMs / 1000} s warm-up; ${cfg.bulkBytes / 1048576} MiB bulk body; ${cfg.hosts} new host names per round`);
+  L.push(`- ${cfg.rounds} interleaved rounds, medians; ${cfg.durationMs / 1000} s per load phase after ${cfg.warmupMs / 1000} s warm-up; ${cfg.bulkBytes / 1048576} MiB bulk body (the median of ${cfg.bulkRepeats ?? 1} transfers per round); ${cfg.hosts} new host names per round`);
   L.push('');
   L.push('## Summary (medians over rounds)', '');
   L.push(`| mode | small GET req/s, 1 conn | p50 / p99 ms at 1 | small GET req/s, ${N} conns | p50 / p99 ms at ${N} | ${cfg.bulkBytes / 1048576} MiB via interception MiB/s | via plain tunnel MiB/s | first request, new host p50 ms | first request, known host p50 ms | proxy CPU us/req at 1 / ${N} | proxy CPU s/GiB interception / tunnel | idle RSS MiB at 1.5 s / settled | peak RSS MiB |`);
