@@ -220,8 +220,8 @@ export class Upstream {
   /**
    * The trust store upstream TLS verifies against: the public roots plus the extra CAs (shared,
    * built on first use). NODE_EXTRA_CA_CERTS is read here, not at start: where it names the whole
-   * system bundle (as on many CI machines), its ~140 certificates as strings were 0.7 MiB of an
-   * idle sidecar that had not dialled yet (bench/README.md).
+   * system bundle (as on many CI machines), its ~140 certificates sat in an idle sidecar's heap
+   * as strings (a 220 KB file and its slices) before it had dialled anywhere (bench/README.md).
    */
   get secureContext(): tls.SecureContext {
     return (this.#trust ??= trustStore([...extraCaFromEnv(), ...this.upstreamCa]));
