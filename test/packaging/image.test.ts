@@ -56,6 +56,12 @@ async function untilLog(name: string, re: RegExp, timeoutMs = 30_000): Promise<s
 }
 
 /** The uid and the command line of the container's first process, as the kernel sees them. */
+/** One variable of the container's main process environment (what glibc read at its start). */
+function mainEnv(name: string, key: string): string | undefined {
+  const environ = docker(['exec', name, 'cat', '/proc/1/environ']).stdout.split('\0');
+  return environ.find((kv) => kv.startsWith(`${key}=`))?.slice(key.length + 1);
+}
+
 function mainProcess(name: string): { uid: string; argv: string[] } {
   const status = docker(['exec', name, 'cat', '/proc/1/status']).stdout;
   const argv = docker(['exec', name, 'cat', '/proc/1/cmdline']).stdout.split('\0').filter(Boolean);
@@ -107,7 +113,10 @@ describe.skipIf(skip)('the keygate image on a real engine', () => {
     res.resume();
     expect(res.statusCode).toBe(403);
     expect(String(res.headers['proxy-status'])).toMatch(/^keygate/);
-    expect(mainProcess(name)).toEqual({ uid: '1000', argv: ['node', ...startFlags(), '/app/dist/cli/main.js', 'proxy', '--config=/app/config/compose/proxy.json', '--listen=0.0.0.0:3128', '--certs=/tmp/certs', '--secrets-dir=/run/keygate-secrets', '--data=/tmp/data'] });
+    // The proxy re-executed itself (same pid 1, node's full path as argv[0]) to run with one
+    // malloc arena, which glibc reads only at start (src/cli/v8-flags.ts SIDECAR_ENV).
+    expect(mainProcess(name)).toEqual({ uid: '1000', argv: ['/usr/local/bin/node', ...startFlags(), '/app/dist/cli/main.js', 'proxy', '--config=/app/config/compose/proxy.json', '--listen=0.0.0.0:3128', '--certs=/tmp/certs', '--secrets-dir=/run/keygate-secrets', '--data=/tmp/data'] });
+    expect(mainEnv(name, 'MALLOC_ARENA_MAX')).toBe('1');
   });
 
   it('runs the serve role (the default command) with its data in the /data volume', async () => {
