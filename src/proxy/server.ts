@@ -1,6 +1,5 @@
 import { EventEmitter } from 'node:events';
 import type { AddressInfo, Socket } from 'node:net';
-import os from 'node:os';
 import type { Duplex } from 'node:stream';
 import { createLogger, type Logger } from '../log.js';
 import type { Ca } from '../certs/ca.js';
@@ -21,6 +20,7 @@ import { createNodeExchange } from './node-exchange.js';
 import type { H2Exchange } from './h2/exchange.js';
 import { planIntercepted } from './plan.js';
 import { Upstream } from './upstream.js';
+import { isLocalAddress } from './local-addresses.js';
 
 export type { ProxyTimeouts } from './upstream.js';
 export type { ProxyLimits } from './limits.js';
@@ -77,13 +77,6 @@ export interface ProxyHandle {
 
 const LOOPBACK_NAMES = new Set(['localhost', '127.0.0.1', '::1', '0.0.0.0', '::']);
 
-/** An address (or `localhost`) that reaches this host: loopback, unspecified, or one of its interfaces (read now: they change). */
-function isLocalAddress(a: string): boolean {
-  if (LOOPBACK_NAMES.has(a) || a.startsWith('127.')) return true;
-  for (const list of Object.values(os.networkInterfaces())) for (const i of list ?? []) if (i.address.toLowerCase() === a) return true;
-  return false;
-}
-
 /**
  * Starts the proxy: the data path of src/proxy/README.md, assembled. One listener for CONNECT
  * (blind tunnel or TLS interception per the rules) and absolute-form plain HTTP; intercepted
@@ -113,17 +106,18 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   };
   for (const d of opts.denyTargets ?? []) addDeny(d);
 
-  const localAddresses = new Set<string>();
-  if (opts.listen.host === '0.0.0.0' || opts.listen.host === '::' || opts.listen.host === '') {
-    for (const list of Object.values(os.networkInterfaces())) for (const a of list ?? []) localAddresses.add(a.address.toLowerCase());
-  }
-  /** An address:port that is one of the proxy's own listeners (or a deny target): a loop, or the admin API. */
+  const listensEverywhere = opts.listen.host === '0.0.0.0' || opts.listen.host === '::' || opts.listen.host === '';
+  /**
+   * An address:port that is one of the proxy's own listeners (or a deny target): a loop, or the
+   * admin API. This host's addresses are read at each such check (src/proxy/local-addresses.ts:
+   * the kernel's tables too, since libuv leaves out interfaces without carrier).
+   */
   const isSelf = (address: string, port: number) => {
     const a = unwrapAddress(address);
     if (deny.has(formatAuthority(a, port))) return true;
     if (denyLocalPorts.has(port) && isLocalAddress(a)) return true;
     if (port !== ownPort) return false;
-    return LOOPBACK_NAMES.has(a) || a.startsWith('127.') || a === listenHost || localAddresses.has(a);
+    return LOOPBACK_NAMES.has(a) || a.startsWith('127.') || a === listenHost || (listensEverywhere && isLocalAddress(a));
   };
   const egressDenied = (host: string, port: number, kind: string, address?: string) => {
     events.emit('egress_denied', { host, port, kind, address });
