@@ -31,3 +31,15 @@ export const {
   watch,
   writeSync,
 } = fs;
+
+/**
+ * A text file's contents, or '' when it cannot be read (gone, no permission): for files of the
+ * kernel and of other processes (/proc) that may vanish between a look and a read.
+ */
+export function readFileOrEmpty(file: string): string {
+  try {
+    return readFileSync(file, 'utf8');
+  } catch {
+    return '';
+  }
+}

@@ -1,6 +1,6 @@
 import os from 'node:os';
 import net from 'node:net';
-import { readFileSync } from '../builtins/fs.js';
+import { readFileOrEmpty } from '../builtins/fs.js';
 
 /**
  * Whether a connection to `address` would reach this host: the question the proxy asks before it
@@ -16,7 +16,13 @@ import { readFileSync } from '../builtins/fs.js';
  * containers. The callers ask only for connections to a denied port, so the reads are rare.
  */
 
-const LOOPBACK_NAMES = new Set(['localhost', '127.0.0.1', '::1', '0.0.0.0', '::']);
+/** Spellings that reach this host whatever its interfaces: loopback, `localhost` and the unspecified addresses. */
+export const LOOPBACK_NAMES: ReadonlySet<string> = new Set(['localhost', '127.0.0.1', '::1', '0.0.0.0', '::']);
+
+/** `a` is a loopback or unspecified spelling, or in 127/8. */
+export function isLoopback(a: string): boolean {
+  return LOOPBACK_NAMES.has(a) || a.startsWith('127.');
+}
 
 /** `address` as BlockList-comparable family, or undefined for a name. */
 function familyOf(address: string): 'ipv4' | 'ipv6' | undefined {
@@ -49,32 +55,25 @@ export function parseIfInet6(text: string): string[] {
   return out;
 }
 
-function readOr(file: string): string {
-  try {
-    return readFileSync(file, 'utf8');
-  } catch {
-    return '';
-  }
-}
-
 /** Every address of this host the kernel and libuv know of, now. */
 export function localAddresses(): string[] {
   const out: string[] = [];
   for (const list of Object.values(os.networkInterfaces())) for (const i of list ?? []) out.push(i.address);
-  if (process.platform === 'linux') out.push(...parseFibTrieLocal(readOr('/proc/net/fib_trie')), ...parseIfInet6(readOr('/proc/net/if_inet6')));
+  if (process.platform === 'linux') out.push(...parseFibTrieLocal(readFileOrEmpty('/proc/net/fib_trie')), ...parseIfInet6(readFileOrEmpty('/proc/net/if_inet6')));
   return out;
 }
 
 /** `a` (lower-case, IPv4-mapped forms already unwrapped) reaches this host: loopback, unspecified, or one of its addresses. */
 export function isLocalAddress(a: string): boolean {
-  if (LOOPBACK_NAMES.has(a) || a.startsWith('127.')) return true;
+  if (isLoopback(a)) return true;
   const fam = familyOf(a);
   if (!fam) return false;
   // A BlockList compares addresses, not spellings (`fd00::2` and `fd00:0:0:0:0:0:0:2` alike).
   const mine = new net.BlockList();
   for (const x of localAddresses()) {
-    const f = familyOf(x.split('%')[0]);
-    if (f) mine.addAddress(x.split('%')[0], f);
+    const bare = x.split('%')[0]; // a link-local address's zone (`fe80::1%eth0`) is not part of it
+    const f = familyOf(bare);
+    if (f) mine.addAddress(bare, f);
   }
   return mine.check(a, fam);
 }

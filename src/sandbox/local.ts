@@ -23,6 +23,7 @@ import {
   type SandboxDriver,
 } from './driver.js';
 import { BOX_TRUSTSTORE_PATH } from '../certs/env.js';
+import { readFileOrEmpty } from '../builtins/fs.js';
 import { BOX_MAIN, BOX_NAMESPACES, bwrapArgs, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, type RootEntry } from './bwrap.js';
 import { readBoxFile, writeBoxFile } from './box-files.js';
 import { cgroupLayout, createCgroup, existingCgroup, cgroupHasProcesses, killCgroup, listBoxCgroups, procsFiles, removeCgroup, removeLayoutIfEmpty, rlimitArgs, type Cgroup, type CgroupLayout } from './limits.js';
@@ -92,14 +93,6 @@ function readSysctl(p: string): string | null {
     return readFileSync(p, 'utf8').trim();
   } catch {
     return null;
-  }
-}
-
-function readFileSafe(p: string): string {
-  try {
-    return readFileSync(p, 'utf8');
-  } catch {
-    return '';
   }
 }
 
@@ -478,7 +471,7 @@ class LocalBox implements Box {
     // bwrap reports pid 1 before it has built the box's root; it forks the box's main process only
     // once the root is in place, so the root is taken when pid 1 has a child.
     const until = Date.now() + START_TIMEOUT_MS;
-    while (!readFileSafe(`/proc/${pid}/task/${pid}/children`).trim()) {
+    while (!readFileOrEmpty(`/proc/${pid}/task/${pid}/children`).trim()) {
       if (startTime(pid) !== this.pid1Start) throw new BoxStartError(`the box exited at once: ${bwrapSaid(err)}`);
       if (Date.now() > until) throw new BoxStartError('bubblewrap did not finish building the box in time');
       await new Promise((r) => setTimeout(r, 5));
