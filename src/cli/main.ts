@@ -47,7 +47,8 @@ async function main(argv: string[]): Promise<number> {
     return 2;
   }
   if (SERVERS.has(name)) {
-    // Does not return when the process re-executes itself with the heap flags.
+    // Does not return when the process re-executes itself with the heap flags (and, for the
+    // sidecar, the allocator setting).
     ensureServerFlags(process.env, { sidecar: name === 'proxy' });
     leanServerFlags();
     holdOptimizer();

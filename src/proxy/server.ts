@@ -20,7 +20,7 @@ import { createNodeExchange } from './node-exchange.js';
 import type { H2Exchange } from './h2/exchange.js';
 import { planIntercepted } from './plan.js';
 import { Upstream } from './upstream.js';
-import { isLocalAddress } from './local-addresses.js';
+import { isLocalAddress, isLoopback, LOOPBACK_NAMES } from './local-addresses.js';
 
 export type { ProxyTimeouts } from './upstream.js';
 export type { ProxyLimits } from './limits.js';
@@ -75,8 +75,6 @@ export interface ProxyHandle {
   close(graceMs?: number): Promise<void>;
 }
 
-const LOOPBACK_NAMES = new Set(['localhost', '127.0.0.1', '::1', '0.0.0.0', '::']);
-
 /**
  * Starts the proxy: the data path of src/proxy/README.md, assembled. One listener for CONNECT
  * (blind tunnel or TLS interception per the rules) and absolute-form plain HTTP; intercepted
@@ -117,7 +115,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     if (deny.has(formatAuthority(a, port))) return true;
     if (denyLocalPorts.has(port) && isLocalAddress(a)) return true;
     if (port !== ownPort) return false;
-    return LOOPBACK_NAMES.has(a) || a.startsWith('127.') || a === listenHost || (listensEverywhere && isLocalAddress(a));
+    return isLoopback(a) || a === listenHost || (listensEverywhere && isLocalAddress(a));
   };
   const egressDenied = (host: string, port: number, kind: string, address?: string) => {
     events.emit('egress_denied', { host, port, kind, address });
