@@ -7,7 +7,7 @@ import { ProxyError } from '../errors.js';
 import type { Exchange } from '../exchange.js';
 import { forward, refuse } from '../forward.js';
 import { planIntercepted } from '../plan.js';
-import { newRecord, refusedPath } from '../record.js';
+import { finishRecord, newRecord, refusedPath } from '../record.js';
 import { readH2Request } from './fields.js';
 import { h2ServerOptions } from './limits.js';
 
@@ -76,7 +76,20 @@ export function createH2Exchange(dp: DataPath): H2Exchange {
     }
     const fields = (read as Exclude<typeof read, ProxyError>).fields;
     rec.path = planned.path;
-    forward(core, hreq, hres, { scheme: 'https', host: t.host, port: t.port, pathAndQuery: planned.pathAndQuery, logPath: planned.path, decision: 'intercept', rule: planned.rule, client: t.client, h2: { fields, body: !req.stream.endAfterHeaders } }, rec, started);
+    const target = { scheme: 'https', host: t.host, port: t.port, pathAndQuery: planned.pathAndQuery, logPath: planned.path, decision: 'intercept', rule: planned.rule, client: t.client, h2: { fields, body: !req.stream.endAfterHeaders } } as const;
+    // The upstream request starts after the rest of what arrived with this header block has been
+    // read: a stream the client resets in the same read (rapid reset, CVE-2023-44487) is then
+    // already closed and costs no upstream request, and nghttp2's reset-rate limit ends such a
+    // connection after its burst at the speed of parsing, not of a thousand upstream dials.
+    setImmediate(() => {
+      if (req.stream.destroyed) {
+        rec.status = 499;
+        rec.error = 'client closed the connection';
+        finishRecord(core, rec, started);
+        return;
+      }
+      forward(core, hreq, hres, target, rec, started);
+    });
   });
 
   return {

@@ -12,7 +12,8 @@ export const H2_MAX_CONCURRENT_STREAMS = 100;
  *   more fields than `maxHeaderCount` (plus the four pseudo-headers), is refused; an HPACK bomb
  *   (a small block that decodes large) hits the same bound, and the dynamic table stays 4 KiB;
  * - at most 100 concurrent streams per connection; streams opened and reset at once (rapid
- *   reset) are bounded by nghttp2's reset-rate limit, and refused streams close the session;
+ *   reset) are bounded by nghttp2's reset-rate limit, and refused streams close the session
+ *   (exchange.ts starts no upstream request for a stream already reset when its turn comes);
  * - SETTINGS without acknowledgement, PING and other frames the proxy must answer are bounded
  *   (`maxSettings`, `maxOutstandingPings`, nghttp2's outbound-queue flood check);
  * - a session's buffered memory (a client that stops reading) is capped by `maxSessionMemory`,
