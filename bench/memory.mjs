@@ -8,6 +8,8 @@
 // phases then run one keygate at a time. One JSON line per Node, then a table.
 //
 // usage: node bench/memory.mjs [--nodes 24,20] [--seconds 4] [--rounds 1] [--no-h2] [--keygate-arg ARG]...
+//          [--phases c1,c32,bulk,tunnel,hosts,h2 (which phases run, in that order)] [--smaps (the RSS
+//          split after every phase, not only at the end)]
 // env: KEYGATE_NODE_ARGS (as phase.mjs), KEYGATE_BENCH_BASE=DIR (another built checkout) and any
 //      KEYGATE_* setting, passed through to keygate.
 import path from 'node:path';
@@ -27,6 +29,8 @@ const { values: o } = parseArgs({
     rounds: { type: 'string', default: '1' },
     'no-h2': { type: 'boolean', default: false },
     'keygate-arg': { type: 'string', multiple: true, default: [] },
+    phases: { type: 'string', default: 'c1,c32,bulk,tunnel,hosts,h2' },
+    smaps: { type: 'boolean', default: false },
   },
 });
 const WORK = path.join(BENCH_DIR, '.work');
@@ -82,7 +86,8 @@ function client(spec, script = path.join(BENCH_DIR, 'client.mjs')) {
 }
 
 const origin = await startOrigin({ work: WORK, pki, content });
-const grpc = o['no-h2'] ? null : await startGrpcOrigin({ work: WORK, pki });
+const phases = new Set(o.phases.split(','));
+const grpc = o['no-h2'] || !phases.has('h2') ? null : await startGrpcOrigin({ work: WORK, pki });
 const kgs = [];
 try {
   const nodeArgs = process.env.KEYGATE_NODE_ARGS ? process.env.KEYGATE_NODE_ARGS.split(' ') : [];
@@ -104,10 +109,15 @@ try {
   for (const k of kgs) {
     const b = { proxy: { host: '127.0.0.1', port: k.kg.port }, port: origin.port, ca: [k.kg.ca, pki.originCa] };
     const peak = () => Math.round(peakRssMiB(k.kg.pid) * 10) / 10;
+    const after = (name) => {
+      k.out[`peak_after_${name}`] = peak();
+      if (o.smaps) k.out[`smaps_after_${name}`] = smapsSummary(k.kg.pid);
+    };
     const step = async (name, fn) => {
+      if (!phases.has(name.replace(/_r\d+$/, ''))) return;
       const res = await fn();
       if (res && res.ok === false) k.out[`${name}_error`] = res.error;
-      k.out[`peak_after_${name}`] = peak();
+      after(name);
     };
     for (let r = 0; r < rounds; r++) {
     const sfx = rounds > 1 ? `_r${r + 1}` : '';
@@ -122,10 +132,10 @@ try {
       const cfg = { connections: 32, durationMs: ms, warmupMs: 500 };
       const h2 = await measureH2({ ...p, h2check: { ...p.h2check, grpc: false } }, { client, cfg, originPort: origin.port, grpcPort: grpc.port, originCa: pki.originCa });
       if (!h2.h2?.ok) k.out.h2_error = h2.h2?.error ?? p.h2check.h2Skip;
-      k.out[`peak_after_h2${sfx}`] = peak();
+      after(`h2${sfx}`);
       const g = await measureH2({ ...p, h2check: { ...p.h2check, h2: false } }, { client, cfg, originPort: origin.port, grpcPort: grpc.port, originCa: pki.originCa });
       if (!g.grpc?.ok) k.out.grpc_error = g.grpc?.error ?? p.h2check.grpcSkip;
-      k.out[`peak_after_grpc${sfx}`] = peak();
+      after(`grpc${sfx}`);
     }
     }
     k.out.end = Math.round(rssMiB(k.kg.pid) * 10) / 10;
