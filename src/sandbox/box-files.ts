@@ -16,13 +16,16 @@ const NOT_A_FILE = 11;
 const FAILED = 12;
 const FILE_TIMEOUT_MS = 10 * 60_000;
 
-// $1 path, $2 limit. Opens the file once, prints its size on the first line, then its bytes.
+// $1 path. Opens the file once, prints its size on the first line, then that many of its bytes:
+// a file still being written (a log) is served as it was when opened, so the Content-Length sent
+// from that size stays true.
 const READ = `f=$1
 [ -e "$f" ] || exit ${NOT_FOUND}
 [ -f "$f" ] || exit ${NOT_A_FILE}
 exec 3<"$f" || exit ${FAILED}
-stat -L -c %s /dev/fd/3 || exit ${FAILED}
-exec cat <&3`;
+s=$(stat -L -c %s /dev/fd/3) || exit ${FAILED}
+echo "$s"
+exec head -c "$s" <&3`;
 
 // $1 path, $2 temporary name in the same directory. Writes the temporary only: the rename is a
 // separate step, taken once keygate has counted the whole upload (stdin ending is no proof of that).
@@ -92,12 +95,17 @@ export async function readBoxFile(exec: Exec, boxPath: string, maxBytes: number)
     await p.done;
     throw new BoxFileError('too_large', `file is larger than ${maxBytes} bytes`);
   }
+  // The reader in the box sends exactly the size it announced; anything else (a file truncated
+  // while read) must reach the client as a broken response, never as a complete one.
   let sent = 0;
   const cap = new Transform({
     transform(chunk: Buffer, _enc, cb) {
       sent += chunk.length;
-      if (sent > head.size) cb(new BoxFileError('too_large', 'file grew while being read'));
+      if (sent > head.size) cb(new Error('the box sent more than the file size it announced'));
       else cb(null, chunk);
+    },
+    flush(cb) {
+      cb(sent < head.size ? new Error('the file was truncated while being read') : null);
     },
   });
   const out = new PassThrough();

@@ -82,6 +82,10 @@ export async function readBoxFile(ctx: FilesContext, boxPath: string, maxBytes: 
     if (res.statusCode === 404) throw new BoxFileError('not_found', 'no such file in the box');
     throw new Error(`the engine refused a file read (${res.statusCode})`);
   }
+  // The file is served as it was at the stat, whose size is the Content-Length: a file still being
+  // written (a log) has grown by the time the engine archives it, and what it gained is left out.
+  // One that shrank must reach the client as a broken response, never as a complete one.
+  const size = found.stat.size;
   const out = new PassThrough();
   let sent = 0;
   let seen = false;
@@ -93,14 +97,10 @@ export async function readBoxFile(ctx: FilesContext, boxPath: string, maxBytes: 
       }
       seen = true;
       entry.on('data', (c: Buffer) => {
-        sent += c.length;
-        // The file may have grown since the stat: never more than the bound.
-        if (sent > maxBytes) {
-          out.destroy(new BoxFileError('too_large', `the file is larger than ${maxBytes} bytes`));
-          res.body.destroy();
-          return;
-        }
-        if (!out.write(c)) {
+        const part = c.length > size - sent ? c.subarray(0, size - sent) : c;
+        if (part.length === 0) return;
+        sent += part.length;
+        if (!out.write(part)) {
           entry.pause();
           out.once('drain', () => entry.resume());
         }
@@ -108,9 +108,9 @@ export async function readBoxFile(ctx: FilesContext, boxPath: string, maxBytes: 
     },
   });
   void pipeline(res.body, parser)
-    .then(() => out.end())
+    .then(() => (sent === size ? out.end() : out.destroy(new Error('the file was truncated while being read'))))
     .catch((err: Error) => out.destroy(err instanceof BoxFileError ? err : new Error('the file read was cut')));
-  return { size: found.stat.size, stream: out };
+  return { size, stream: out };
 }
 
 /** Counts bytes and fails past the bound, so an upload never spools more than allowed. */

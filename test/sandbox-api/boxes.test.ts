@@ -192,6 +192,29 @@ describe.each(['local', 'docker'] as const)('real boxes through the API (%s driv
       expect(ls.stdout).toMatch(/rc=[1-9]/);
     });
 
+    it('a file that grows while it is downloaded: 200 with the bytes it had when opened, Content-Length true', async () => {
+      // 2 MiB first, then a writer in the background appends (at most 1.7 MiB: under the 4 MiB bound).
+      await run('main', 'head -c 2097152 /dev/zero > /workspace/grow.log');
+      await run('main', "(i=0; while [ $i -lt 100000 ]; do echo 0123456789abcdef; i=$((i+1)); done >> /workspace/grow.log) >/dev/null 2>&1 &");
+      try {
+        let grew = false;
+        for (let i = 0; i < 4; i++) {
+          const r = await fetch(`${server.url}/api/v2/sandboxes/boxes/main/files?path=/workspace/grow.log`, { headers: { 'x-api-key': KEY } });
+          expect(r.status).toBe(200);
+          const declared = Number(r.headers.get('content-length'));
+          const body = Buffer.from(await r.arrayBuffer());
+          expect(body.length).toBe(declared);
+          expect(body.subarray(0, 2097152).every((b) => b === 0)).toBe(true);
+          const now = Number((await run('main', 'wc -c < /workspace/grow.log')).stdout.trim());
+          if (now > declared) grew = true;
+        }
+        // The file did grow across the reads, so at least one read raced the writer.
+        expect(grew).toBe(true);
+      } finally {
+        await run('main', 'pkill -f "0123456789abcdef" ; true');
+      }
+    });
+
     it('a bad path is a 422 at query.path', async () => {
       const r = await A('GET', '/api/v2/sandboxes/boxes/main/files?path=relative.txt');
       expect(r.status).toBe(422);
