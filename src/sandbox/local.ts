@@ -37,6 +37,12 @@ export interface LocalDriverOptions {
   runDir: string;
   /** bubblewrap; default `bwrap` on PATH. */
   bwrap?: string;
+  /**
+   * `false`: never use cgroups, even where they can be made: limits through rlimits (`prlimit`),
+   * as on a machine without delegated cgroups. Default: cgroups where this process can create them.
+   * For testing that fallback where cgroups work.
+   */
+  cgroups?: false;
 }
 
 /** Host directories the `host` template shares, read-only, when they exist. */
@@ -137,6 +143,7 @@ export class LocalDriver implements SandboxDriver {
   readonly name = 'local' as const;
   private readonly runDir: string;
   private readonly bwrapCmd: string;
+  private readonly useCgroups: boolean;
   private readonly boxes = new Map<string, LocalBox>();
   private probed: Promise<DriverProbe> | null = null;
   private tools: { bwrap: string; nsenter: string; setpriv: string; bash: string; prlimit: string | null } | null = null;
@@ -145,6 +152,7 @@ export class LocalDriver implements SandboxDriver {
   constructor(opts: LocalDriverOptions) {
     this.runDir = path.resolve(opts.runDir);
     this.bwrapCmd = opts.bwrap ?? 'bwrap';
+    this.useCgroups = opts.cgroups !== false;
   }
 
   probe(): Promise<DriverProbe> {
@@ -153,6 +161,8 @@ export class LocalDriver implements SandboxDriver {
   }
 
   private cgroups(): CgroupLayout | null {
+    // Not even looked for when turned off: cgroupLayout creates the parent directories it tries.
+    if (!this.useCgroups) this.layout ??= { ok: false, why: 'cgroups turned off' };
     this.layout ??= cgroupLayout(createHash('sha256').update(this.runDir).digest('hex').slice(0, 12));
     return this.layout.ok ? this.layout.layout : null;
   }
