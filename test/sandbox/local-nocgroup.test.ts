@@ -5,15 +5,19 @@
  * included, while a process an earlier execution left in the background lives on, and so does the
  * box. Checked in the host's /proc. Real boxes only.
  */
-import { chmodSync, copyFileSync, existsSync, mkdirSync, readFileSync, symlinkSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { chmodSync, chownSync, copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Box } from '../../src/sandbox/driver.js';
 import { LocalDriver } from '../../src/sandbox/local.js';
+import { REPO_ROOT } from '../helpers/proxy.js';
 import { cleanupTmp, eventually, hostProcessesOf, localProbe, pidNamespace, run, RUN_DIR, SCATTER, spec, TMP } from './local-helpers.js';
 
 const probe = await localProbe({ cgroups: false });
 const BUSYBOX = '/bin/busybox';
+const NOBODY = 65534;
 
 /**
  * SCATTER (a background child, setsid, nohup, a double fork) plus daemons that leave the session
@@ -134,6 +138,27 @@ describe.skipIf(!probe.ok)(`local driver without cgroups: execution trees (${pro
     expect(r.timedOut).toBe(true);
     expect(sleepsIn(ns, s.id)).toEqual(new Map());
     await box.stop();
+  });
+
+  // The fallback as deployed: a server that is not root cannot create cgroups here, so it picks
+  // tini by itself. Needs `npm run build` (the fixture runs the built driver as user nobody).
+  it.skipIf(process.getuid?.() !== 0)('an unprivileged server (no cgroups of its own) kills setsid daemons at an execution timeout too', () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'kg-nobody-'));
+    try {
+      chmodSync(dir, 0o755);
+      mkdirSync(path.join(dir, 'data'), { mode: 0o700 });
+      chownSync(path.join(dir, 'data'), NOBODY, NOBODY);
+      const r = spawnSync('setpriv', ['--reuid', String(NOBODY), '--regid', String(NOBODY), '--clear-groups', '--', process.execPath, path.join(REPO_ROOT, 'test/sandbox/fixtures/unprivileged-tree.mjs'), path.join(REPO_ROOT, 'dist/sandbox/local.js'), path.join(dir, 'data/run'), path.join(dir, 'data/box'), `${DAEMONS}; sleep 1006`], { encoding: 'utf8', timeout: 60_000, cwd: dir });
+      expect(r.status, r.stderr).toBe(0);
+      const out = JSON.parse(r.stdout) as { probe: { ok: boolean; detail?: string; reason?: string }; timedOut: boolean; signal: string; started: string; left: string[] };
+      if (!out.probe.ok) return void console.warn(`SKIPPED unprivileged server: ${out.probe.reason}`);
+      expect(out.probe.detail).toMatch(/limits through rlimits \(.*\); execution trees killed through a subreaper tini/);
+      expect(out).toMatchObject({ timedOut: true, signal: 'SIGKILL', started: 'started\ndaemons\n' });
+      // Left in the box: pid 1, its main process, the earlier execution's sleep, and `ps` under its tini.
+      expect(out.left.filter((l) => !/ps -eo stat=,args=$/.test(l))).toEqual(['Ss /usr/bin/bwrap --args 4 -- sleep infinity', 'S sleep infinity', 'S sleep 999']);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('exit codes, stdin and signals sent pass through', async () => {
