@@ -25,6 +25,13 @@ export interface BwrapPlan {
   infoFd: number;
   /** `--disable-userns` (a root server only: see bwrapArgs). */
   disableUserns: boolean;
+  /**
+   * Host programs lent to the box (the static tini of executions without cgroups): each file bound
+   * read-only at its box path in `dir`, a top-level directory of its own that is a read-only tmpfs.
+   * Being mount points, neither `dir` nor the files in it can be renamed or replaced by the box's
+   * user, who owns the box's root directory (unlike a plain directory such as /etc/keygate).
+   */
+  lent?: { dir: string; files: Record<string, string> };
 }
 
 const DEVICES = ['null', 'zero', 'full', 'random', 'urandom'];
@@ -52,8 +59,9 @@ export function bwrapArgs(plan: BwrapPlan): string[] {
     '--hostname',
     'box',
   ];
+  const lentName = plan.lent?.dir.slice(1);
   for (const e of plan.entries) {
-    if (OWN.has(e.name)) continue;
+    if (OWN.has(e.name) || e.name === lentName) continue;
     if (e.kind === 'symlink') a.push('--symlink', e.target, `/${e.name}`);
     else a.push('--ro-bind', `${plan.rootDir}/${e.name}`, `/${e.name}`);
   }
@@ -65,6 +73,11 @@ export function bwrapArgs(plan: BwrapPlan): string[] {
   a.push('--symlink', '/proc/self/fd/2', '/dev/stderr', '--tmpfs', '/dev/shm', '--tmpfs', '/tmp', '--dir', '/run', '--dir', '/etc');
   for (const name of plan.etcEntries) if (name !== 'keygate') a.push('--ro-bind', `${plan.rootDir}/etc/${name}`, `/etc/${name}`);
   for (const [boxPath, hostFile] of Object.entries(plan.files)) a.push('--ro-bind', hostFile, boxPath);
+  if (plan.lent) {
+    a.push('--tmpfs', plan.lent.dir);
+    for (const [boxPath, hostFile] of Object.entries(plan.lent.files)) a.push('--ro-bind', hostFile, boxPath);
+    a.push('--remount-ro', plan.lent.dir);
+  }
   a.push('--bind', plan.workspace, '/workspace', '--chdir', '/workspace');
   a.push('--info-fd', String(plan.infoFd));
   return a;

@@ -56,8 +56,11 @@ export interface HostRuntime {
 
 let cached: HostRuntime | null = null;
 
-/** The static tini the engine uses as `docker-init`; exec trees need it (see module comment). */
-function findTini(): string | null {
+/**
+ * The static tini the engine uses as `docker-init`; exec trees need it (see module comment). The
+ * local driver lends the same one to its boxes where it has no cgroups (local.ts).
+ */
+export function findTini(): string | null {
   for (const p of ['/usr/bin/tini-static', '/usr/bin/docker-init', '/usr/sbin/docker-init', '/usr/libexec/docker/docker-init', '/usr/local/bin/docker-init']) {
     if (existsSync(p)) return realpathSync(p);
   }

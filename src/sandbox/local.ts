@@ -4,10 +4,13 @@
  * its own proxy (relay.ts). A box is long-lived: bwrap's init is pid 1 in the box, and every
  * execution enters the box's namespaces with `nsenter`, as the box's unprivileged user, without
  * capabilities and with no_new_privs. Every process of a box is in the box's cgroup (limits.ts),
- * which is how stop, timeouts and reaping find all of them.
+ * which is how stop, timeouts and reaping find all of them. Where there are no cgroups, stop still
+ * kills them all (pid 1 going takes the box's PID namespace), and an execution runs under a static
+ * tini as subreaper, so that its timeout and kill() find its whole tree in /proc (tree-kill.ts).
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
+import { constants as osConstants } from 'node:os';
 import { closeSync, existsSync, lstatSync, openSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { PassThrough, type Readable } from 'node:stream';
@@ -26,8 +29,10 @@ import { BOX_TRUSTSTORE_PATH } from '../certs/env.js';
 import { readFileOrEmpty } from '../builtins/fs.js';
 import { BOX_MAIN, BOX_NAMESPACES, bwrapArgs, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, type RootEntry } from './bwrap.js';
 import { readBoxFile, writeBoxFile } from './box-files.js';
+import { BOX_RUNTIME_DIR, BOX_TINI, findTini } from './docker-relay.js';
 import { cgroupLayout, createCgroup, existingCgroup, cgroupHasProcesses, killCgroup, listBoxCgroups, procsFiles, removeCgroup, removeLayoutIfEmpty, rlimitArgs, type Cgroup, type CgroupLayout } from './limits.js';
 import { openRelay, type Relay } from './relay.js';
+import { killProcessTree, procStat } from './tree-kill.js';
 
 export interface LocalDriverOptions {
   /**
@@ -37,6 +42,17 @@ export interface LocalDriverOptions {
   runDir: string;
   /** bubblewrap; default `bwrap` on PATH. */
   bwrap?: string;
+  /**
+   * `false`: never use cgroups, even where they can be made: limits through rlimits (`prlimit`),
+   * as on a machine without delegated cgroups. Default: cgroups where this process can create them.
+   * For testing that fallback where cgroups work.
+   */
+  cgroups?: false;
+  /**
+   * A static tini, which executions run under where there are no cgroups (see LocalBox.exec);
+   * default: the host's (`findTini`: tini-static, or the engine's docker-init).
+   */
+  tini?: string;
 }
 
 /** Host directories the `host` template shares, read-only, when they exist. */
@@ -46,6 +62,12 @@ const START_TIMEOUT_MS = 15_000;
 const BWRAP_EXIT_GRACE_MS = 1000;
 /** How long an execution's output may stay open after the command itself has exited. */
 const OUTPUT_GRACE_MS = 250;
+/**
+ * Without cgroups, an execution's tree as the host sees it: depth 0 is the process spawned (the
+ * wrapper, which execs prlimit, setpriv, then nsenter: one pid), depth 1 nsenter's child in the
+ * box, tini. Both are kept until the rest of the tree is dead (tree-kill.ts).
+ */
+const TINI_DEPTH = 1;
 /**
  * Runs on the host before anything else (bash: it can close any descriptor): closes every
  * descriptor above $1 that this server inherited without close-on-exec (whatever its own parent
@@ -137,14 +159,18 @@ export class LocalDriver implements SandboxDriver {
   readonly name = 'local' as const;
   private readonly runDir: string;
   private readonly bwrapCmd: string;
+  private readonly useCgroups: boolean;
+  private readonly tiniOpt: string | undefined;
   private readonly boxes = new Map<string, LocalBox>();
   private probed: Promise<DriverProbe> | null = null;
-  private tools: { bwrap: string; nsenter: string; setpriv: string; bash: string; prlimit: string | null } | null = null;
+  private tools: { bwrap: string; nsenter: string; setpriv: string; bash: string; prlimit: string | null; tini: string | null } | null = null;
   private layout: { ok: true; layout: CgroupLayout } | { ok: false; why: string } | null = null;
 
   constructor(opts: LocalDriverOptions) {
     this.runDir = path.resolve(opts.runDir);
     this.bwrapCmd = opts.bwrap ?? 'bwrap';
+    this.useCgroups = opts.cgroups !== false;
+    this.tiniOpt = opts.tini;
   }
 
   probe(): Promise<DriverProbe> {
@@ -153,6 +179,8 @@ export class LocalDriver implements SandboxDriver {
   }
 
   private cgroups(): CgroupLayout | null {
+    // Not even looked for when turned off: cgroupLayout creates the parent directories it tries.
+    if (!this.useCgroups) this.layout ??= { ok: false, why: 'cgroups turned off' };
     this.layout ??= cgroupLayout(createHash('sha256').update(this.runDir).digest('hex').slice(0, 12));
     return this.layout.ok ? this.layout.layout : null;
   }
@@ -166,7 +194,8 @@ export class LocalDriver implements SandboxDriver {
     if (!nsenter || !setpriv) return { ok: false, reason: 'nsenter or setpriv is missing', hint: 'install util-linux (apt-get install util-linux)' };
     const bash = which('bash');
     if (!bash) return { ok: false, reason: 'bash is missing', hint: 'install bash (apt-get install bash)' };
-    this.tools = { bwrap, nsenter, setpriv, bash, prlimit: which('prlimit') };
+    const tini = this.tiniOpt === undefined ? findTini() : existsSync(this.tiniOpt) ? path.resolve(this.tiniOpt) : null;
+    this.tools = { bwrap, nsenter, setpriv, bash, prlimit: which('prlimit'), tini };
     const tried = spawnSync(bwrap, ['--unshare-all', '--unshare-user', '--die-with-parent', '--ro-bind', '/', '/', '--', 'true'], {
       encoding: 'utf8',
       timeout: 10_000,
@@ -174,7 +203,13 @@ export class LocalDriver implements SandboxDriver {
     });
     if (tried.status !== 0) return { ok: false, ...namespaceTrouble((tried.stderr || tried.error?.message || '').trim()) };
     const cg = this.cgroups();
-    if (!cg && !this.tools.prlimit) return { ok: false, reason: `no cgroups (${this.layout && !this.layout.ok ? this.layout.why : ''}) and no prlimit for resource limits`, hint: 'install util-linux, or run where cgroups can be created' };
+    const noCgroups = `no cgroups (${this.layout && !this.layout.ok ? this.layout.why : ''})`;
+    if (!cg && !this.tools.prlimit) return { ok: false, reason: `${noCgroups} and no prlimit for resource limits`, hint: 'install util-linux, or run where cgroups can be created' };
+    // Fail closed: without cgroups, only tini keeps a daemon that left its process group (setsid)
+    // findable by an execution's timeout and kill().
+    if (!cg && !tini) {
+      return { ok: false, reason: `${noCgroups} and no static tini: an execution timeout could not kill what the execution started with setsid`, hint: 'install tini (apt-get install tini), or run where cgroups can be created' };
+    }
     // The real thing, end to end: a box, an execution in it, its relay, then gone again.
     const dir = path.join(this.runDir, `probe-${process.pid}`);
     try {
@@ -184,7 +219,7 @@ export class LocalDriver implements SandboxDriver {
         p.stdout.resume();
         p.stderr.resume();
         const r = await p.done;
-        if (r.exitCode !== 0) return { ok: false, reason: 'a command could not run inside a box (nsenter refused)', hint: 'run keygate as root, or allow unprivileged user namespaces' };
+        if (r.exitCode !== 0) return { ok: false, reason: `a command could not run inside a box (${cg ? 'nsenter' : 'nsenter or tini'} refused)`, hint: 'run keygate as root, or allow unprivileged user namespaces' };
       } finally {
         await box.stop();
       }
@@ -196,7 +231,8 @@ export class LocalDriver implements SandboxDriver {
       if (cg && this.boxes.size === 0) this.dropLayout(cg);
     }
     const limits = cg ? `cgroup v${cg.version}` : `rlimits (${this.layout && !this.layout.ok ? this.layout.why : ''})`;
-    return { ok: true, detail: `bubblewrap ${bwrap}: new user, pid, ipc, uts, mount, cgroup and network namespaces; limits through ${limits}` };
+    const trees = cg ? 'their cgroup' : `a subreaper tini (${tini}) and the host's /proc`;
+    return { ok: true, detail: `bubblewrap ${bwrap}: new user, pid, ipc, uts, mount, cgroup and network namespaces; limits through ${limits}; execution trees killed through ${trees}` };
   }
 
   async start(spec: BoxSpec): Promise<Box> {
@@ -240,6 +276,10 @@ export class LocalDriver implements SandboxDriver {
     put('/etc/keygate/ca-bundle.pem', spec.caBundlePem);
     if (spec.javaTrustStore) put(BOX_TRUSTSTORE_PATH, spec.javaTrustStore);
 
+    const layout = this.cgroups();
+    // Without cgroups, executions run under the host's static tini (LocalBox.exec), lent read-only:
+    // it is the same file for every template, including those with a root file system of their own.
+    if (!layout && !tools.tini) throw new BoxStartError('no cgroups and no static tini: execution trees could not be killed (apt-get install tini)');
     const args = bwrapArgs({
       rootDir: root === 'host' ? '' : root,
       entries: root === 'host' ? rootEntries('/', HOST_ROOT) : rootEntries(root),
@@ -248,8 +288,8 @@ export class LocalDriver implements SandboxDriver {
       workspace,
       infoFd: 3,
       disableUserns: process.getuid?.() === 0,
+      lent: layout ? undefined : { dir: BOX_RUNTIME_DIR, files: { [BOX_TINI]: tools.tini! } },
     });
-    const layout = this.cgroups();
     let cg: Cgroup | null = null;
     let prefix: string[];
     try {
@@ -545,18 +585,36 @@ class LocalBox implements Box {
     const env = Object.entries(this.env(opts.env));
     if (env.some(([k, v]) => !/^[^=\0]+$/.test(k) || v.includes('\0'))) throw new Error('environment names must not hold "=" or NUL, nor values NUL');
     if (argv[0].includes('=')) throw new Error('the program name must not hold "="');
-    const inBox = ['/usr/bin/env', '-i', ...env.map(([k, v]) => `${k}=${v}`), ...argv];
-    const cg = this.driver.execCgroup(this.id, ++execCounter);
+    // With cgroups, the execution's own cgroup holds its whole tree. Without, tini as subreaper
+    // does: whatever the command forks, however it detaches, is reparented to tini (not to the box's
+    // pid 1) while the command runs, so the host finds it below the spawned process by parent pid.
+    // tini comes before `env -i`: its own environment is the helpers', never the request's.
+    const cg = this.cg ? this.driver.execCgroup(this.id, ++execCounter) : null;
+    if (this.cg && !cg) throw new Error('the box cgroup layout is gone');
+    const underTini = !cg;
+    const inBox = [...(underTini ? [BOX_TINI, '-s', '--'] : []), '/usr/bin/env', '-i', ...env.map(([k, v]) => `${k}=${v}`), ...argv];
     const cmd = this.driver.enterCommand(this, cwd, inBox, cg, this.spec.resources);
     const child = spawn(cmd[0], cmd.slice(1), {
       env: HOST_HELPER_ENV,
       stdio: [opts.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe', ...this.nsFds],
-      // Its own process group: without cgroups, that group is what a kill reaches.
+      // Its own process group: no signal sent to the server's group reaches it.
       detached: true,
     });
+    // The spawned process, known by its start time (its pid is reused once Node has collected it).
+    // Read at once: Node collects it no earlier than on a later turn of the event loop.
+    const rootStart = underTini && child.pid ? procStat(child.pid)?.start : undefined;
+    const root = child.pid && rootStart !== undefined ? { pid: child.pid, start: rootStart } : null;
     let timedOut = false;
+    let sent: NodeJS.Signals | null = null;
     const killTree = async (signal: NodeJS.Signals) => {
-      if (cg && signal === 'SIGKILL') {
+      sent = signal;
+      if (!cg) {
+        if (!root) return;
+        // Fail closed: a tree that would not die (still forking at the deadline) takes the box.
+        if (!(await killProcessTree(root, signal, { anchorDepth: TINI_DEPTH }))) void this.stop();
+        return;
+      }
+      if (signal === 'SIGKILL') {
         await killCgroup(cg);
         return;
       }
@@ -565,14 +623,12 @@ class LocalBox implements Box {
       } catch {
         /* gone */
       }
-      if (cg) {
-        for (const f of procsFiles(cg).slice(0, 1)) {
-          for (const p of readFileSync(f, 'utf8').split('\n').filter(Boolean)) {
-            try {
-              process.kill(Number(p), signal);
-            } catch {
-              /* gone */
-            }
+      for (const f of procsFiles(cg).slice(0, 1)) {
+        for (const p of readFileSync(f, 'utf8').split('\n').filter(Boolean)) {
+          try {
+            process.kill(Number(p), signal);
+          } catch {
+            /* gone */
           }
         }
       }
@@ -601,6 +657,10 @@ class LocalBox implements Box {
         this.execs.delete(stopper);
         if (cg) removeCgroup(cg);
         const e = exit ?? { code: 127, signal: null };
+        // tini reports a command killed by signal N as exit code 128+N: when that is the signal
+        // sent, say so as nsenter does when the command is its own child.
+        const s = sent as NodeJS.Signals | null;
+        if (underTini && s && !e.signal && e.code === 128 + osConstants.signals[s]) return resolve({ exitCode: null, signal: s, timedOut });
         resolve({ exitCode: e.signal ? null : e.code, signal: e.signal, timedOut });
       };
       let ended = 0;

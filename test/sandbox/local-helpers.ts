@@ -6,20 +6,23 @@ import { mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync } from 'no
 import os from 'node:os';
 import path from 'node:path';
 import type { Box, BoxResources, BoxSpec, ExecOptions, ExecResult } from '../../src/sandbox/driver.js';
-import { LocalDriver } from '../../src/sandbox/local.js';
+import { LocalDriver, type LocalDriverOptions } from '../../src/sandbox/local.js';
 
 export const TMP = mkdtempSync(path.join(os.tmpdir(), 'kg-box-test-'));
 /** Where the driver's records live: like the data directory's `sandboxes/run`. */
 export const RUN_DIR = path.join(TMP, 'data', 'run');
 
-export async function localProbe(): Promise<{ ok: boolean; why: string }> {
-  const p = await new LocalDriver({ runDir: path.join(TMP, 'probe-run') }).probe();
+export async function localProbe(opts: Omit<LocalDriverOptions, 'runDir'> = {}): Promise<{ ok: boolean; why: string }> {
+  const p = await new LocalDriver({ runDir: path.join(TMP, 'probe-run'), ...opts }).probe();
   if (!p.ok) {
     console.warn(`SKIPPING local driver tests: ${p.reason} (${p.hint})`);
     return { ok: false, why: p.reason };
   }
   return { ok: true, why: p.detail };
 }
+
+/** Starts, in the background and detached every way a shell can, processes that would outlive their parent. */
+export const SCATTER = `sleep 1000 & setsid sleep 1001 & nohup sh -c 'sleep 1002 & sleep 1003' >/dev/null 2>&1 & (sh -c 'sleep 1004 &' &) ; echo started`;
 
 let n = 0;
 export function spec(over: Omit<Partial<BoxSpec>, 'resources'> & { proxyPort?: number; resources?: Partial<BoxResources> } = {}): BoxSpec {

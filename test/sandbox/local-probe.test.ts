@@ -62,12 +62,33 @@ describe('local driver: fail closed', () => {
     const cgroup2 = ['unshare', '-m', '--propagation', 'private', 'sh', '-c', 'mount -t cgroup2 none /sys/fs/cgroup && exec "$@"', 'sh'];
     const { probe, start } = probeUnder(cgroup2, path.join(TMP, 'cgroup2'));
     expect(probe).toMatchObject({ ok: true });
-    expect((probe as unknown as { detail: string }).detail).toMatch(/limits through rlimits \(cgroup v2 not delegated here \(ENOENT\)\)$/);
+    expect((probe as unknown as { detail: string }).detail).toMatch(/limits through rlimits \(cgroup v2 not delegated here \(ENOENT\)\); execution trees killed through a subreaper tini \(\/\S+\) and the host's \/proc$/);
     expect(start).toMatchObject({ started: true });
     // The cgroup2 hierarchy is the machine's, whichever namespace mounts it: nothing left in it.
     const left = spawnSync(cgroup2[0], [...cgroup2.slice(1), 'ls', '/sys/fs/cgroup'], { encoding: 'utf8' });
     expect(left.status, left.stderr).toBe(0);
     expect(left.stdout.split('\n').filter((n) => n.startsWith('keygate-'))).toEqual([]);
+  });
+
+  // Without cgroups, only tini keeps an execution's setsid daemons within reach of its timeout
+  // (local-nocgroup.test.ts): no tini there, no boxes.
+  it.skipIf(!outer.ok)('no cgroups and no static tini: says to install tini, and start rejects; with cgroups tini is not needed', async () => {
+    const driver = new LocalDriver({ runDir: path.join(TMP, 'notini'), cgroups: false, tini: path.join(TMP, 'no-such-tini') });
+    const p = await driver.probe();
+    expect(p).toEqual({
+      ok: false,
+      reason: 'no cgroups (cgroups turned off) and no static tini: an execution timeout could not kill what the execution started with setsid',
+      hint: 'install tini (apt-get install tini), or run where cgroups can be created',
+    });
+    await expect(driver.start(spec())).rejects.toThrow(BoxStartError);
+    await expect(driver.start(spec())).rejects.toThrow(/apt-get install tini/);
+
+    // Where cgroups work (a root server here), they kill execution trees: no tini needed.
+    if (/execution trees killed through their cgroup$/.test(outer.why)) {
+      const withCgroups = await new LocalDriver({ runDir: path.join(TMP, 'notini-cg'), tini: path.join(TMP, 'no-such-tini') }).probe();
+      expect(withCgroups).toMatchObject({ ok: true });
+      expect((withCgroups as { detail: string }).detail).toMatch(/; execution trees killed through their cgroup$/);
+    }
   });
 
   it.skipIf(!outer.ok)('a template whose root file system is not there: BoxStartError, nothing left running', async () => {

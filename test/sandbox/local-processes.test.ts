@@ -7,7 +7,7 @@ import { existsSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Box } from '../../src/sandbox/driver.js';
 import { LocalDriver } from '../../src/sandbox/local.js';
-import { cleanupTmp, eventually, hostProcessesOf, localProbe, pidNamespace, run, RUN_DIR, spec } from './local-helpers.js';
+import { cleanupTmp, eventually, hostProcessesOf, localProbe, pidNamespace, run, RUN_DIR, SCATTER, spec } from './local-helpers.js';
 
 const probe = await localProbe();
 
@@ -27,9 +27,6 @@ for i in range(200):
 print(n, len([p for p in os.listdir('/proc') if p.isdigit()]), flush=True)
 os.killpg(0, 9)
 `;
-
-/** Starts, in the background and detached every way a shell can, processes that would outlive their parent. */
-const SCATTER = `sleep 1000 & setsid sleep 1001 & nohup sh -c 'sleep 1002 & sleep 1003' >/dev/null 2>&1 & (sh -c 'sleep 1004 &' &) ; echo started`;
 
 describe.skipIf(!probe.ok)(`local driver: processes stay in the box (${probe.why})`, () => {
   let driver: LocalDriver;
