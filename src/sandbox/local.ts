@@ -45,7 +45,9 @@ export interface LocalDriverOptions {
   /**
    * `false`: never use cgroups, even where they can be made: limits through rlimits (`prlimit`),
    * as on a machine without delegated cgroups. Default: cgroups where this process can create them.
-   * For testing that fallback where cgroups work.
+   * For testing that fallback where cgroups work. Run as root, boxes then have no process limit
+   * (root is exempt from RLIMIT_NPROC): without this option, a root server with no cgroups is
+   * refused by the probe for that reason.
    */
   cgroups?: false;
   /**
@@ -210,6 +212,13 @@ export class LocalDriver implements SandboxDriver {
     if (!cg && !tini) {
       return { ok: false, reason: `${noCgroups} and no static tini: an execution timeout could not kill what the execution started with setsid`, hint: 'install tini (apt-get install tini), or run where cgroups can be created' };
     }
+    // Fail closed: a box's processes are this server's user on the host, and the kernel exempts a
+    // real uid 0 from RLIMIT_NPROC: a root server without cgroups could not cap a box's processes
+    // (one fork bomb would take every pid of the host). `cgroups: false` (tests only) says so below.
+    const root = process.getuid?.() === 0;
+    if (!cg && root && this.useCgroups) {
+      return { ok: false, reason: `${noCgroups}, and this server runs as root: rlimits cannot cap a box's processes (the kernel exempts root from RLIMIT_NPROC)`, hint: 'run keygate serve as a non-root user, or where it can create cgroups (cgroup v2 delegated to it)' };
+    }
     // The real thing, end to end: a box, an execution in it, its relay, then gone again.
     const dir = path.join(this.runDir, `probe-${process.pid}`);
     try {
@@ -230,7 +239,7 @@ export class LocalDriver implements SandboxDriver {
       rmSync(path.join(this.runDir, `probe-${process.pid}.json`), { force: true });
       if (cg && this.boxes.size === 0) this.dropLayout(cg);
     }
-    const limits = cg ? `cgroup v${cg.version}` : `rlimits (${this.layout && !this.layout.ok ? this.layout.why : ''})`;
+    const limits = cg ? `cgroup v${cg.version}` : `rlimits (${this.layout && !this.layout.ok ? this.layout.why : ''}${root ? '; as root: no process limit' : ''})`;
     const trees = cg ? 'their cgroup' : `a subreaper tini (${tini}) and the host's /proc`;
     return { ok: true, detail: `bubblewrap ${bwrap}: new user, pid, ipc, uts, mount, cgroup and network namespaces; limits through ${limits}; execution trees killed through ${trees}` };
   }
