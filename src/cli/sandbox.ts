@@ -1,6 +1,7 @@
 import { createReadStream, createWriteStream, statSync } from 'node:fs';
 import { readFile, rename, rm } from 'node:fs/promises';
 import { pipeline } from 'node:stream/promises';
+import { Readable } from 'node:stream';
 import { Agent, type Dispatcher } from 'undici';
 import WebSocket from 'ws';
 import { apiRequest, describeDetail, errorDetail, parseJsonText } from '../api-client.js';
@@ -278,8 +279,10 @@ async function cp(c: SandboxClient, argv: string[]): Promise<number> {
     } catch (err) {
       throw new CliError(`cp: ${positionals[0]}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
     }
+    // Exactly the bytes counted in Content-Length: a file still being written (a log) is sent as
+    // it was at the stat, not cut off by a length mismatch halfway through.
     const res = await c.call('cannot upload', 'PUT', `${boxPath(dst.name)}/files?path=${encodeURIComponent(dst.path)}`, {
-      body: createReadStream(positionals[0]),
+      body: size === 0 ? Readable.from([]) : createReadStream(positionals[0], { start: 0, end: size - 1 }),
       headers: { 'content-type': 'application/octet-stream', 'content-length': String(size) },
     });
     await res.body.dump();

@@ -1,3 +1,4 @@
+import { spawn } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -74,6 +75,29 @@ describe.skipIf(UNAVAILABLE)('keygate sandbox', () => {
     const missing = cli(['cp', 'c1:/workspace/nope.txt', path.join(cwd, 'nope.txt')]);
     expect(missing.status).toBe(1);
     expect(missing.stderr).toMatch(/no such file.*\(404\)/);
+  });
+
+  it('cp of a local file that grows while it is uploaded sends it as it was at the start, and an empty file', () => {
+    const src = path.join(cwd, 'growing.log');
+    writeFileSync(src, Buffer.alloc(8 * 1024 * 1024, 'g'));
+    // Appends all through the upload (killed after it; 20 s at most in any case).
+    const writer = spawn('timeout', ['20', '/bin/sh', '-c', `while :; do echo appended-line; done >> ${src}`], { stdio: 'ignore' });
+    try {
+      const r = cli(['cp', src, 'c1:/workspace/growing.log']);
+      expect(r.status, r.stderr).toBe(0);
+      const inBox = cli(['exec', 'c1', '--', 'wc -c < /workspace/growing.log; head -c 8388608 /workspace/growing.log | tr -d g | wc -c']).stdout.split('\n');
+      const size = Number(inBox[0]);
+      expect(size).toBeGreaterThanOrEqual(8 * 1024 * 1024);
+      expect(inBox[1]).toBe('0');
+      // Whatever was sent past the first 8 MiB is whole lines appended before the stat.
+      const tail = cli(['exec', 'c1', '--', 'tail -c +8388609 /workspace/growing.log | grep -cv "^appended-line$"; true']).stdout.trim();
+      expect(tail).toBe('0');
+    } finally {
+      writer.kill('SIGKILL');
+    }
+    writeFileSync(path.join(cwd, 'empty.txt'), '');
+    expect(cli(['cp', path.join(cwd, 'empty.txt'), 'c1:/workspace/empty.txt']).status).toBe(0);
+    expect(cli(['exec', 'c1', '--', 'wc -c < /workspace/empty.txt']).stdout.trim()).toBe('0');
   });
 
   it('errors are one line; a wrong key is a 401 that never shows the key', () => {
