@@ -42,9 +42,34 @@ export interface ApiRequestOptions {
   timeoutMs: number;
 }
 
+/** Failures of the network itself, in words, by the code undici or the system gave them. */
+export const NETWORK_CODES: Readonly<Record<string, string>> = {
+  ECONNREFUSED: 'connection refused',
+  ENOTFOUND: 'host not found',
+  EAI_AGAIN: 'host lookup failed',
+  ECONNRESET: 'connection reset',
+  EHOSTUNREACH: 'host unreachable',
+  ENETUNREACH: 'network unreachable',
+  ETIMEDOUT: 'timed out',
+  UND_ERR_CONNECT_TIMEOUT: 'connection timed out',
+  UND_ERR_HEADERS_TIMEOUT: 'no answer in time',
+  UND_ERR_SOCKET: 'connection closed',
+};
+
+/** The network code of `err` or of one of its causes, when it is a failure of the network. */
+export function networkCode(err: unknown): string | undefined {
+  let e = err as { code?: string; cause?: unknown } | undefined;
+  for (let i = 0; e && i < 5; i++, e = e.cause as typeof e) {
+    if (e.code && NETWORK_CODES[e.code]) return e.code;
+  }
+  return undefined;
+}
+
 /**
  * One request with the client's `headers` (user agent, API key, the request's own). A network
- * failure is thrown as `unreachable(err)`; the answer, whatever its status, is the caller's to read.
+ * failure is thrown as `unreachable(err)`, any other (the request's own body failing: a local
+ * file that cannot be read, or whose length changed) as `failed(err)`: "is the server running?"
+ * is the wrong question then. The answer, whatever its status, is the caller's to read.
  */
 export async function apiRequest(
   dispatcher: Dispatcher,
@@ -53,6 +78,7 @@ export async function apiRequest(
   headers: Record<string, string>,
   opts: ApiRequestOptions,
   unreachable: (err: unknown) => Error,
+  failed: (err: unknown) => Error = unreachable,
 ): Promise<Dispatcher.ResponseData> {
   const h = { ...headers };
   let body = opts.body;
@@ -63,6 +89,6 @@ export async function apiRequest(
   try {
     return await request(url, { method, headers: h, body, dispatcher, headersTimeout: opts.timeoutMs, bodyTimeout: opts.timeoutMs });
   } catch (err) {
-    throw unreachable(err);
+    throw networkCode(err) ? unreachable(err) : failed(err);
   }
 }

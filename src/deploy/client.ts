@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 import { Transform } from 'node:stream';
 import { Agent, request, type Dispatcher } from 'undici';
-import { apiRequest, describeDetail, errorDetail, parseJsonText } from '../api-client.js';
+import { apiRequest, describeDetail, errorDetail, NETWORK_CODES, networkCode, parseJsonText } from '../api-client.js';
 import { CliError } from '../command-error.js';
 
 // Shapes of the control-plane API (see the control plane's route schemas); only what the CLI reads.
@@ -76,27 +76,6 @@ export class ApiError extends CliError {
 
 export { describeDetail };
 
-const NETWORK_CODES: Record<string, string> = {
-  ECONNREFUSED: 'connection refused',
-  ENOTFOUND: 'host not found',
-  EAI_AGAIN: 'host lookup failed',
-  ECONNRESET: 'connection reset',
-  EHOSTUNREACH: 'host unreachable',
-  ENETUNREACH: 'network unreachable',
-  ETIMEDOUT: 'timed out',
-  UND_ERR_CONNECT_TIMEOUT: 'connection timed out',
-  UND_ERR_HEADERS_TIMEOUT: 'no answer in time',
-  UND_ERR_SOCKET: 'connection closed',
-};
-
-function networkCode(err: unknown): string | undefined {
-  let e = err as { code?: string; cause?: unknown } | undefined;
-  for (let i = 0; e && i < 5; i++, e = e.cause as typeof e) {
-    if (e.code && NETWORK_CODES[e.code]) return e.code;
-  }
-  return undefined;
-}
-
 export interface ClientOptions {
   baseUrl: string;
   apiKey?: string;
@@ -154,6 +133,7 @@ export class ControlPlaneClient {
       this.#headers(opts.headers),
       { json: opts.json, body: opts.body, timeoutMs: opts.timeoutMs ?? this.#timeoutMs },
       (err) => this.#unreachable(err),
+      (err) => new CliError(`${what}: ${(err as Error).message}`),
     );
     const text = await res.body.text();
     const parsed = parseJsonText(text);

@@ -1,4 +1,5 @@
 import { spawn } from 'node:child_process';
+import net from 'node:net';
 import { readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -108,6 +109,22 @@ describe.skipIf(UNAVAILABLE)('keygate sandbox', () => {
     expect(bad.status).toBe(1);
     expect(bad.stderr).toMatch(/rejected the API key \(401\)/);
     expect(bad.stderr + bad.stdout).not.toContain('wrong-key-abcdefghijklmnop');
+  });
+
+  it('a server that is not there is "cannot reach"; a failure of the request itself says what failed, not that', async () => {
+    const closed = await new Promise<number>((resolve) => {
+      const srv = net.createServer().listen(0, '127.0.0.1', () => {
+        const { port } = srv.address() as net.AddressInfo;
+        srv.close(() => resolve(port));
+      });
+    });
+    const gone = cli(['ls'], undefined, { KEYGATE_URL: `http://127.0.0.1:${closed}` });
+    expect(gone.status).toBe(1);
+    expect(gone.stderr).toBe(`keygate: cannot reach the sandbox API at http://127.0.0.1:${closed}: connection refused (ECONNREFUSED); is 'keygate serve' running there? (set KEYGATE_URL)\n`);
+    // A directory given as the file to upload: its read fails on this side, the server is fine.
+    const dir = cli(['cp', cwd, 'c1:/workspace/dir.bin']);
+    expect(dir.status).toBe(1);
+    expect(dir.stderr).toMatch(/^keygate: cannot upload: EISDIR\b.*\n$/);
   });
 
   it('rm deletes the box', () => {
