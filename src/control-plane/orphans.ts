@@ -7,7 +7,7 @@ import { readdirSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { writeFileAtomic } from '../secrets/envelope.js';
-import { bootId, environHas, isSameProcess, listProcesses, readProcStat, type ProcStat } from './proc.js';
+import { bootId, environHas, isSameProcess, listProcesses, readProcStat, type ProcStat } from '../proc.js';
 
 /** Set in every replica's environment; inherited by whatever the replica starts. */
 export const REPLICA_TOKEN_ENV = 'KEYGATE_REPLICA_TOKEN';

@@ -27,6 +27,7 @@ import {
 } from './driver.js';
 import { BOX_TRUSTSTORE_PATH } from '../certs/env.js';
 import { readFileOrEmpty } from '../builtins/fs.js';
+import { readProcStat } from '../proc.js';
 import { BOX_MAIN, BOX_NAMESPACES, bwrapArgs, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, type RootEntry } from './bwrap.js';
 import { readBoxFile, writeBoxFile } from './box-files.js';
 import { BOX_RUNTIME_DIR, BOX_TINI, findTini } from './docker-relay.js';
@@ -93,14 +94,9 @@ interface RunRecord {
   pid1Start: string;
 }
 
-/** Field 22 of /proc/PID/stat: the start time, which tells a pid from a later reuse of it. */
+/** The start time of `pid` (/proc/PID/stat field 22): it tells a pid from a later reuse of it. */
 function startTime(pid: number): string | null {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19] ?? null;
-  } catch {
-    return null;
-  }
+  return readProcStat(pid)?.startTime ?? null;
 }
 
 function which(cmd: string): string | null {

@@ -5,8 +5,8 @@
  * detaches (setsid, double fork), stays below the execution's first process by parent pid.
  */
 
-/** What the walk needs of one process: from /proc/PID/stat. */
-export interface ProcStat {
+/** What the walk needs of one process (read from /proc/PID/stat by src/proc.ts). */
+export interface ProcNode {
   pid: number;
   ppid: number;
   /** R, S, D, T, t, Z, X, ... (`man 5 proc`). */
@@ -15,30 +15,13 @@ export interface ProcStat {
   start: number;
 }
 
-export interface TreeMember extends ProcStat {
+export interface TreeMember extends ProcNode {
   /** 0 for the root, 1 for its children, ... */
   depth: number;
 }
 
-/**
- * Parses /proc/PID/stat. The command name (field 2) is in parentheses and may itself hold spaces
- * and parentheses, so the fields after it are found from the last `)`.
- */
-export function parseStat(text: string): ProcStat | null {
-  const open = text.indexOf(' (');
-  const close = text.lastIndexOf(')');
-  if (open < 0 || close < open) return null;
-  const pid = Number(text.slice(0, open));
-  // From field 3 (state) on: state is [0], ppid [1], starttime (field 22) [19].
-  const f = text.slice(close + 2).split(' ');
-  const ppid = Number(f[1]);
-  const start = Number(f[19]);
-  if (!Number.isSafeInteger(pid) || pid <= 0 || !f[0] || !Number.isSafeInteger(ppid) || !Number.isSafeInteger(start) || f[19] === '') return null;
-  return { pid, ppid, state: f[0], start };
-}
-
 /** Whether a process no longer runs: exited (a zombie until collected) or gone. */
-export function isDead(p: ProcStat | undefined): boolean {
+export function isDead(p: ProcNode | null | undefined): boolean {
   return !p || p.state === 'Z' || p.state === 'X' || p.state === 'x';
 }
 
@@ -48,9 +31,9 @@ export function isDead(p: ProcStat | undefined): boolean {
  * it started no earlier than that member: a child never starts before its parent, so a pid reused
  * by a newer process (between two reads of the snapshot) cannot adopt older processes into the tree.
  */
-export function processTree(procs: Iterable<ProcStat>, root: { pid: number; start: number }): TreeMember[] {
-  const children = new Map<number, ProcStat[]>();
-  let top: ProcStat | undefined;
+export function processTree(procs: Iterable<ProcNode>, root: { pid: number; start: number }): TreeMember[] {
+  const children = new Map<number, ProcNode[]>();
+  let top: ProcNode | undefined;
   for (const p of procs) {
     if (p.pid === root.pid) top = p;
     const siblings = children.get(p.ppid);

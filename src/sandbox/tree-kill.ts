@@ -12,30 +12,20 @@
  * its start time was read back unchanged. (Node has no pidfd; the window left is between that read
  * and kill(2), and a stopped process cannot exit by itself in it.)
  */
-import { readdirSync, readFileOrEmpty } from '../builtins/fs.js';
-import { isDead, parseStat, processTree, type ProcStat, type TreeMember } from './proc-tree.js';
+import { listProcesses, readProcStat, type ProcStat } from '../proc.js';
+import { isDead, processTree, type ProcNode, type TreeMember } from './proc-tree.js';
+
+const node = (s: ProcStat): ProcNode => ({ pid: s.pid, ppid: s.ppid, state: s.state, start: Number(s.startTime) });
 
 /** Every process of the host as /proc shows it now (a process may exit meanwhile: then it is not there). */
-export function procSnapshot(): ProcStat[] {
-  const out: ProcStat[] = [];
-  let names: string[];
-  try {
-    names = readdirSync('/proc');
-  } catch {
-    return out;
-  }
-  for (const n of names) {
-    const c = n.charCodeAt(0);
-    if (c < 48 || c > 57) continue;
-    const s = parseStat(readFileOrEmpty(`/proc/${n}/stat`));
-    if (s) out.push(s);
-  }
-  return out;
+export function procSnapshot(): ProcNode[] {
+  return [...listProcesses().values()].map(node);
 }
 
 /** The process with this pid now, or null. */
-export function procStat(pid: number): ProcStat | null {
-  return parseStat(readFileOrEmpty(`/proc/${pid}/stat`));
+export function procStat(pid: number): ProcNode | null {
+  const s = readProcStat(pid);
+  return s ? node(s) : null;
 }
 
 /** Whether `p` (pid and start time) is still alive: there, the same process, and not a zombie. */
@@ -79,7 +69,7 @@ export async function killProcessTree(root: { pid: number; start: number }, sign
   }
   const until = Date.now() + (opts.deadlineMs ?? 10_000);
   const members = new Map<string, TreeMember>();
-  const key = (m: ProcStat) => `${m.pid}:${m.start}`;
+  const key = (m: ProcNode) => `${m.pid}:${m.start}`;
   // 1. Freeze: stop every process of the tree, parents before children, until a scan finds none
   // new (a child forked before its parent stopped shows up in the next scan). Stopped processes
   // cannot fork; a stopped subreaper still adopts orphans, but can neither exit nor collect them.

@@ -7,7 +7,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CONTAINER_PORT, DockerDriver, dockerSocketPath, LABELS, ownerGone, ownerIdentity } from '../../src/control-plane/drivers/docker.js';
 import { BuildError } from '../../src/control-plane/drivers/types.js';
-import { bootId } from '../../src/control-plane/proc.js';
+import { bootId } from '../../src/proc.js';
 import { startCli, type RunningCli } from '../helpers/cli.js';
 import { announceSkip, engineUnavailableReason } from '../helpers/docker-engine.js';
 import { docker, ensureKeygateImage, KEYGATE_IMAGE, uniqueName } from '../helpers/docker-images.js';

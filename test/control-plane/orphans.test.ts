@@ -5,7 +5,7 @@ import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 
 import path from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { REPLICA_TOKEN_ENV, ReplicaRecords, type ReplicaRecord } from '../../src/control-plane/orphans.js';
-import { bootId, environHas, isSameProcess, parseProcStat, readProcStat } from '../../src/control-plane/proc.js';
+import { bootId, environHas, isSameProcess, parseProcStat, readProcStat } from '../../src/proc.js';
 import { startCli, type RunningCli } from '../helpers/cli.js';
 import { api, appProcessesUnder, cleanupTmp, deployDir, echoVariant, echoWithPrefix, packDir, replyOf, runStream, tmpDir, waitRevision } from './helpers.js';
 

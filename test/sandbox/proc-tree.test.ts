@@ -1,35 +1,14 @@
 /**
  * The walk the local driver kills execution trees with where there are no cgroups (proc-tree.ts):
  * everything below the root by parent pid, daemons reparented to the subreaper included; nothing
- * through a reused pid.
+ * through a reused pid. (/proc/PID/stat itself is parsed by src/proc.ts: test/control-plane/orphans.test.ts.)
  */
-import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { isDead, parseStat, processTree, type ProcStat } from '../../src/sandbox/proc-tree.js';
+import { isDead, processTree, type ProcNode } from '../../src/sandbox/proc-tree.js';
+import { procSnapshot } from '../../src/sandbox/tree-kill.js';
 
-const p = (pid: number, ppid: number, start: number, state = 'S'): ProcStat => ({ pid, ppid, state, start });
+const p = (pid: number, ppid: number, start: number, state = 'S'): ProcNode => ({ pid, ppid, state, start });
 const pids = (t: { pid: number }[]) => t.map((m) => m.pid);
-
-describe('parseStat', () => {
-  it('reads pid, state, ppid and start time, whatever the command name holds', () => {
-    const rest = Array.from({ length: 50 }, (_, i) => String(i + 5)).join(' ');
-    // Fields 5.. numbered by their value: field 22 (start time) is 22.
-    expect(parseStat(`42 (a) b) (c d) Z 7 ${rest}`)).toEqual({ pid: 42, ppid: 7, state: 'Z', start: 22 });
-    expect(parseStat(`1 (sleep) S 0 ${rest}\n`)).toEqual({ pid: 1, ppid: 0, state: 'S', start: 22 });
-  });
-
-  it('refuses what is not a stat line', () => {
-    expect(parseStat('')).toBeNull();
-    expect(parseStat('42 (x) S 7 1 2')).toBeNull();
-    expect(parseStat('x (y) S 7 ' + '1 '.repeat(30))).toBeNull();
-  });
-
-  it("parses this process's own stat as the kernel writes it", () => {
-    const me = parseStat(readFileSync('/proc/self/stat', 'utf8'));
-    expect(me).toMatchObject({ pid: process.pid, ppid: process.ppid, state: 'R' });
-    expect(me!.start).toBeGreaterThan(0);
-  });
-});
 
 describe('processTree', () => {
   it('takes every descendant by parent pid, parents first, with depth, and nothing else', () => {
@@ -63,5 +42,11 @@ describe('processTree', () => {
     expect(isDead(p(1, 0, 1, 'X'))).toBe(true);
     expect(isDead(p(1, 0, 1, 'T'))).toBe(false);
     expect(isDead(p(1, 0, 1, 'R'))).toBe(false);
+  });
+
+  it("finds this process's own children in the host's /proc", () => {
+    const me = procSnapshot().find((x) => x.pid === process.pid)!;
+    expect(me).toMatchObject({ ppid: process.ppid, state: 'R' });
+    expect(pids(processTree(procSnapshot(), me))).toContain(process.pid);
   });
 });

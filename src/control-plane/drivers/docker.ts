@@ -3,7 +3,7 @@ import { readlinkSync } from 'node:fs';
 import { request } from 'undici';
 import { DockerEngine, dockerSocketPath, type EngineMethod } from '../../docker/engine.js';
 import { LineSplitter } from '../logs.js';
-import { bootId, isSameProcess, readProcStat } from '../proc.js';
+import { bootId, isSameProcess, readProcStat } from '../../proc.js';
 import { BuildError, DeployError, type BuildContext, type BuildOutput, type ExitInfo, type Replica, type RuntimeDriver, type StartSpec } from './types.js';
 
 /** The port the image's `keygate app serve` listens on inside the container (`PORT` is set to it). */

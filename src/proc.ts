@@ -1,6 +1,6 @@
 // Process identity from Linux's /proc: a pid alone is not an identity (pids are recycled), a pid
 // plus its start time (in clock ticks since boot) within one boot is.
-import { readdirSync, readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from './builtins/fs.js';
 
 export interface ProcStat {
   pid: number;
