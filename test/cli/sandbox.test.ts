@@ -81,8 +81,8 @@ describe.skipIf(UNAVAILABLE)('keygate sandbox', () => {
   it('cp of a local file that grows while it is uploaded sends it as it was at the start, and an empty file', () => {
     const src = path.join(cwd, 'growing.log');
     writeFileSync(src, Buffer.alloc(8 * 1024 * 1024, 'g'));
-    // Appends all through the upload (killed after it; 20 s at most in any case).
-    const writer = spawn('timeout', ['20', '/bin/sh', '-c', `while :; do echo appended-line; done >> ${src}`], { stdio: 'ignore' });
+    // Appends all through the upload (its process group killed after it; 20 s at most in any case).
+    const writer = spawn('timeout', ['20', '/bin/sh', '-c', `while :; do echo appended-line; done >> ${src}`], { stdio: 'ignore', detached: true });
     try {
       const r = cli(['cp', src, 'c1:/workspace/growing.log']);
       expect(r.status, r.stderr).toBe(0);
@@ -94,7 +94,7 @@ describe.skipIf(UNAVAILABLE)('keygate sandbox', () => {
       const tail = cli(['exec', 'c1', '--', 'tail -c +8388609 /workspace/growing.log | grep -cv "^appended-line$"; true']).stdout.trim();
       expect(tail).toBe('0');
     } finally {
-      writer.kill('SIGKILL');
+      process.kill(-writer.pid!, 'SIGKILL');
     }
     writeFileSync(path.join(cwd, 'empty.txt'), '');
     expect(cli(['cp', path.join(cwd, 'empty.txt'), 'c1:/workspace/empty.txt']).status).toBe(0);
