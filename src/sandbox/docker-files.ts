@@ -107,6 +107,12 @@ export async function readBoxFile(ctx: FilesContext, boxPath: string, maxBytes: 
       });
     },
   });
+  // A consumer that goes away early (the client left) ends the engine's archive stream too. Left
+  // unread, the engine's archiver (docker-tar) blocks on it for good and holds the container:
+  // every later operation on it, `docker rm -f` included, hangs.
+  out.on('close', () => {
+    if (!out.writableFinished) res.body.destroy();
+  });
   void pipeline(res.body, parser)
     .then(() => (sent === size ? out.end() : out.destroy(new Error('the file was truncated while being read'))))
     .catch((err: Error) => out.destroy(err instanceof BoxFileError ? err : new Error('the file read was cut')));

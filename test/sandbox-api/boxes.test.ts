@@ -215,6 +215,25 @@ describe.each(['local', 'docker'] as const)('real boxes through the API (%s driv
       }
     });
 
+    it('a client that leaves in the middle of a download ends the read in the box: the box is deleted at once, nothing left reading', async () => {
+      await createBox('dl-left');
+      await run('dl-left', 'head -c 3670016 /dev/zero > /workspace/big.bin');
+      const ac = new AbortController();
+      const r = await fetch(`${server.url}/api/v2/sandboxes/boxes/dl-left/files?path=/workspace/big.bin`, { headers: { 'x-api-key': KEY }, signal: ac.signal });
+      expect(r.status).toBe(200);
+      const reader = r.body!.getReader();
+      await reader.read();
+      ac.abort();
+      await reader.read().catch(() => undefined);
+      // Left unread, the engine's archiver (docker-tar) blocked for good and held the container:
+      // even `docker rm -f` hung, and so did this DELETE.
+      const t0 = Date.now();
+      const del = await A('DELETE', '/api/v2/sandboxes/boxes/dl-left');
+      expect(del.status, del.text).toBe(204);
+      expect(Date.now() - t0).toBeLessThan(15_000);
+      await waitFor(async () => hostProcesses('docker-tar').length === 0 && hostProcesses('head -c 3670016').length === 0, 'the reader in the box to end', 10_000);
+    });
+
     it('a bad path is a 422 at query.path', async () => {
       const r = await A('GET', '/api/v2/sandboxes/boxes/main/files?path=relative.txt');
       expect(r.status).toBe(422);
