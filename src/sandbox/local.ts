@@ -623,13 +623,12 @@ class LocalBox implements Box {
         await killCgroup(cg);
         return;
       }
-      try {
-        if (child.pid) process.kill(-child.pid, signal);
-      } catch {
-        /* gone */
-      }
+      // Any other signal goes to the command and whatever it started (the execution's cgroup), not
+      // to the host-side nsenter (child.pid, in the cgroup too): nsenter reports how the command
+      // ended, so a command that handles the signal (a shell's trap) is still waited for.
       for (const f of procsFiles(cg).slice(0, 1)) {
         for (const p of readFileSync(f, 'utf8').split('\n').filter(Boolean)) {
+          if (Number(p) === child.pid) continue;
           try {
             process.kill(Number(p), signal);
           } catch {

@@ -117,6 +117,28 @@ describe.skipIf(!probe.ok)(`local driver: processes stay in the box (${probe.why
     await box.stop();
   });
 
+  it('a signal sent reaches the command, which may handle it: the execution ends when the command does', async () => {
+    const box = await driver.start(spec());
+    const term = await box.exec({ command: `trap 'echo got TERM; exit 3' TERM; echo ready; sleep 1020 & wait` });
+    let said = '';
+    term.stdout.on('data', (d: Buffer) => (said += d));
+    term.stderr.resume();
+    expect(await eventually(() => said === 'ready\n')).toBe(true);
+    term.kill('SIGTERM');
+    // Before, nsenter (host side) died of the signal too: the execution said SIGTERM while the
+    // command trapped it and went on.
+    expect(await term.done).toEqual({ exitCode: 3, signal: null, timedOut: false });
+    expect(said).toBe('ready\ngot TERM\n');
+    const plain = await box.exec({ command: 'echo ready; exec sleep 1021' });
+    let ready = '';
+    plain.stdout.on('data', (d: Buffer) => (ready += d));
+    plain.stderr.resume();
+    expect(await eventually(() => ready === 'ready\n')).toBe(true);
+    plain.kill('SIGTERM');
+    expect(await plain.done).toEqual({ exitCode: null, signal: 'SIGTERM', timedOut: false });
+    await box.stop();
+  });
+
   it('no privilege: unprivileged uid, no capabilities, no_new_privs, nosuid everywhere, no namespaces, no mounts', async () => {
     const box = await driver.start(spec());
     const r = await run(box, `id -u; grep -E '^(CapInh|CapPrm|CapEff|CapAmb|NoNewPrivs)' /proc/self/status`);
