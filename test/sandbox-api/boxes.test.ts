@@ -231,7 +231,8 @@ describe.each(['local', 'docker'] as const)('real boxes through the API (%s driv
       const del = await A('DELETE', '/api/v2/sandboxes/boxes/dl-left');
       expect(del.status, del.text).toBe(204);
       expect(Date.now() - t0).toBeLessThan(15_000);
-      await waitFor(async () => hostProcesses('docker-tar').length === 0 && hostProcesses('head -c 3670016').length === 0, 'the reader in the box to end', 10_000);
+      // (docker-tar itself is not looked for: other test files read docker box files meanwhile.)
+      await waitFor(async () => hostProcesses('head -c 3670016').length === 0, 'the reader in the box to end', 10_000);
     });
 
     it('a bad path is a 422 at query.path', async () => {
