@@ -121,8 +121,13 @@ export const BOX_NAMESPACES = [
   ['cgroup', '--cgroup'],
 ] as const;
 
-/** nsenter options entering every namespace (fds `first`..) and the root (the next fd), then `cwd` inside. */
-export function enterArgs(first: number, cwd: string): string[] {
-  const a: string[] = BOX_NAMESPACES.map(([, opt], i) => `${opt}=/proc/self/fd/${first + i}`);
-  return [...a, `--root=/proc/self/fd/${first + BOX_NAMESPACES.length}`, `--wdns=${cwd}`, '--preserve-credentials', '--'];
+/**
+ * nsenter options entering every namespace and the root, then `cwd` inside. `fds` are the
+ * descriptors the server holds for them (BOX_NAMESPACES order, then the root), opened by nsenter
+ * through the server's /proc entry (`holder`: its pid): the helpers, and so the command, inherit
+ * none of them (an execution's processes see only their stdio).
+ */
+export function enterArgs(holder: number, fds: readonly number[], cwd: string): string[] {
+  const a: string[] = BOX_NAMESPACES.map(([, opt], i) => `${opt}=/proc/${holder}/fd/${fds[i]}`);
+  return [...a, `--root=/proc/${holder}/fd/${fds[BOX_NAMESPACES.length]}`, `--wdns=${cwd}`, '--preserve-credentials', '--'];
 }

@@ -335,9 +335,10 @@ export class LocalDriver implements SandboxDriver {
   /** @internal The command line that runs `argv` inside the box (namespaces, cgroup or rlimits, no privileges). */
   enterCommand(box: LocalBox, cwd: string, argv: string[], cg: Cgroup | null, res: BoxSpec['resources']): string[] {
     const t = this.tools!;
-    // nsenter keeps fds 3.. (the box's namespaces and root).
-    const join = this.wrap(3 + BOX_NAMESPACES.length, cg, res);
-    return [...join, t.setpriv, '--no-new-privs', t.nsenter, ...enterArgs(3, cwd), ...argv];
+    // Nothing past stdio is kept: nsenter opens the box's namespaces and root from this server's
+    // own descriptors (enterArgs).
+    const join = this.wrap(2, cg, res);
+    return [...join, t.setpriv, '--no-new-privs', t.nsenter, ...enterArgs(process.pid, box.namespaceFds(), cwd), ...argv];
   }
 
   /** The host-side start of every command line that ends in a box: clean descriptors, then cgroup or rlimits. */
@@ -465,6 +466,11 @@ class LocalBox implements Box {
   pid1Start = '';
   /** The box's namespaces and root, held open from start to stop (see BOX_NAMESPACES). */
   private nsFds: number[] = [];
+
+  /** @internal The descriptors of the box's namespaces and root that this server holds (see nsFds). */
+  namespaceFds(): readonly number[] {
+    return this.nsFds;
+  }
   private relay: Relay | null = null;
   private stopped = false;
   private stopping: Promise<void> | null = null;
@@ -601,7 +607,7 @@ class LocalBox implements Box {
     const cmd = this.driver.enterCommand(this, cwd, inBox, cg, this.spec.resources);
     const child = spawn(cmd[0], cmd.slice(1), {
       env: HOST_HELPER_ENV,
-      stdio: [opts.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe', ...this.nsFds],
+      stdio: [opts.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe'],
       // Its own process group: no signal sent to the server's group reaches it.
       detached: true,
     });

@@ -139,6 +139,13 @@ describe.skipIf(!probe.ok)(`local driver: processes stay in the box (${probe.why
     await box.stop();
   });
 
+  it("an execution's processes hold no descriptor but their stdio (not the server's handles on the box's namespaces and root)", async () => {
+    const box = await driver.start(spec());
+    // The shell's own descriptors, listed by a child of it (ls's directory handle is its own).
+    expect((await run(box, 'ls /proc/$$/fd | tr "\\n" " "')).stdout).toBe('0 1 2 ');
+    await box.stop();
+  });
+
   it('no privilege: unprivileged uid, no capabilities, no_new_privs, nosuid everywhere, no namespaces, no mounts', async () => {
     const box = await driver.start(spec());
     const r = await run(box, `id -u; grep -E '^(CapInh|CapPrm|CapEff|CapAmb|NoNewPrivs)' /proc/self/status`);
