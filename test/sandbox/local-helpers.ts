@@ -5,6 +5,7 @@
 import { mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { expect } from 'vitest';
 import type { Box, BoxResources, BoxSpec, ExecOptions, ExecResult } from '../../src/sandbox/driver.js';
 import { LocalDriver, type LocalDriverOptions } from '../../src/sandbox/local.js';
 
@@ -92,4 +93,27 @@ export async function eventually(check: () => boolean, ms = 5000): Promise<boole
 
 export function cleanupTmp(): void {
   rmSync(TMP, { recursive: true, force: true });
+}
+
+/**
+ * A signal sent to an execution reaches the command, which may handle it (a shell's trap): the
+ * execution then ends when the command does, with its exit code; a command that does not handle
+ * it ends by it. The same in both local modes (cgroups, and tini without them).
+ */
+export async function expectSignalsPassThrough(box: Box): Promise<void> {
+  const term = await box.exec({ command: `trap 'echo got TERM; exit 3' TERM; echo ready; sleep 1020 & wait` });
+  let said = '';
+  term.stdout.on('data', (d: Buffer) => (said += d));
+  term.stderr.resume();
+  expect(await eventually(() => said === 'ready\n')).toBe(true);
+  term.kill('SIGTERM');
+  expect(await term.done).toEqual({ exitCode: 3, signal: null, timedOut: false });
+  expect(said).toBe('ready\ngot TERM\n');
+  const plain = await box.exec({ command: 'echo ready; exec sleep 1021' });
+  let ready = '';
+  plain.stdout.on('data', (d: Buffer) => (ready += d));
+  plain.stderr.resume();
+  expect(await eventually(() => ready === 'ready\n')).toBe(true);
+  plain.kill('SIGTERM');
+  expect(await plain.done).toEqual({ exitCode: null, signal: 'SIGTERM', timedOut: false });
 }
