@@ -164,7 +164,7 @@ export class LeafMinter {
   /** Any host (IP literals included) through the general X.509 generator. */
   private async mintGeneric(host: string, keys: webcrypto.CryptoKeyPair, notBefore: Date, notAfter: Date): Promise<string> {
     const x509 = await loadX509();
-    const san = isIP(host) ? { type: 'ip' as const, value: host } : { type: 'dns' as const, value: host };
+    const san = isIP(host) ? ipNames(host).map((value) => ({ type: 'ip' as const, value })) : [{ type: 'dns' as const, value: host }];
     const cert = await x509.X509CertificateGenerator.create({
       serialNumber: randomSerial(),
       subject: isIP(host) ? 'O=keygate' : `CN=${host}`,
@@ -178,11 +178,23 @@ export class LeafMinter {
         new x509.BasicConstraintsExtension(false, undefined, true),
         new x509.KeyUsagesExtension(x509.KeyUsageFlags.digitalSignature, true),
         new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.serverAuth]),
-        new x509.SubjectAlternativeNameExtension([san]),
+        new x509.SubjectAlternativeNameExtension(san),
         new x509.AuthorityKeyIdentifierExtension(this.ca.ski),
         await x509.SubjectKeyIdentifierExtension.create(keys.publicKey),
       ],
     });
     return cert.toString('pem') + '\n';
   }
+}
+
+/**
+ * The IP SANs of a leaf for `ip`. An IPv4 address also gets its IPv4-mapped IPv6 form: the proxy
+ * treats a CONNECT to `[::ffff:a.b.c.d]` as one to a.b.c.d (one rule, one no_proxy entry, one
+ * leaf), and the client, which asked for the IPv6 spelling, checks the certificate against that.
+ * Written in hex groups (`::ffff:7f00:1`): the X.509 library misreads the dotted-quad tail.
+ */
+export function ipNames(ip: string): string[] {
+  if (isIP(ip) !== 4) return [ip];
+  const [a, b, c, d] = ip.split('.').map(Number);
+  return [ip, `::ffff:${((a << 8) | b).toString(16)}:${((c << 8) | d).toString(16)}`];
 }

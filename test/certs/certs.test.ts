@@ -85,8 +85,12 @@ describe('LeafMinter', () => {
     expect(a.subjectAltName).toBe('DNS:api.example.com');
     expect(a.checkHost('api.example.com')).toBe('api.example.com');
     expect(a.checkHost('other.example.com')).toBeUndefined();
-    expect(ip.subjectAltName).toBe('IP Address:127.0.0.1');
+    // An IPv4 leaf also names the address's IPv4-mapped IPv6 form: a CONNECT to [::ffff:127.0.0.1]
+    // is intercepted as one to 127.0.0.1, and the client checks the certificate against what it asked for.
+    expect(ip.subjectAltName).toBe('IP Address:127.0.0.1, IP Address:0:0:0:0:0:FFFF:7F00:1');
     expect(ip.checkIP('127.0.0.1')).toBe('127.0.0.1');
+    expect(tls.checkServerIdentity('::ffff:127.0.0.1', ip.toLegacyObject())).toBeUndefined();
+    expect(tls.checkServerIdentity('::ffff:127.0.0.2', ip.toLegacyObject())).toBeInstanceOf(Error);
     expect(v6.checkIP('::1')).toBe('::1');
     const spki = (c: X509Certificate) => c.publicKey.export({ type: 'spki', format: 'der' }).toString('hex');
     expect(spki(a)).toBe(spki(b));
