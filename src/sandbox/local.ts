@@ -33,7 +33,7 @@ import { readBoxFile, writeBoxFile } from './box-files.js';
 import { BOX_RUNTIME_DIR, BOX_TINI, findTini } from './docker-relay.js';
 import { cgroupLayout, createCgroup, existingCgroup, cgroupHasProcesses, killCgroup, listBoxCgroups, procsFiles, removeCgroup, removeLayoutIfEmpty, rlimitArgs, type Cgroup, type CgroupLayout } from './limits.js';
 import { openRelay, type Relay } from './relay.js';
-import { killProcessTree, procStat } from './tree-kill.js';
+import { killProcessTree } from './tree-kill.js';
 
 export interface LocalDriverOptions {
   /**
@@ -613,8 +613,8 @@ class LocalBox implements Box {
     });
     // The spawned process, known by its start time (its pid is reused once Node has collected it).
     // Read at once: Node collects it no earlier than on a later turn of the event loop.
-    const rootStart = underTini && child.pid ? procStat(child.pid)?.start : undefined;
-    const root = child.pid && rootStart !== undefined ? { pid: child.pid, start: rootStart } : null;
+    const rootStart = underTini && child.pid ? startTime(child.pid) : null;
+    const root = child.pid && rootStart !== null ? { pid: child.pid, startTime: rootStart } : null;
     let timedOut = false;
     let sent: NodeJS.Signals | null = null;
     const killTree = async (signal: NodeJS.Signals) => {

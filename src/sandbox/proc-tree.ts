@@ -4,16 +4,10 @@
  * (tree-kill.ts): the execution runs under a subreaper tini, so whatever it forks, however it
  * detaches (setsid, double fork), stays below the execution's first process by parent pid.
  */
+import type { ProcStat } from '../proc.js';
 
-/** What the walk needs of one process (read from /proc/PID/stat by src/proc.ts). */
-export interface ProcNode {
-  pid: number;
-  ppid: number;
-  /** R, S, D, T, t, Z, X, ... (`man 5 proc`). */
-  state: string;
-  /** Start time (clock ticks after boot): tells a process from a later one that reuses its pid. */
-  start: number;
-}
+/** What the walk needs of one process: its /proc/PID/stat as src/proc.ts reads it. */
+export type ProcNode = Pick<ProcStat, 'pid' | 'ppid' | 'state' | 'startTime'>;
 
 export interface TreeMember extends ProcNode {
   /** 0 for the root, 1 for its children, ... */
@@ -26,12 +20,12 @@ export function isDead(p: ProcNode | null | undefined): boolean {
 }
 
 /**
- * The root (when it still is the process that started at `root.start`) and every process below it
+ * The root (when it still is the process that started at `root.startTime`) and every process below it
  * by parent pid, parents before children. A process is taken as the child of a tree member only if
  * it started no earlier than that member: a child never starts before its parent, so a pid reused
  * by a newer process (between two reads of the snapshot) cannot adopt older processes into the tree.
  */
-export function processTree(procs: Iterable<ProcNode>, root: { pid: number; start: number }): TreeMember[] {
+export function processTree(procs: Iterable<ProcNode>, root: { pid: number; startTime: string }): TreeMember[] {
   const children = new Map<number, ProcNode[]>();
   let top: ProcNode | undefined;
   for (const p of procs) {
@@ -40,13 +34,13 @@ export function processTree(procs: Iterable<ProcNode>, root: { pid: number; star
     if (siblings) siblings.push(p);
     else children.set(p.ppid, [p]);
   }
-  if (!top || top.start !== root.start) return [];
+  if (!top || top.startTime !== root.startTime) return [];
   const tree: TreeMember[] = [{ ...top, depth: 0 }];
   const seen = new Set([top.pid]);
   for (let i = 0; i < tree.length; i++) {
     const parent = tree[i];
     for (const c of children.get(parent.pid) ?? []) {
-      if (seen.has(c.pid) || c.start < parent.start) continue;
+      if (seen.has(c.pid) || Number(c.startTime) < Number(parent.startTime)) continue;
       seen.add(c.pid);
       tree.push({ ...c, depth: parent.depth + 1 });
     }

@@ -12,30 +12,22 @@
  * its start time was read back unchanged. (Node has no pidfd; the window left is between that read
  * and kill(2), and a stopped process cannot exit by itself in it.)
  */
-import { listProcesses, readProcStat, type ProcStat } from '../proc.js';
+import { listProcesses, readProcStat } from '../proc.js';
 import { isDead, processTree, type ProcNode, type TreeMember } from './proc-tree.js';
-
-const node = (s: ProcStat): ProcNode => ({ pid: s.pid, ppid: s.ppid, state: s.state, start: Number(s.startTime) });
 
 /** Every process of the host as /proc shows it now (a process may exit meanwhile: then it is not there). */
 export function procSnapshot(): ProcNode[] {
-  return [...listProcesses().values()].map(node);
-}
-
-/** The process with this pid now, or null. */
-export function procStat(pid: number): ProcNode | null {
-  const s = readProcStat(pid);
-  return s ? node(s) : null;
+  return [...listProcesses().values()];
 }
 
 /** Whether `p` (pid and start time) is still alive: there, the same process, and not a zombie. */
-function alive(p: { pid: number; start: number }): boolean {
-  const now = procStat(p.pid);
-  return now !== null && now.start === p.start && !isDead(now);
+function alive(p: { pid: number; startTime: string }): boolean {
+  const now = readProcStat(p.pid);
+  return now !== null && now.startTime === p.startTime && !isDead(now);
 }
 
 /** Sends `signal` to `p` if it still is the same, living process; true if sent. */
-function signalSame(p: { pid: number; start: number }, signal: NodeJS.Signals): boolean {
+function signalSame(p: { pid: number; startTime: string }, signal: NodeJS.Signals): boolean {
   if (!alive(p)) return false;
   try {
     process.kill(p.pid, signal);
@@ -62,14 +54,14 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
  * and whatever it started), which may handle it; nothing waits. SIGKILL takes the whole tree down,
  * anchors last, and resolves once every process of it is dead (true), or false at the deadline.
  */
-export async function killProcessTree(root: { pid: number; start: number }, signal: NodeJS.Signals, opts: TreeKillOptions): Promise<boolean> {
+export async function killProcessTree(root: { pid: number; startTime: string }, signal: NodeJS.Signals, opts: TreeKillOptions): Promise<boolean> {
   if (signal !== 'SIGKILL') {
     for (const m of processTree(procSnapshot(), root)) if (m.depth > opts.anchorDepth) signalSame(m, signal);
     return true;
   }
   const until = Date.now() + (opts.deadlineMs ?? 10_000);
   const members = new Map<string, TreeMember>();
-  const key = (m: ProcNode) => `${m.pid}:${m.start}`;
+  const key = (m: ProcNode) => `${m.pid}:${m.startTime}`;
   // 1. Freeze: stop every process of the tree, parents before children, until a scan finds none
   // new (a child forked before its parent stopped shows up in the next scan). Stopped processes
   // cannot fork; a stopped subreaper still adopts orphans, but can neither exit nor collect them.
@@ -109,7 +101,7 @@ export async function killProcessTree(root: { pid: number; start: number }, sign
     const collected = Math.min(until, Date.now() + ROOT_COLLECT_MS);
     // Again and again: nsenter stops itself when it sees its child stopped (as a shell's job), and
     // may see that only after the first SIGCONT.
-    while (anchors.some((m) => procStat(m.pid)?.start === m.start) && Date.now() < collected) {
+    while (anchors.some((m) => readProcStat(m.pid)?.startTime === m.startTime) && Date.now() < collected) {
       signalSame(top, 'SIGCONT');
       await sleep(2);
     }
