@@ -43,7 +43,7 @@ export interface ApiRequestOptions {
 }
 
 /** Failures of the network itself, in words, by the code undici or the system gave them. */
-export const NETWORK_CODES: Readonly<Record<string, string>> = {
+const NETWORK_CODES: Readonly<Record<string, string>> = {
   ECONNREFUSED: 'connection refused',
   ENOTFOUND: 'host not found',
   EAI_AGAIN: 'host lookup failed',
@@ -63,6 +63,12 @@ export function networkCode(err: unknown): string | undefined {
     if (e.code && NETWORK_CODES[e.code]) return e.code;
   }
   return undefined;
+}
+
+/** What went wrong, in words: a network failure as `connection refused (ECONNREFUSED)`, else the error's message. */
+export function networkFailure(err: unknown): string {
+  const code = networkCode(err);
+  return code ? `${NETWORK_CODES[code]} (${code})` : (err as Error).message;
 }
 
 /**

@@ -4,7 +4,7 @@ import { pipeline } from 'node:stream/promises';
 import { Readable } from 'node:stream';
 import { Agent, type Dispatcher } from 'undici';
 import WebSocket from 'ws';
-import { apiRequest, describeDetail, errorDetail, NETWORK_CODES, networkCode, parseJsonText } from '../api-client.js';
+import { apiRequest, describeDetail, errorDetail, networkFailure, parseJsonText } from '../api-client.js';
 import { resolveSettings } from '../deploy/settings.js';
 import { parseCliArgs } from './args.js';
 import { CliError } from './errors.js';
@@ -58,7 +58,7 @@ class SandboxClient {
       method,
       this.headers(opts.headers),
       { json: opts.json, body: opts.body, timeoutMs: 0 },
-      (err) => new CliError(`cannot reach the sandbox API at ${this.baseUrl}: ${NETWORK_CODES[networkCode(err)!]} (${networkCode(err)}); is 'keygate serve' running there? (set KEYGATE_URL)`),
+      (err) => new CliError(`cannot reach the sandbox API at ${this.baseUrl}: ${networkFailure(err)}; is 'keygate serve' running there? (set KEYGATE_URL)`),
       (err) => new CliError(`${what}: ${(err as Error).message}`),
     );
     if (res.statusCode >= 400) {

@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 import { Transform } from 'node:stream';
 import { Agent, request, type Dispatcher } from 'undici';
-import { apiRequest, describeDetail, errorDetail, NETWORK_CODES, networkCode, parseJsonText } from '../api-client.js';
+import { apiRequest, describeDetail, errorDetail, networkCode, networkFailure, parseJsonText } from '../api-client.js';
 import { CliError } from '../command-error.js';
 
 // Shapes of the control-plane API (see the control plane's route schemas); only what the CLI reads.
@@ -115,9 +115,7 @@ export class ControlPlaneClient {
   }
 
   #unreachable(err: unknown): CliError {
-    const code = networkCode(err);
-    const why = code ? `${NETWORK_CODES[code]} (${code})` : (err as Error).message;
-    return new CliError(`cannot reach the control plane at ${this.baseUrl}: ${why}; is 'keygate serve' running there? (set KEYGATE_URL)`);
+    return new CliError(`cannot reach the control plane at ${this.baseUrl}: ${networkFailure(err)}; is 'keygate serve' running there? (set KEYGATE_URL)`);
   }
 
   async #send(
