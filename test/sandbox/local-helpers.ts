@@ -117,3 +117,22 @@ export async function expectSignalsPassThrough(box: Box): Promise<void> {
   plain.kill('SIGTERM');
   expect(await plain.done).toEqual({ exitCode: null, signal: 'SIGTERM', timedOut: false });
 }
+
+/** stdin reaches the command and the command's output comes back, exit code included. */
+export async function expectStdinPassThrough(box: Box): Promise<void> {
+  const cat = await box.exec({ command: ['cat'], stdin: true });
+  let out = '';
+  cat.stdout.on('data', (d: Buffer) => (out += d));
+  cat.stderr.resume();
+  cat.stdin!.end('through stdin');
+  expect((await cat.done).exitCode).toBe(0);
+  expect(out).toBe('through stdin');
+}
+
+/**
+ * A command in the box holds no descriptor but its stdio (not the server's handles on the box's
+ * namespaces and root): ls's own table is what it was started with, then 3, the directory it reads.
+ */
+export async function expectOnlyStdio(box: Box): Promise<void> {
+  expect((await run(box, ['ls', '/proc/self/fd'])).stdout).toBe('0\n1\n2\n3\n');
+}
