@@ -1,3 +1,4 @@
+import v8 from 'node:v8';
 import { collector } from './buffer-gc.js';
 
 /**
@@ -17,14 +18,27 @@ import { collector } from './buffer-gc.js';
  * (Node 20) has no flavours and takes any options object for a young-generation collection,
  * so there it is a plain full one. A busy process is never interrupted: a check only reads the
  * CPU clock. KEYGATE_IDLE_GC=0 turns it off.
+ *
+ * The first collection, the one after start-up, also drops all bytecode (V8's
+ * `--stress-flush-code`, on for that one collection only): what start-up compiled (the CLI,
+ * config and CA loading, module resolution) is never run again, and V8 would otherwise age it out
+ * only over many collections that a quiet sidecar never has. Anything needed later is compiled
+ * again from its source on first use. Later collections keep the code: after a busy spell it is
+ * the request path, and flushing it would make the next request after every quiet spell pay for
+ * compiling it again. (Node 24: 0.6-0.8 MiB of settled RSS, bench/README.md.)
  */
 const V8_MAJOR = Number(process.versions.v8.split('.')[0]);
 
-function reduceMemory(): void {
+export function reduceMemory(flushCode = false): void {
   const gc = collector();
   if (!gc) return;
-  if (V8_MAJOR >= 12) gc({ type: 'major', execution: 'sync', flavor: 'last-resort' });
-  else (gc as unknown as () => void)();
+  if (flushCode) v8.setFlagsFromString('--stress-flush-code');
+  try {
+    if (V8_MAJOR >= 12) gc({ type: 'major', execution: 'sync', flavor: 'last-resort' });
+    else (gc as unknown as () => void)();
+  } finally {
+    if (flushCode) v8.setFlagsFromString('--no-stress-flush-code');
+  }
 }
 
 export interface IdleGcOptions {
@@ -32,8 +46,8 @@ export interface IdleGcOptions {
   intervalMs?: number;
   /** CPU time (us) within one interval below which the process counts as quiet. Default 1 % of it. */
   quietUs?: number;
-  /** The collection (default: V8's, a memory-reducing full one). */
-  collect?: () => void;
+  /** The collection (default: V8's, a memory-reducing full one); `afterStartup` is true for the first. */
+  collect?: (afterStartup: boolean) => void;
   /** The CPU clock (default process.cpuUsage). */
   cpu?: () => NodeJS.CpuUsage;
 }
@@ -51,6 +65,7 @@ export function idleGc(opts: IdleGcOptions = {}): IdleGc {
   const cpu = opts.cpu ?? (() => process.cpuUsage());
   // Start-up is the first busy spell.
   let dirty = true;
+  let startup = true;
   let last = cpu();
   const tick = (): boolean => {
     const now = cpu();
@@ -62,7 +77,8 @@ export function idleGc(opts: IdleGcOptions = {}): IdleGc {
     }
     if (!dirty) return false;
     dirty = false;
-    collect();
+    collect(startup);
+    startup = false;
     // The collection's own CPU time is not a busy spell.
     last = cpu();
     return true;

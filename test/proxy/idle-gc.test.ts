@@ -5,9 +5,10 @@
  * checked with a fake CPU clock and collector; the real collector with the flavour the module
  * asks for runs on this Node. That a real idle `keygate proxy` collects: test/cli/v8-flags.test.ts.
  */
+import v8 from 'node:v8';
 import { describe, expect, it } from 'vitest';
 import { collector } from '../../src/proxy/buffer-gc.js';
-import { idleGc } from '../../src/proxy/idle-gc.js';
+import { idleGc, reduceMemory } from '../../src/proxy/idle-gc.js';
 
 function fakeClock() {
   let us = 0;
@@ -18,7 +19,8 @@ describe('idle collection', () => {
   it('collects once after start-up when quiet, not again while quiet, again after a busy spell', () => {
     const clock = fakeClock();
     let collected = 0;
-    const g = idleGc({ intervalMs: 60_000, quietUs: 1000, collect: () => collected++, cpu: clock.cpu });
+    const afterStartup: boolean[] = [];
+    const g = idleGc({ intervalMs: 60_000, quietUs: 1000, collect: (first) => (collected++, afterStartup.push(first)), cpu: clock.cpu });
     try {
       clock.spend(10); // quiet interval right after start-up: start-up was the busy spell
       expect(g.tick()).toBe(true);
@@ -34,6 +36,8 @@ describe('idle collection', () => {
       expect(g.tick()).toBe(true);
       expect(collected).toBe(2);
       expect(g.tick()).toBe(false);
+      // Only the collection after start-up drops the compiled code; the request path's stays.
+      expect(afterStartup).toEqual([true, false]);
     } finally {
       g.stop();
     }
@@ -51,6 +55,22 @@ describe('idle collection', () => {
     } finally {
       g.stop();
     }
+  });
+
+  it('the flushing collection drops the bytecode compiled before it; the flushed functions still run', () => {
+    const bytecode = () => v8.getHeapCodeStatistics().bytecode_and_metadata_size;
+    reduceMemory();
+    const before = bytecode();
+    // Start-up-like work: many functions, each run once and kept reachable.
+    const fns = Array.from({ length: 2000 }, (_, i) => new Function('a', `let s = ${i}; for (let j = 0; j < 3; j++) s += a * j; return s;`) as (a: number) => number);
+    let sum = 0;
+    for (const f of fns) sum += f(2);
+    const theirs = bytecode() - before; // the 2,000 functions' bytecode
+    reduceMemory(true);
+    expect(theirs).toBeGreaterThan(200_000);
+    expect(bytecode() - before).toBeLessThan(theirs * 0.1);
+    // Flushed functions still run: compiled again from their source.
+    expect(fns.reduce((s, f) => s + f(2), 0)).toBe(sum);
   });
 
   it("V8's collector is reachable on this Node", () => {
