@@ -45,6 +45,7 @@ export function summarise(peers) {
       idle_rss: p.idleRssMiB ?? null,
       settled_rss: p.settledRssMiB ?? null,
       peak_rss: p.peakRssMiB ?? null,
+      peak_rss_h1: p.peakHttp1RssMiB ?? p.peakRssMiB ?? null,
       end_rss: p.endRssMiB ?? null,
       errors: R.reduce((a, r) => a + (r.c1?.errors ?? 0) + (r.cN?.errors ?? 0), 0),
       failures: R.flatMap((r) => ['c1', 'cN', 'bulk', 'tunnel', 'newHost', 'knownHost'].filter((k) => r[k] && !r[k].ok).map((k) => `round ${r.round} ${k}: ${r[k].error}`)),
@@ -89,7 +90,10 @@ export function targets(s, cfg, name = 'keygate') {
   add('tunnel bulk >= 95% of direct', rt, rt >= 0.95, rt == null ? 'n/a' : `${(rt * 100).toFixed(0)}%`);
   const nh = ratio(k.new_p50, sq?.new_p50);
   add("first request to a new host p50 <= half of squid's", nh, nh <= 0.5, `${f2(k.new_p50)} ms (${fx(nh)} squid's)`);
-  add('peak RSS under load <= 100 MiB', k.peak_rss, k.peak_rss <= 100, `${f1(k.peak_rss)} MiB`);
+  // Issue #20's benchmark has no HTTP/2 phase: its load is the HTTP/1.1 phases, whose peak is read
+  // before this benchmark's h2 rounds. The peak after those is a target row of its own.
+  add("peak RSS under load <= 100 MiB: the HTTP/1.1 phases (the issue's load)", k.peak_rss_h1, k.peak_rss_h1 <= 100, `${f1(k.peak_rss_h1)} MiB`);
+  if (k.peak_rss !== k.peak_rss_h1) add('peak RSS under load <= 100 MiB: after the h2 phase too', k.peak_rss, k.peak_rss <= 100, `${f1(k.peak_rss)} MiB`);
   // Idle as a sidecar idles: after V8's memory reducer has run (some seconds after the last
   // activity). The figure 1.5 s after start, with start-up garbage still held, is shown too.
   const idle = k.settled_rss ?? k.idle_rss;
@@ -123,7 +127,7 @@ export function renderResults({ machine, cfg, peers, summary, notes, command, or
   L.push(`- ${cfg.rounds} interleaved rounds, medians; ${cfg.durationMs / 1000} s per load phase after ${cfg.warmupMs / 1000} s warm-up; ${cfg.bulkBytes / 1048576} MiB bulk body (the median of ${cfg.bulkRepeats ?? 1} transfers per round); ${cfg.hosts} new host names per round`);
   L.push('');
   L.push('## Summary (medians over rounds)', '');
-  L.push(`| mode | small GET req/s, 1 conn | p50 / p99 ms at 1 | small GET req/s, ${N} conns | p50 / p99 ms at ${N} | ${cfg.bulkBytes / 1048576} MiB via interception MiB/s | via plain tunnel MiB/s | first request, new host p50 ms | first request, known host p50 ms | proxy CPU us/req at 1 / ${N} | proxy CPU s/GiB interception / tunnel | idle RSS MiB at 1.5 s / settled | peak RSS MiB |`);
+  L.push(`| mode | small GET req/s, 1 conn | p50 / p99 ms at 1 | small GET req/s, ${N} conns | p50 / p99 ms at ${N} | ${cfg.bulkBytes / 1048576} MiB via interception MiB/s | via plain tunnel MiB/s | first request, new host p50 ms | first request, known host p50 ms | proxy CPU us/req at 1 / ${N} | proxy CPU s/GiB interception / tunnel | idle RSS MiB at 1.5 s / settled | peak RSS MiB: HTTP/1.1 phases / all |`);
   L.push('|---|---|---|---|---|---|---|---|---|---|---|---|---|');
   for (const p of peers) {
     const s = summary[p.name];
@@ -132,7 +136,7 @@ export function renderResults({ machine, cfg, peers, summary, notes, command, or
       continue;
     }
     const direct = p.name === 'direct';
-    L.push(`| ${LABEL[p.name]} | ${f0(s.c1_rps)} | ${f2(s.c1_p50)} / ${f2(s.c1_p99)} | ${f0(s.cN_rps)} | ${f2(s.cN_p50)} / ${f2(s.cN_p99)} | ${f0(s.bulk)} | ${direct ? 'n/a' : f0(s.tunnel)} | ${f2(s.new_p50)} | ${f2(s.known_p50)} | ${direct ? 'n/a' : `${f0(s.cpu_c1)} / ${f0(s.cpu_cN)}`} | ${direct ? 'n/a' : `${f2(s.bulk_cpu)} / ${f2(s.tunnel_cpu)}`} | ${direct ? 'n/a' : `${f1(s.idle_rss)} / ${f1(s.settled_rss)}`} | ${direct ? 'n/a' : f1(s.peak_rss)} |`);
+    L.push(`| ${LABEL[p.name]} | ${f0(s.c1_rps)} | ${f2(s.c1_p50)} / ${f2(s.c1_p99)} | ${f0(s.cN_rps)} | ${f2(s.cN_p50)} / ${f2(s.cN_p99)} | ${f0(s.bulk)} | ${direct ? 'n/a' : f0(s.tunnel)} | ${f2(s.new_p50)} | ${f2(s.known_p50)} | ${direct ? 'n/a' : `${f0(s.cpu_c1)} / ${f0(s.cpu_cN)}`} | ${direct ? 'n/a' : `${f2(s.bulk_cpu)} / ${f2(s.tunnel_cpu)}`} | ${direct ? 'n/a' : `${f1(s.idle_rss)} / ${f1(s.settled_rss)}`} | ${direct ? 'n/a' : `${f1(s.peak_rss_h1)} / ${f1(s.peak_rss)}`} |`);
   }
   L.push('');
   L.push('"new host": a new connection (CONNECT, TLS, one GET) to a name the proxy has not seen (certificate minting); "known host": the same to a name it has. CPU is user+system time of the proxy\'s process tree over the whole load phase divided by the requests served; RSS is summed over the tree (squid\'s certificate helpers included). "Node ceiling" (bench/lib/bare-proxy.mjs) terminates TLS and re-originates it with a byte pipe between, one upstream connection per client connection, no HTTP parsing, injection or logging: the bound any Node.js intercepting proxy works under on this machine. It is not a product and has no targets.', '');
@@ -155,7 +159,8 @@ export function renderResults({ machine, cfg, peers, summary, notes, command, or
     row(`CPU per request at ${N}`, 'lower', 'cpu_cN', true);
     row('CPU per GiB, interception', 'lower', 'bulk_cpu', true);
     row('CPU per GiB, tunnel', 'lower', 'tunnel_cpu', true);
-    row('peak RSS', 'lower', 'peak_rss', true);
+    row('peak RSS, HTTP/1.1 phases', 'lower', 'peak_rss_h1', true);
+    row('peak RSS, all phases', 'lower', 'peak_rss', true);
     row('idle RSS at 1.5 s', 'lower', 'idle_rss', true);
     row('idle RSS settled', 'lower', 'settled_rss', true);
     L.push('');
