@@ -57,6 +57,15 @@ function bodyless(headers: Record<string, string | string[] | undefined>): boole
  * Bodies are validated strictly (no type coercion: `"true"` is not a boolean); query strings, path
  * and header parameters arrive as text and are coerced to their declared types.
  */
+const ROUTE_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'] as const;
+
+/** The methods some route answers for this URL's path (none: the path itself is unknown). */
+function allowedMethods(app: FastifyInstance, url: string): string[] {
+  const q = url.indexOf('?');
+  const path = q < 0 ? url : url.slice(0, q);
+  return ROUTE_METHODS.filter((method) => app.findRoute({ method, url: path }) !== null);
+}
+
 function makeAjv(coerce: boolean): Ajv {
   const opts: AjvOptions = { allErrors: true, strict: false, coerceTypes: coerce ? 'array' : false, useDefaults: true, removeAdditional: false };
   const ajv = new Ajv(opts);
@@ -131,7 +140,13 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
     if (r.headers) void reply.headers(r.headers);
     return reply.status(r.status).send(r.body);
   });
-  app.setNotFoundHandler((req, reply) => reply.status(404).send({ detail: 'Not Found' }));
+  // A path that exists under other methods is a 405 naming them (as FastAPI answers), not a 404
+  // that would tell the client the resource is gone. Checked before authentication, like routing.
+  app.setNotFoundHandler((req, reply) => {
+    const allowed = allowedMethods(app, req.url);
+    if (allowed.length) return reply.status(405).header('allow', allowed.join(', ')).send({ detail: 'Method Not Allowed' });
+    return reply.status(404).send({ detail: 'Not Found' });
+  });
   // An answer that closes the connection while the client is still sending its body (fastify's
   // 413 for a declared length over the limit) lingers: Node would close at once, and the
   // client's next write would meet a reset that can discard the answer.

@@ -59,6 +59,24 @@ describe('keygate serve on embedded defaults', () => {
     expect(r.body).toEqual({ detail: 'Not Found' });
   });
 
+  it('answers a known path with a method it does not take with 405 and Allow, before authentication', async () => {
+    for (const [method, url, allow] of [
+      ['PUT', '/v2/deployments', 'GET, HEAD, POST'],
+      ['POST', '/v2/deployments/00000000-0000-0000-0000-000000000000', 'GET, HEAD, PATCH, DELETE'],
+      ['DELETE', '/api/v2/sandboxes/boxes?limit=5', 'GET, HEAD, POST'],
+      ['POST', '/v2/auth/tokens', 'GET, HEAD'],
+    ] as const) {
+      for (const headers of [{ 'x-api-key': key }, {}] as Record<string, string>[]) {
+        const res = await fetch(`${server.url}${url}`, { method, headers });
+        expect([method, url, res.status]).toEqual([method, url, 405]);
+        expect(res.headers.get('allow')).toBe(allow);
+        expect(await res.json()).toEqual({ detail: 'Method Not Allowed' });
+      }
+    }
+    // A path no method takes stays a 404.
+    expect((await fetch(`${server.url}/v2/deployments/x/nothing`, { method: 'PUT', headers: { 'x-api-key': key } })).status).toBe(404);
+  });
+
   it('keys create issues a key for another workspace, shown once on stdout', () => {
     const r = runCli(['serve', 'keys', 'create', '--workspace', 'team-b', '--user', 'bob', '--data', dataDir]);
     expect(r.status).toBe(0);
