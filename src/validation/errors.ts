@@ -56,7 +56,9 @@ const TYPE_BY_KEYWORD: Record<string, string> = {
 
 function issueType(e: ErrorObject): string {
   if (e.keyword === 'type') {
-    const t = String((e.params as { type?: string }).type ?? 'value');
+    // A nullable field's schema has two types, which ajv gives joined ("string,null"): the issue
+    // is named after the non-null one, as pydantic names it.
+    const t = String((e.params as { type?: string }).type ?? 'value').split(',')[0];
     return `${t === 'integer' ? 'int' : t === 'boolean' ? 'bool' : t === 'array' ? 'list' : t === 'object' ? 'dict' : t}_type`;
   }
   return TYPE_BY_KEYWORD[e.keyword] ?? 'value_error';
@@ -68,6 +70,8 @@ function issueMsg(e: ErrorObject): string {
       return 'Field required';
     case 'additionalProperties':
       return 'Extra inputs are not permitted';
+    case 'type':
+      return `Must be ${String((e.params as { type?: string }).type ?? 'valid').split(',').join(' or ')}`;
     case 'enum':
       return `Input should be ${((e.params as { allowedValues?: unknown[] }).allowedValues ?? []).map((v) => `'${String(v)}'`).join(', ')}`;
     default:
