@@ -7,7 +7,7 @@ import type { Envelope } from '../secrets/envelope.js';
 import type { Db } from '../store/db.js';
 import { ajvToIssues, formatLoc } from '../validation/errors.js';
 import { normaliseScopes } from './pkce.js';
-import { secretProblem, upsertProvider, type ProviderInput } from './providers.js';
+import { plainHttpProblems, secretProblem, upsertProvider, type ProviderInput } from './providers.js';
 import { providerCreateBody } from './schemas.js';
 
 const addFormats = ((addFormatsModule as unknown as { default?: unknown }).default ?? addFormatsModule) as (ajv: Ajv) => Ajv;
@@ -75,6 +75,8 @@ export function parseProvidersFile(file: string, env: NodeJS.ProcessEnv): Config
     }
     const problem = secretProblem(provider.token_endpoint_auth_method, Boolean(provider.client_secret));
     if (problem) throw new ProviderConfigError(`${file}: [${i}]: ${problem}`);
+    const insecure = plainHttpProblems(provider)[0];
+    if (insecure) throw new ProviderConfigError(`${file}: [${i}].${insecure.field}: ${insecure.msg}`);
     provider.scopes = normaliseScopes(provider.scopes ?? []);
     return { workspace, provider };
   });

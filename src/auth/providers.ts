@@ -85,6 +85,33 @@ export function secretProblem(method: ClientAuthMethod, hasSecret: boolean): str
   return undefined;
 }
 
+/** The provider's endpoints, by the field that names them. */
+export const ENDPOINT_FIELDS = ['auth_url', 'token_url', 'revocation_url'] as const;
+
+/**
+ * Endpoints that would carry credentials in clear text: the client secret, authorization codes
+ * and tokens go to the token and revocation endpoints, the user's sign-in to the authorization
+ * endpoint, and RFC 6749 (3.1, 3.2) requires TLS for all of them. Plain `http://` is accepted only
+ * for a loopback address (a provider on the same machine, as in development and tests).
+ */
+export function plainHttpProblems(p: Partial<Record<(typeof ENDPOINT_FIELDS)[number], string | null>>): { field: (typeof ENDPOINT_FIELDS)[number]; msg: string }[] {
+  const out: { field: (typeof ENDPOINT_FIELDS)[number]; msg: string }[] = [];
+  for (const field of ENDPOINT_FIELDS) {
+    const value = p[field];
+    if (typeof value !== 'string' || !/^http:/i.test(value)) continue;
+    let host = '';
+    try {
+      host = new URL(value).hostname.toLowerCase().replace(/^\[|\]$/g, '');
+    } catch {
+      // Not a URL at all: the schema's format check says so.
+      continue;
+    }
+    const loopback = host === 'localhost' || host.endsWith('.localhost') || host === '::1' || /^127(\.\d{1,3}){3}$/.test(host);
+    if (!loopback) out.push({ field, msg: `${field} must use https: OAuth sends credentials to it (plain http only for a loopback address)` });
+  }
+  return out;
+}
+
 export async function getProvider(db: Db, workspaceId: string, providerId: string): Promise<ProviderRow | undefined> {
   return db.get<ProviderRow>('SELECT * FROM oauth_providers WHERE workspace_id = ? AND provider_id = ?', [workspaceId, providerId]);
 }

@@ -3,13 +3,18 @@ import { principalOf } from '../server/auth.js';
 import type { ServerContext } from '../server/context.js';
 import { conflict, HttpValidationError, notFound } from '../server/errors.js';
 import { normaliseScopes } from './pkce.js';
-import { getProvider, insertProvider, listProviders, patchProvider, secretProblem, toRecord, type ProviderInput } from './providers.js';
+import { getProvider, insertProvider, listProviders, patchProvider, plainHttpProblems, secretProblem, toRecord, type ProviderInput } from './providers.js';
 import { errorResponse, providerCreateBody, providerParams, providerPatchBody, providerRecord } from './schemas.js';
 
 const TAGS = ['Auth Service (v2)'];
 
 function providerNotFound(id: string) {
   return notFound(`Provider '${id}' not found.`);
+}
+
+function refusePlainHttp(p: Partial<ProviderInput>): void {
+  const problems = plainHttpProblems(p);
+  if (problems.length) throw new HttpValidationError(problems.map(({ field, msg }) => ({ loc: ['body', field], msg, type: 'url_scheme' })));
 }
 
 /** The provider registry, scoped to the caller's workspace. */
@@ -22,6 +27,7 @@ export function registerProviderRoutes(app: FastifyInstance, ctx: ServerContext)
       const body = { ...req.body, scopes: normaliseScopes(req.body.scopes ?? []) };
       const problem = secretProblem(body.token_endpoint_auth_method, Boolean(body.client_secret));
       if (problem) throw new HttpValidationError([{ loc: ['body', 'client_secret'], msg: problem, type: 'missing' }]);
+      refusePlainHttp(body);
       if (!(await insertProvider(ctx.db, ctx.envelope, workspaceId, body, 'api'))) throw conflict(`Provider '${body.provider_id}' already exists.`);
       req.log.info({ provider_id: body.provider_id }, 'OAuth provider registered');
       return reply.status(201).send(toRecord((await getProvider(ctx.db, workspaceId, body.provider_id))!));
@@ -49,6 +55,7 @@ export function registerProviderRoutes(app: FastifyInstance, ctx: ServerContext)
       const { workspaceId } = principalOf(req);
       const id = req.params.provider_id;
       const patch = { ...req.body, ...(req.body.scopes ? { scopes: normaliseScopes(req.body.scopes) } : {}) };
+      refusePlainHttp(patch);
       const row = await ctx.db.tx(async (tx) => {
         const current = await getProvider(tx, workspaceId, id);
         if (!current) throw providerNotFound(id);

@@ -57,6 +57,17 @@ describe('providers from config', () => {
     }
   });
 
+  it('refuses plain http endpoints except on a loopback address (credentials travel only over TLS)', () => {
+    const s = { client_secret: 'inline-secret-x' };
+    for (const field of ['auth_url', 'token_url', 'revocation_url'] as const) {
+      expect(() => parseProvidersFile(file([{ ...entry, ...s, [field]: 'http://idp.example.com/x' }]), {})).toThrow(new RegExp(`\\[0\\]\\.${field}: ${field} must use https`));
+      expect(() => parseProvidersFile(file([{ ...entry, ...s, [field]: 'http://10.0.0.7/x' }]), {})).toThrow(/must use https/);
+    }
+    for (const url of ['http://127.0.0.1:9000/token', 'http://localhost/token', 'http://[::1]:8080/token', 'http://idp.localhost/token', 'https://idp.example.com/token']) {
+      expect(parseProvidersFile(file([{ ...entry, ...s, token_url: url }]), {})[0].provider.token_url).toBe(url);
+    }
+  });
+
   it('loads <config-dir>/providers.json when present and requires KEYGATE_PROVIDERS_FILE to exist', () => {
     const dir = tmp();
     expect(providerFiles(dir, {})).toEqual([]);

@@ -458,6 +458,14 @@ function defineSuite(name: string, databaseUrl: () => Promise<string>, full: boo
       const badUrl = await call(h.server.url, 'POST', '/v2/auth/providers', { key: h.carol, body: { ...body, provider_id: 'gh3', token_url: 'ftp://x' } });
       expect(badUrl.status).toBe(422);
       expect(badUrl.body.detail[0].loc).toEqual(['body', 'token_url']);
+      // Plain http to anything but loopback would carry the secret, codes and tokens in clear text.
+      const plain = await call(h.server.url, 'POST', '/v2/auth/providers', { key: h.carol, body: { ...body, provider_id: 'gh4', token_url: 'http://idp.example.com/token', revocation_url: 'http://idp.example.com/revoke' } });
+      expect(plain.status).toBe(422);
+      expect(plain.body.detail.map((d: { loc: unknown[] }) => d.loc)).toEqual([['body', 'token_url'], ['body', 'revocation_url']]);
+      expect(plain.body.detail[0].msg).toMatch(/must use https/);
+      const plainPatch = await call(h.server.url, 'PATCH', '/v2/auth/providers/gh', { key: h.carol, body: { auth_url: 'http://idp.example.com/authorize' } });
+      expect(plainPatch.status).toBe(422);
+      expect((await call(h.server.url, 'GET', '/v2/auth/providers/gh', { key: h.carol })).body.auth_url).toBe(body.auth_url);
       const patched = await call(h.server.url, 'PATCH', '/v2/auth/providers/gh', { key: h.carol, body: { token_endpoint_auth_method: 'none', client_secret: null } });
       expect(patched.status).toBe(200);
       expect(patched.body).toMatchObject({ has_client_secret: false, token_endpoint_auth_method: 'none' });
