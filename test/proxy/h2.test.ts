@@ -7,6 +7,7 @@
  */
 import { execFile } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
+import http2 from 'node:http2';
 import https from 'node:https';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -25,6 +26,8 @@ let pki: TestPki;
 let origin: TestOrigin;
 let trailerOrigin: https.Server;
 let trailerPort: number;
+/** How the origin's /big answers ended: 'finished' (all sent) or 'closed' (the proxy went away first). */
+const bigEnds: string[] = [];
 let proxy: SpawnedProxy;
 const HOST = 'api.test.local';
 const execFileAsync = promisify(execFile);
@@ -37,6 +40,7 @@ beforeAll(async () => {
     if (req.url === '/big') {
       // 96 MiB, written as fast as the proxy reads it (backpressure respected).
       res.writeHead(200, { 'content-type': 'application/octet-stream' });
+      res.once('close', () => bigEnds.push(res.writableFinished ? 'finished' : 'closed'));
       const chunk = Buffer.alloc(64 * 1024, 'q');
       let left = 1536;
       const pump = () => {
@@ -256,6 +260,31 @@ describe('HTTP/2 through interception', () => {
       }
     } finally {
       slow.destroy();
+    }
+  });
+
+  it('a stream the client resets mid-answer stops the upstream download; the connection goes on', async () => {
+    const s = await h2Through(proxy.port, 'tr.test.local', trailerPort, proxy.caPem);
+    try {
+      const ended = bigEnds.length;
+      const req = s.request({ ':path': '/big', ':authority': `tr.test.local:${trailerPort}` });
+      await new Promise<void>((resolve) => {
+        let got = 0;
+        req.on('data', (d: Buffer) => {
+          got += d.length;
+          if (got > 256 * 1024) resolve();
+        });
+      });
+      req.close(http2.constants.NGHTTP2_CANCEL);
+      // The origin's answer is cut (the proxy closed its upstream request), not pulled to the end.
+      const deadline = Date.now() + 5000;
+      while (bigEnds.length === ended && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+      expect(bigEnds.slice(ended)).toEqual(['closed']);
+      // The same connection still serves the next stream.
+      const next = await h2Request(s, { ':method': 'POST', ':path': '/', ':authority': `tr.test.local:${trailerPort}` }, ['x']);
+      expect(next.status).toBe(200);
+    } finally {
+      s.destroy();
     }
   });
 
