@@ -61,6 +61,16 @@ export function serverOptions(l: ProxyLimits): http.ServerOptions {
 }
 
 /**
+ * A client may end its side of the connection once its last request is sent and still read
+ * every answer (RFC 9112 9.6). Node's server, by default, drops the requests it has read and
+ * closes on that end: they are answered instead, in order, and the connection closes after the
+ * last one (Node's `httpAllowHalfOpen`, not a constructor option).
+ */
+export function answerAfterHalfClose(server: http.Server): void {
+  (server as http.Server & { httpAllowHalfOpen: boolean }).httpAllowHalfOpen = true;
+}
+
+/**
  * Node's server answers an `Expect` other than `100-continue` with its own 417 and goes on
  * reading the connection (a request pipelined behind it was forwarded, credential included):
  * such a request is handed to the server's 'request' handler instead, where the plan step

@@ -95,6 +95,28 @@ function moveGrpcStatus(headers: string[], res: ServerResponse): string[] {
  * flushed on their own otherwise, so server-sent events still reach the client as they are written.
  */
 export function forward(core: ProxyCore, req: IncomingMessage, res: ServerResponse, t: ForwardTarget, rec: RequestRecord, started: number): void {
+  // A request pipelined behind another on an HTTP/1.1 connection: Node's server reads it (and
+  // emits it) at once, but its response waits for the earlier ones (it gets the socket then).
+  // It goes upstream only then: one request at a time per client connection, in order, as the
+  // fast path does (RFC 9112 9.3.2: pipelined requests that are not safe must not be processed
+  // in parallel), and never once the client is gone (Node destroys every queued request when
+  // the connection closes), so nothing more leaves with the rule's credentials.
+  if (!t.h2 && res.socket === null) {
+    const onSocket = () => {
+      req.off('close', onGone);
+      forward(core, req, res, t, rec, started);
+    };
+    const onGone = () => {
+      if (res.socket !== null) return;
+      res.off('socket', onSocket);
+      if (rec.status === 0) rec.status = 499;
+      rec.error = 'client closed the connection';
+      finishRecord(core, rec, started);
+    };
+    res.once('socket', onSocket);
+    req.once('close', onGone);
+    return;
+  }
   rec.rule = t.rule?.name ?? null;
   rec.injected = t.rule?.headerNames ?? [];
   const headers = upstreamRequestHeaders(t.h2?.fields ?? req.rawHeaders, { rule: t.rule });

@@ -146,9 +146,14 @@ class FastConnection {
     if (this.pending.length > this.limits.maxHeaderBytes) this.socket.pause();
   };
 
+  /**
+   * The client ended its side (RFC 9112 9.6: it may, once its last request is sent). Every
+   * request it completed before is still answered, in order (nextRequest ends the connection once
+   * none is left); a request cut short (a body, or a head in progress) never will be.
+   */
   private readonly onClientEnd = (): void => {
     this.clientEnded = true;
-    if (this.phase === 'idle') this.socket.end();
+    if (this.phase === 'idle') this.nextRequest();
     else if (this.bodyLeft > 0) this.socket.destroy(); // the body will never be complete
   };
 
@@ -185,11 +190,19 @@ class FastConnection {
   /** Parses the next request from `pending`, if a whole head is there. */
   private nextRequest(): void {
     if (this.pending.length === 0) {
+      // Half-closed by the client and every request it sent is answered: done.
+      if (this.clientEnded) return void this.socket.end();
       this.socket.setTimeout(this.limits.keepAliveTimeoutMs);
       return;
     }
     const head = parseRequestHead(this.pending, this.limits);
     if (head === 'incomplete') {
+      // The client ended its side in the middle of a head: it never completes.
+      if (this.clientEnded) {
+        this.phase = 'done';
+        this.pending = EMPTY;
+        return void this.socket.end();
+      }
       // Slow-loris guard: the head must be complete in time (the Node path's 408).
       this.headTimer ??= setTimeout(() => {
         this.core.events.emit('client_error', { client: this.t.client, code: 'ERR_HTTP_REQUEST_TIMEOUT', status: 408 });
@@ -246,6 +259,9 @@ class FastConnection {
     const bytes = this.pending;
     this.pending = EMPTY;
     this.o.fallback(s, bytes);
+    // The client's end was read here: the Node path's server must see it too, after these bytes,
+    // to answer them and then close (it listens for 'end', which a socket emits only once).
+    if (this.clientEnded && !s.destroyed) s.emit('end');
   }
 
   // ---- one exchange ---------------------------------------------------------------------------
@@ -445,7 +461,8 @@ class FastConnection {
     this.rec.status = r.status;
     this.up?.setTimeout(this.core.timeouts.bodyMs);
     const f = r.framing;
-    this.closeAfter = this.clientClose || this.clientEnded || f.kind === 'close' || this.core.draining() || this.bodyLeft > 0;
+    // A client that half-closed is not a reason to close: what it pipelined before is answered (nextRequest).
+    this.closeAfter = this.clientClose || f.kind === 'close' || this.core.draining() || this.bodyLeft > 0;
     let head = `HTTP/1.1 ${r.status} ${STATUS_CODES[r.status] ?? 'unknown'}\r\n`;
     const hs = filterRawResponseHeaders(r.rawHeaders, false);
     for (let i = 0; i < hs.length; i += 2) {
@@ -586,7 +603,7 @@ class FastConnection {
     this.core.events.emit('upstream_error', { host: this.t.host, reason: err.reason });
     this.rec.status = err.status;
     // A refusal found on the way (the egress policy after resolution: 403) closes, as every refusal does.
-    this.closeAfter = this.clientClose || this.clientEnded || this.core.draining() || this.bodyLeft > 0 || err.status < 500;
+    this.closeAfter = this.clientClose || this.core.draining() || this.bodyLeft > 0 || err.status < 500;
     this.socket.write(errorResponse(err, this.closeAfter), 'latin1');
     this.finish(err.reason);
     this.afterExchange();
