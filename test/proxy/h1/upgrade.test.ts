@@ -1,0 +1,120 @@
+/**
+ * WebSocket upgrades with hostile framing. Node's parser hands every byte after an upgrade
+ * request's head to the new protocol, whatever Content-Length or Transfer-Encoding the head
+ * announced; an origin reads those bytes as the announced body (and whatever follows them as
+ * the next request). Such a request is refused before anything reaches the origin.
+ */
+import net from 'node:net';
+import tls from 'node:tls';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createTestPki, type TestPki } from '../../helpers/pki.js';
+import { sleep } from '../hardening-helpers.js';
+import { HOST, INJECTED, startTestProxy, type TestProxy } from './fast-helpers.js';
+
+let pki: TestPki;
+let px: TestProxy;
+/** Bytes each origin connection received (TLS origin, then the plain one). */
+const tlsGot: string[] = [];
+const plainGot: string[] = [];
+let tlsOrigin: tls.Server;
+let plainOrigin: net.Server;
+
+function recorder(into: string[]) {
+  return (s: net.Socket) => {
+    const i = into.push('') - 1;
+    s.on('error', () => undefined);
+    s.on('data', (d: Buffer) => {
+      into[i] += d.toString('latin1');
+      if (!into[i].includes('\r\n\r\n') || s.writableEnded) return;
+      if (into[i].startsWith('GET /ws-coded ')) s.end('HTTP/1.1 403 Forbidden\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nno\r\n0\r\n\r\n');
+      else s.end('HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n');
+    });
+  };
+}
+
+beforeAll(async () => {
+  pki = await createTestPki([HOST]);
+  tlsOrigin = tls.createServer({ key: pki.keyPem, cert: pki.certPem }, recorder(tlsGot));
+  plainOrigin = net.createServer(recorder(plainGot));
+  await new Promise<void>((r) => tlsOrigin.listen(0, '127.0.0.1', () => r()));
+  await new Promise<void>((r) => plainOrigin.listen(0, '127.0.0.1', () => r()));
+  px = await startTestProxy(pki);
+  px.route((tlsOrigin.address() as net.AddressInfo).port);
+});
+
+afterAll(async () => {
+  await px?.close(500);
+  tlsOrigin?.close();
+  plainOrigin?.close();
+  expect(px.log()).not.toContain(INJECTED);
+});
+
+const upgrade = (target: string, host: string, extra: string, body: string) =>
+  `GET ${target} HTTP/1.1\r\nHost: ${host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n${extra}\r\n${body}`;
+
+/** Writes `data` on `s` and reads until it closes (or 2 s). */
+function exchange(s: net.Socket, data: string): Promise<string> {
+  return new Promise((resolve) => {
+    let text = '';
+    s.on('data', (d: Buffer) => (text += d.toString('latin1')));
+    s.on('error', () => undefined);
+    const timer = setTimeout(() => (s.destroy(), resolve(text)), 2000);
+    s.on('close', () => (clearTimeout(timer), resolve(text)));
+    s.write(data);
+  });
+}
+
+const SMUGGLED = 'GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n';
+const BODIES: [string, string, string][] = [
+  ['Content-Length', `Content-Length: ${SMUGGLED.length}\r\n`, SMUGGLED],
+  ['Transfer-Encoding: chunked', 'Transfer-Encoding: chunked\r\n', `${SMUGGLED.length.toString(16)}\r\n${SMUGGLED}\r\n0\r\n\r\n`],
+];
+
+describe('an upgrade request that announces a body', () => {
+  it.each(BODIES)('inside an intercepted tunnel (%s): 400, nothing reaches the origin', async (_name, extra, body) => {
+    const port = (tlsOrigin.address() as net.AddressInfo).port;
+    const before = tlsGot.join('').length;
+    const text = await exchange(await px.connect(port), upgrade('/ws', `${HOST}:${port}`, extra, body));
+    expect(text).toMatch(/^HTTP\/1\.1 400 /);
+    await sleep(50);
+    expect(tlsGot.join('').slice(before)).toBe('');
+  });
+
+  it.each(BODIES)('plain ws:// on the proxy port (%s): 400, nothing reaches the origin', async (_name, extra, body) => {
+    const port = (plainOrigin.address() as net.AddressInfo).port;
+    const before = plainGot.join('').length;
+    const s = net.connect(px.handle.port, '127.0.0.1');
+    await new Promise((r) => s.once('connect', r));
+    const text = await exchange(s, upgrade(`http://127.0.0.1:${port}/ws`, `127.0.0.1:${port}`, extra, body));
+    expect(text).toMatch(/^HTTP\/1\.1 400 /);
+    await sleep(50);
+    expect(plainGot.join('').slice(before)).toBe('');
+  });
+
+  it('control: `Content-Length: 0` and no body is an ordinary handshake, with the rule header injected', async () => {
+    const port = (tlsOrigin.address() as net.AddressInfo).port;
+    const before = tlsGot.length;
+    const text = await exchange(await px.connect(port), upgrade('/ws', `${HOST}:${port}`, 'Content-Length: 0\r\n', ''));
+    expect(text).toMatch(/^HTTP\/1\.1 101 /);
+    const got = tlsGot.slice(before).join('');
+    expect(got).toContain('GET /ws HTTP/1.1');
+    expect(got).toContain(`x-key: ${INJECTED}`);
+  });
+
+  it('control: a plain ws:// handshake without a body reaches the origin', async () => {
+    const port = (plainOrigin.address() as net.AddressInfo).port;
+    const before = plainGot.length;
+    const s = net.connect(px.handle.port, '127.0.0.1');
+    await new Promise((r) => s.once('connect', r));
+    const text = await exchange(s, upgrade(`http://127.0.0.1:${port}/ws`, `127.0.0.1:${port}`, '', ''));
+    expect(text).toMatch(/^HTTP\/1\.1 101 /);
+    expect(plainGot.slice(before).join('')).toContain('GET /ws HTTP/1.1');
+  });
+
+  it('an origin refusing the upgrade with a transfer coding the proxy cannot re-frame: 502, not its body as if plain', async () => {
+    const port = (tlsOrigin.address() as net.AddressInfo).port;
+    const text = await exchange(await px.connect(port), upgrade('/ws-coded', `${HOST}:${port}`, '', ''));
+    expect(text).toMatch(/^HTTP\/1\.1 502 /);
+    expect(text).toMatch(/Transfer-Encoding/);
+  });
+});
