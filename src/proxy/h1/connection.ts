@@ -199,6 +199,7 @@ class FastConnection {
     if (head === 'incomplete') {
       // The client ended its side in the middle of a head: it never completes.
       if (this.clientEnded) {
+        clearTimeout(this.headTimer);
         this.phase = 'done';
         this.pending = EMPTY;
         return void this.socket.end();
