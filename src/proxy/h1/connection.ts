@@ -6,7 +6,7 @@ import type { ProxyCore, RequestRecord, TunnelTarget } from '../context.js';
 import { errorResponse, ProxyError, upstreamError, writeRawError } from '../errors.js';
 import type { InterceptPlan, RequestFacts } from '../plan.js';
 import { finishRecord, newRecord, refusedPath } from '../record.js';
-import { filterRawResponseHeaders, upstreamRequestHeaders } from '../headers.js';
+import { filterRawResponseHeaders, relayedTrailerLines, upstreamRequestHeaders } from '../headers.js';
 import { headTimeout, idleCutsExchange, type ProxyLimits } from '../limits.js';
 import { chunkRelayed } from '../buffer-gc.js';
 import { ChunkedScanner } from './chunked.js';
@@ -104,6 +104,8 @@ class FastConnection {
   private resp: ResponseHead | undefined;
   private left = 0;
   private scanner: ChunkedScanner | undefined;
+  /** Trailer section bytes received and not relayed yet (see trailerPart). */
+  private trailer: Buffer = EMPTY;
   private upstreamReusable = true;
   private headersSent = false;
   private closeAfter = false;
@@ -285,6 +287,7 @@ class FastConnection {
     this.closeAfter = false;
     this.resp = undefined;
     this.scanner = undefined;
+    this.trailer = EMPTY;
     this.rbuf = EMPTY;
     this.socket.setTimeout(this.limits.idleTimeoutMs);
 
@@ -516,20 +519,43 @@ class FastConnection {
       case 'chunked': {
         const s = this.scanner!;
         const before = s.dataBytes;
+        const trailing = s.trailing;
         const end = s.scan(chunk);
         this.rec.bytes_out += s.dataBytes - before;
         if (end === -2) {
           this.broken(`upstream sent a malformed chunked body (${s.error})`);
           return undefined;
         }
-        if (end === -1 || end === chunk.length) return chunk;
-        this.upstreamReusable = false;
-        return chunk.subarray(0, end);
+        if (end >= 0 && end < chunk.length) this.upstreamReusable = false;
+        const upTo = end === -1 ? chunk.length : end;
+        // The trailer section is held (bounded by the scanner) and relayed filtered once complete.
+        const from = trailing ? 0 : s.trailerAt;
+        if (from >= 0) return this.trailerPart(chunk, from, upTo, s.done);
+        return upTo === chunk.length ? chunk : chunk.subarray(0, upTo);
       }
       case 'close':
         this.rec.bytes_out += chunk.length;
         return chunk;
     }
+  }
+
+  /**
+   * `chunk[from, upTo)` is trailer section: kept until it is complete (`done`), then relayed
+   * with the fields a trailer may not carry removed (hop-by-hop, framing, routing: headers.ts),
+   * the rest byte for byte. Returns what goes to the client now: `chunk` before `from`, then the
+   * filtered section once complete.
+   */
+  private trailerPart(chunk: Buffer, from: number, upTo: number, done: boolean): Buffer {
+    this.trailer = this.trailer.length ? Buffer.concat([this.trailer, chunk.subarray(from, upTo)]) : chunk.subarray(from, upTo);
+    const head = chunk.subarray(0, from);
+    if (!done) return head;
+    const section = this.trailer.toString('latin1');
+    this.trailer = EMPTY;
+    // `name: value CRLF ... CRLF`, or the final CRLF alone.
+    const lines = section.length > 2 ? section.slice(0, -4).split('\r\n') : [];
+    const kept = relayedTrailerLines(lines, this.resp!.rawHeaders);
+    if (kept.length === lines.length) return Buffer.concat([head, Buffer.from(section, 'latin1')]);
+    return Buffer.concat([head, Buffer.from(kept.map((l) => l + '\r\n').join('') + '\r\n', 'latin1')]);
   }
 
   private write(data: Buffer): void {

@@ -22,14 +22,26 @@ const ANSWERS: Record<string, string> = {
   noContentWithLength: 'HTTP/1.1 204 No Content\r\nContent-Length: 4\r\n\r\n',
   gzipChunked: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
   chunkedTwice: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
+  trailers:
+    'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: x-listed\r\nTrailer: X-Checksum\r\n\r\n5\r\nhello\r\n0\r\n' +
+    'X-Checksum: abc\r\nConnection: x-named\r\nKeep-Alive: timeout=1\r\nHost: evil.example\r\n' +
+    'Proxy-Authenticate: Basic\r\nX-Listed: 1\r\nX-Named: 2\r\nUpgrade: h2c\r\n\r\n',
+  // Framing fields and a line that is no field: undici (the Node path) fails the whole answer.
+  framingTrailers: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Checksum: abc\r\nTransfer-Encoding: chunked\r\nContent-Length: 99\r\nnot a field\r\n\r\n',
   twoFields: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
 };
 
 beforeAll(async () => {
   pki = await createTestPki([HOST]);
   o = await startScriptedOrigin(pki, (req, s: tls.TLSSocket) => {
+    const which = req.path.split('/')[2];
     if (req.path === '/next') s.write(`HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnext`);
-    else s.write(ANSWERS[req.path.split('/')[2]]);
+    else if (which === 'splitTrailers') {
+      // The trailer section in pieces, split inside the last chunk line and inside a field.
+      const all = ANSWERS.trailers;
+      const cuts = [all.indexOf('0\r\n') + 1, all.indexOf('Keep-Alive') + 4, all.indexOf('X-Named') + 2, all.length];
+      cuts.reduce((from, to, i) => (setTimeout(() => s.write(all.slice(from, to)), i * 20), to), 0);
+    } else s.write(ANSWERS[which]);
   });
   for (const name of ['fast', 'node'] as const) {
     proxies[name] = await startTestProxy(pki, { fastPath: name === 'fast' });
@@ -78,5 +90,34 @@ describe.each(['fast', 'node'] as const)('the %s exchange', (name) => {
     expect(first.status).toBe(502);
     expect(values(first.headers, 'proxy-status').join()).toMatch(/keygate/);
     expect(next.body.toString()).toBe('next');
+  });
+
+  it('trailers: hop-by-hop, framing and routing fields (and those Connection names) never reach the client; others may', async () => {
+    const { first, next } = await twoRequests(name, '/case/trailers');
+    expect(first.status).toBe(200);
+    expect(first.body.toString()).toBe('hello');
+    // The Node path relays no trailers to HTTP/1.1 clients; the fast path relays the allowed ones.
+    expect(first.trailers).toEqual(name === 'fast' ? ['X-Checksum: abc'] : []);
+    expect(next.body.toString()).toBe('next');
+  });
+
+  it('the same trailer section arriving in pieces: filtered the same', async () => {
+    const { first, next } = await twoRequests(name, '/case/splitTrailers');
+    expect([first.status, first.body.toString()]).toEqual([200, 'hello']);
+    expect(first.trailers).toEqual(name === 'fast' ? ['X-Checksum: abc'] : []);
+    expect(next.body.toString()).toBe('next');
+  });
+
+  it('trailers naming the framing, or not fields at all: never relayed (the Node path cuts the answer, the fast path drops them)', async () => {
+    const c = new Reader(await proxies[name].connect(o.port));
+    c.socket.write(request('GET', '/case/framingTrailers', `${HOST}:${o.port}`));
+    if (name === 'fast') {
+      const r = await c.next();
+      expect([r.body.toString(), r.trailers]).toEqual(['hello', ['X-Checksum: abc']]);
+    } else {
+      await expect(c.next()).rejects.toThrow(/connection ended/);
+      expect(c.pending.toString('latin1')).not.toMatch(/Content-Length: 99|not a field|\r\n0\r\n/);
+    }
+    c.socket.destroy();
   });
 });
