@@ -19,14 +19,24 @@ const plainGot: string[] = [];
 let tlsOrigin: tls.Server;
 let plainOrigin: net.Server;
 
-function recorder(into: string[]) {
+/** Whether each TLS origin connection is closed. */
+const tlsClosed: boolean[] = [];
+
+function recorder(into: string[], closed?: boolean[]) {
   return (s: net.Socket) => {
     const i = into.push('') - 1;
+    closed?.push(false);
+    s.on('close', () => closed && (closed[i] = true));
     s.on('error', () => undefined);
+    let answered = false;
     s.on('data', (d: Buffer) => {
       into[i] += d.toString('latin1');
-      if (!into[i].includes('\r\n\r\n') || s.writableEnded) return;
-      if (into[i].startsWith('GET /ws-coded ')) s.end('HTTP/1.1 403 Forbidden\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nno\r\n0\r\n\r\n');
+      if (answered || !into[i].includes('\r\n\r\n')) return;
+      answered = true;
+      if (into[i].startsWith('GET /ws-slow ')) {
+        // Answers late, and keeps the connection: it is the proxy's to close.
+        setTimeout(() => !s.destroyed && s.write('HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n'), 300);
+      } else if (into[i].startsWith('GET /ws-coded ')) s.end('HTTP/1.1 403 Forbidden\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nno\r\n0\r\n\r\n');
       else s.end('HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n');
     });
   };
@@ -34,7 +44,7 @@ function recorder(into: string[]) {
 
 beforeAll(async () => {
   pki = await createTestPki([HOST]);
-  tlsOrigin = tls.createServer({ key: pki.keyPem, cert: pki.certPem }, recorder(tlsGot));
+  tlsOrigin = tls.createServer({ key: pki.keyPem, cert: pki.certPem }, recorder(tlsGot, tlsClosed));
   plainOrigin = net.createServer(recorder(plainGot));
   await new Promise<void>((r) => tlsOrigin.listen(0, '127.0.0.1', () => r()));
   await new Promise<void>((r) => plainOrigin.listen(0, '127.0.0.1', () => r()));
@@ -116,5 +126,19 @@ describe('an upgrade request that announces a body', () => {
     const text = await exchange(await px.connect(port), upgrade('/ws-coded', `${HOST}:${port}`, '', ''));
     expect(text).toMatch(/^HTTP\/1\.1 502 /);
     expect(text).toMatch(/Transfer-Encoding/);
+  });
+
+  it('a client that leaves before the origin answers: the upstream connection is closed once the 101 comes, and the exchange recorded', async () => {
+    const port = (tlsOrigin.address() as net.AddressInfo).port;
+    const before = tlsGot.length;
+    const c = await px.connect(port);
+    c.write(upgrade('/ws-slow', `${HOST}:${port}`, '', ''));
+    await sleep(100);
+    c.destroy();
+    await sleep(800);
+    const mine = tlsGot.map((g, i) => [g, i] as const).filter(([g, i]) => i >= before && g.startsWith('GET /ws-slow '));
+    expect(mine).toHaveLength(1);
+    expect(tlsClosed[mine[0][1]]).toBe(true);
+    expect(px.records.some((r) => r.path === '/ws-slow')).toBe(true);
   });
 });
