@@ -4,6 +4,7 @@ import type { Duplex } from 'node:stream';
 import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore } from './context.js';
 import type { ForwardTarget } from './forward.js';
+import { afterEarlierAnswers } from './boundary.js';
 import { finishRecord, newRecord } from './record.js';
 import { malformed, ProxyError, upstreamError, writeRawError } from './errors.js';
 import { filterRawResponseHeaders, upstreamRequestHeaders } from './headers.js';
@@ -33,6 +34,11 @@ export function refuseUpgrade(core: ProxyCore, req: IncomingMessage, socket: Dup
  * client sends afterwards can reach the upstream unchecked.
  */
 export function relayUpgrade(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Buffer, t: UpgradeTarget): void {
+  afterEarlierAnswers(socket, () => relayInOrder(core, req, socket, head, t));
+}
+
+function relayInOrder(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Buffer, t: UpgradeTarget): void {
+  if (socket.destroyed) return;
   // Node's parser gives every byte after an upgrade request's head to the new protocol, whatever
   // body the head announces; the origin would read those bytes as that body (and what follows
   // them as another request, unchecked). A handshake has no body: one that announces one is refused.

@@ -13,6 +13,8 @@ import { HOST, INJECTED, startTestProxy, type TestProxy } from './fast-helpers.j
 
 let pki: TestPki;
 let px: TestProxy;
+/** The same with the fast path off: every request read by Node's parser. */
+let nodePx: TestProxy;
 /** Bytes each origin connection received (TLS origin, then the plain one). */
 const tlsGot: string[] = [];
 const plainGot: string[] = [];
@@ -33,7 +35,9 @@ function recorder(into: string[], closed?: boolean[]) {
       into[i] += d.toString('latin1');
       if (answered || !into[i].includes('\r\n\r\n')) return;
       answered = true;
-      if (into[i].startsWith('GET /ws-slow ')) {
+      if (into[i].startsWith('GET /slow ')) {
+        setTimeout(() => s.write('HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow'), 300);
+      } else if (into[i].startsWith('GET /ws-slow ')) {
         // Answers late, and keeps the connection: it is the proxy's to close.
         setTimeout(() => !s.destroyed && s.write('HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n'), 300);
       } else if (into[i].startsWith('GET /ws-coded ')) s.end('HTTP/1.1 403 Forbidden\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nno\r\n0\r\n\r\n');
@@ -50,13 +54,17 @@ beforeAll(async () => {
   await new Promise<void>((r) => plainOrigin.listen(0, '127.0.0.1', () => r()));
   px = await startTestProxy(pki);
   px.route((tlsOrigin.address() as net.AddressInfo).port);
+  nodePx = await startTestProxy(pki, { fastPath: false });
+  nodePx.route((tlsOrigin.address() as net.AddressInfo).port);
 });
 
 afterAll(async () => {
   await px?.close(500);
+  await nodePx?.close(500);
   tlsOrigin?.close();
   plainOrigin?.close();
   expect(px.log()).not.toContain(INJECTED);
+  expect(nodePx.log()).not.toContain(INJECTED);
 });
 
 const upgrade = (target: string, host: string, extra: string, body: string) =>
@@ -140,5 +148,45 @@ describe('an upgrade request that announces a body', () => {
     expect(mine).toHaveLength(1);
     expect(tlsClosed[mine[0][1]]).toBe(true);
     expect(px.records.some((r) => r.path === '/ws-slow')).toBe(true);
+  });
+});
+
+describe('answers in request order: an upgrade or a CONNECT pipelined behind a request still being answered', () => {
+  it.each([
+    ['fast path', () => px],
+    ['Node path', () => nodePx],
+  ])('%s: a WebSocket upgrade behind a slow GET: the GET’s answer first, then the 101', async (_name, p) => {
+    const port = (tlsOrigin.address() as net.AddressInfo).port;
+    const h = `${HOST}:${port}`;
+    const c = await p().connect(port);
+    let text = '';
+    c.on('data', (d: Buffer) => (text += d.toString('latin1')));
+    c.write(`GET /slow HTTP/1.1\r\nHost: ${h}\r\n\r\n` + upgrade('/ws', h, '', ''));
+    await sleep(1000);
+    c.destroy();
+    expect(text).toMatch(/^HTTP\/1\.1 200 OK\r\n[\s\S]*?\r\n\r\nslowHTTP\/1\.1 101 /);
+  });
+
+  it('a CONNECT behind a slow plain request: its answer first, then 200 Connection Established', async () => {
+    const slowPlain = net.createServer((s) => {
+      s.on('error', () => undefined);
+      s.once('data', () => setTimeout(() => s.write('HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow'), 300));
+    });
+    await new Promise<void>((r) => slowPlain.listen(0, '127.0.0.1', () => r()));
+    try {
+      const sp = (slowPlain.address() as net.AddressInfo).port;
+      const tp = (plainOrigin.address() as net.AddressInfo).port;
+      const s = net.connect(nodePx.handle.port, '127.0.0.1');
+      await new Promise((r) => s.once('connect', r));
+      let text = '';
+      s.on('data', (d: Buffer) => (text += d.toString('latin1')));
+      s.on('error', () => undefined);
+      s.write(`GET http://127.0.0.1:${sp}/slow HTTP/1.1\r\nHost: 127.0.0.1:${sp}\r\n\r\nCONNECT 127.0.0.1:${tp} HTTP/1.1\r\nHost: 127.0.0.1:${tp}\r\n\r\n`);
+      await sleep(1000);
+      s.destroy();
+      expect(text).toMatch(/^HTTP\/1\.1 200 OK\r\n[\s\S]*?\r\n\r\nslowHTTP\/1\.1 200 Connection Established\r\n/);
+    } finally {
+      slowPlain.close();
+    }
   });
 });
