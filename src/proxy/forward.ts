@@ -70,7 +70,8 @@ function trailerObject(given: (Buffer | string)[] | Record<string, string | stri
 /**
  * A response framing the proxy cannot re-frame faithfully: any Transfer-Encoding but exactly one
  * `chunked` (undici removes `chunked` and would relay a body still under `gzip`, say, as if it had
- * no coding). The fast path refuses the same (h1/head.ts, parseResponseHead).
+ * no coding). The fast path refuses the same (h1/head.ts, parseResponseHead). Only for an answer
+ * with a body: a HEAD, 204 or 304 may name the codings a GET's answer would have had.
  */
 function codingProblem(raw: Buffer[]): boolean {
   let count = 0;
@@ -200,7 +201,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         // second head, which fails the whole response.
         if (statusCode < 200) return true;
         rec.status = statusCode;
-        if (codingProblem(rawHeaders)) {
+        if (!bodiless(req.method, statusCode) && codingProblem(rawHeaders)) {
           // Finished first: undici reports the abort to onError at once, which would cut the answer.
           finished = true;
           res.off('close', onClose);

@@ -28,6 +28,8 @@ const ANSWERS: Record<string, string> = {
     'Proxy-Authenticate: Basic\r\nX-Listed: 1\r\nX-Named: 2\r\nUpgrade: h2c\r\n\r\n',
   // Framing fields and a line that is no field: undici (the Node path) fails the whole answer.
   framingTrailers: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Checksum: abc\r\nTransfer-Encoding: chunked\r\nContent-Length: 99\r\nnot a field\r\n\r\n',
+  headCoded: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nETag: "h"\r\n\r\n',
+  notModifiedCoded: 'HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: gzip, chunked\r\nETag: "v2"\r\n\r\n',
   twoFields: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
 };
 
@@ -55,10 +57,10 @@ afterAll(async () => {
   for (const p of Object.values(proxies)) expect(p.log()).not.toContain(INJECTED);
 });
 
-async function twoRequests(name: 'fast' | 'node', path: string) {
+async function twoRequests(name: 'fast' | 'node', path: string, method = 'GET') {
   const c = new Reader(await proxies[name].connect(o.port));
   const h = `${HOST}:${o.port}`;
-  const first = await c.exchange(request('GET', path, h));
+  const first = await c.exchange(request(method, path, h), method);
   const next = await c.exchange(request('GET', '/next', h));
   c.socket.destroy();
   return { first, next };
@@ -82,6 +84,17 @@ describe.each(['fast', 'node'] as const)('the %s exchange', (name) => {
   it('a 204 naming a length: relayed without a body, the connection goes on', async () => {
     const { first, next } = await twoRequests(name, '/case/noContentWithLength');
     expect(first.status).toBe(204);
+    expect(next.body.toString()).toBe('next');
+  });
+
+  it.each([
+    ['HEAD', 'headCoded', 200],
+    ['GET', 'notModifiedCoded', 304],
+  ])('%s answered without a body but naming a coding (%s): relayed, the connection goes on', async (method, which, status) => {
+    const { first, next } = await twoRequests(name, `/case/${which}`, method);
+    expect(first.status).toBe(status);
+    expect(values(first.headers, 'etag')).toHaveLength(1);
+    expect(values(first.headers, 'transfer-encoding')).toEqual([]);
     expect(next.body.toString()).toBe('next');
   });
 
