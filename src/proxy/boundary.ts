@@ -61,6 +61,30 @@ export function serverOptions(l: ProxyLimits): http.ServerOptions {
 }
 
 /**
+ * Runs `go` once every answer to an earlier request on this connection has been written: Node's
+ * server hands over a CONNECT or an upgrade as soon as it parses it, while the response to a
+ * request pipelined before it may still be on its way (or queued behind another). Answers go out
+ * in request order (RFC 9112 9.3.2), so the 200 of a CONNECT or an upgrade's 101 waits for them
+ * (writeRawError does the same for refusals). A connection whose earlier answer was cut is closed.
+ */
+export function afterEarlierAnswers(socket: Duplex, go: () => void): void {
+  const inFlight = (socket as { _httpMessage?: http.ServerResponse | null })._httpMessage;
+  if (!inFlight || inFlight.writableFinished || inFlight.destroyed) return go();
+  // 'close' follows 'finish' by a tick: Node has given the connection to the next queued answer by then.
+  inFlight.once('close', () => (inFlight.writableFinished ? afterEarlierAnswers(socket, go) : socket.destroy()));
+}
+
+/**
+ * A client may end its side of the connection once its last request is sent and still read
+ * every answer (RFC 9112 9.6). Node's server, by default, drops the requests it has read and
+ * closes on that end: they are answered instead, in order, and the connection closes after the
+ * last one (Node's `httpAllowHalfOpen`, not a constructor option).
+ */
+export function answerAfterHalfClose(server: http.Server): void {
+  (server as http.Server & { httpAllowHalfOpen: boolean }).httpAllowHalfOpen = true;
+}
+
+/**
  * Node's server answers an `Expect` other than `100-continue` with its own 417 and goes on
  * reading the connection (a request pipelined behind it was forwarded, credential included):
  * such a request is handed to the server's 'request' handler instead, where the plan step

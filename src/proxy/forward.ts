@@ -4,7 +4,7 @@ import type { CompiledRule, Decision } from '../rules/compile.js';
 import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore, RequestRecord } from './context.js';
 import { finishRecord } from './record.js';
-import { sendError, upstreamError, type ProxyError } from './errors.js';
+import { ProxyError, sendError, upstreamError } from './errors.js';
 import { filterRawResponseHeaders, filterResponseHeaderObject, upstreamRequestHeaders } from './headers.js';
 import { idleCutsExchange } from './limits.js';
 import { upstreamEnding } from './upstream.js';
@@ -67,6 +67,28 @@ function trailerObject(given: (Buffer | string)[] | Record<string, string | stri
   return out;
 }
 
+/**
+ * A response framing the proxy cannot re-frame faithfully: any Transfer-Encoding but exactly one
+ * `chunked` (undici removes `chunked` and would relay a body still under `gzip`, say, as if it had
+ * no coding). The fast path refuses the same (h1/head.ts, parseResponseHead). Only for an answer
+ * with a body: a HEAD, 204 or 304 may name the codings a GET's answer would have had.
+ */
+function codingProblem(raw: Buffer[]): boolean {
+  let count = 0;
+  let chunked = false;
+  for (let i = 0; i < raw.length; i += 2) {
+    if (raw[i].length !== 17 || raw[i].toString('latin1').toLowerCase() !== 'transfer-encoding') continue;
+    count++;
+    chunked = raw[i + 1].toString('latin1').trim().toLowerCase() === 'chunked';
+  }
+  return count > 1 || (count === 1 && !chunked);
+}
+
+/** Statuses whose answer has no body whatever its Content-Length says (RFC 9110 6.4.1). */
+function bodiless(method: string | undefined, status: number): boolean {
+  return method === 'HEAD' || status === 204 || status === 304;
+}
+
 const GRPC_STATUS_FIELDS = new Set(['grpc-status', 'grpc-message', 'grpc-status-details-bin']);
 
 /** Response headers without gRPC status fields, which go to the response's trailers. */
@@ -95,6 +117,28 @@ function moveGrpcStatus(headers: string[], res: ServerResponse): string[] {
  * flushed on their own otherwise, so server-sent events still reach the client as they are written.
  */
 export function forward(core: ProxyCore, req: IncomingMessage, res: ServerResponse, t: ForwardTarget, rec: RequestRecord, started: number): void {
+  // A request pipelined behind another on an HTTP/1.1 connection: Node's server reads it (and
+  // emits it) at once, but its response waits for the earlier ones (it gets the socket then).
+  // It goes upstream only then: one request at a time per client connection, in order, as the
+  // fast path does (RFC 9112 9.3.2: pipelined requests that are not safe must not be processed
+  // in parallel), and never once the client is gone (Node destroys every queued request when
+  // the connection closes), so nothing more leaves with the rule's credentials.
+  if (!t.h2 && res.socket === null) {
+    const onSocket = () => {
+      req.off('close', onGone);
+      forward(core, req, res, t, rec, started);
+    };
+    const onGone = () => {
+      if (res.socket !== null) return;
+      res.off('socket', onSocket);
+      if (rec.status === 0) rec.status = 499;
+      rec.error = 'client closed the connection';
+      finishRecord(core, rec, started);
+    };
+    res.once('socket', onSocket);
+    req.once('close', onGone);
+    return;
+  }
   rec.rule = t.rule?.name ?? null;
   rec.injected = t.rule?.headerNames ?? [];
   const headers = upstreamRequestHeaders(t.h2?.fields ?? req.rawHeaders, { rule: t.rule });
@@ -152,7 +196,20 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
       // undici (Parser.finish) that takes the whole process down.
       onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void) {
         if (clientGone || res.destroyed) return true;
+        // undici hands informational answers (103 Early Hints, 102) here too: they are not relayed
+        // (as on the fast path), the final answer follows. Written, it would make the final one a
+        // second head, which fails the whole response.
+        if (statusCode < 200) return true;
         rec.status = statusCode;
+        if (!bodiless(req.method, statusCode) && codingProblem(rawHeaders)) {
+          // Finished first: undici reports the abort to onError at once, which would cut the answer.
+          finished = true;
+          res.off('close', onClose);
+          abortUpstream?.(new Error('upstream framing not accepted'));
+          core.events.emit('upstream_error', { host: t.host, reason: 'transfer coding not accepted' });
+          refuse(core, res, rec, started, new ProxyError(502, 'http_protocol_error', `upstream ${t.host} sent an invalid response (upstream framing not accepted (Transfer-Encoding))`));
+          return true;
+        }
         if (core.draining()) res.shouldKeepAlive = false;
         let headers = responseHeaders(rawHeaders);
         // A gRPC "trailers-only" answer (grpc-status in a HEADERS frame that ends the stream)
@@ -163,9 +220,9 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
           res.writeHead(statusCode, headers);
         } catch {
           // An upstream header Node refuses to relay: report it instead of half a response.
-          abortUpstream?.(new Error('invalid upstream response header'));
           finished = true;
           res.off('close', onClose);
+          abortUpstream?.(new Error('invalid upstream response header'));
           refuse(core, res, rec, started, upstreamError({ code: 'INVALID_RESPONSE_HEADER' }, t.host));
           return true;
         }
@@ -204,6 +261,14 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         if (finished) return;
         if (clientGone) {
           done('client closed the connection');
+          return;
+        }
+        // undici holds a 304 (or 204, or an answer to HEAD) to its Content-Length and fails it
+        // when no body follows; such an answer has no body (a 304 names the representation's
+        // length, RFC 9110 8.6): it is complete. undici closes that connection, nothing is reused.
+        if ((err as NodeJS.ErrnoException).code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH' && bodiless(req.method, rec.status) && rec.bytes_out === 0 && !res.destroyed) {
+          res.end();
+          done();
           return;
         }
         if (res.headersSent || rec.status !== 0) {

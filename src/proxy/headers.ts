@@ -77,6 +77,33 @@ export function filterRawResponseHeaders(raw: string[], keepUpgrade: boolean): s
 }
 
 /**
+ * Fields that mean something only in a head: framing and routing (RFC 9110 6.5.1). In a trailer
+ * section a client that merges trailers into the head would take them for the message's own.
+ */
+const HEAD_ONLY = new Set(['content-length', 'host']);
+
+/**
+ * The lines of an HTTP/1.1 trailer section (`name: value`, CRLF-separated, without the final
+ * empty line) that may be relayed: not hop-by-hop, not named in the head's or the trailers'
+ * `Connection`, not head-only, and well formed (a line that is not a field is dropped). Lines
+ * are kept byte for byte.
+ */
+export function relayedTrailerLines(lines: string[], headFields: string[]): string[] {
+  const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+  const fields: string[] = [];
+  const kept: { line: string; lower: string }[] = [];
+  for (const line of lines) {
+    const colon = line.indexOf(':');
+    const name = line.slice(0, colon);
+    if (colon <= 0 || !TOKEN.test(name)) continue;
+    fields.push(name, line.slice(colon + 1));
+    kept.push({ line, lower: name.toLowerCase() });
+  }
+  const listed = connectionListed([...headFields, ...fields]);
+  return kept.filter((k) => !HOP_BY_HOP.has(k.lower) && !HEAD_ONLY.has(k.lower) && !listed?.has(k.lower)).map((k) => k.line);
+}
+
+/**
  * The same filter for a header object (undici's `request()` answers with one): used by the
  * deployment router, so that every hop in keygate drops the same hop-by-hop set.
  */

@@ -2,7 +2,7 @@ import type { Socket } from 'node:net';
 import tls from 'node:tls';
 import type { LeafMinter } from '../certs/leaf.js';
 import { formatAuthority } from '../rules/host.js';
-import type { DataPath } from './boundary.js';
+import { afterEarlierAnswers, type DataPath } from './boundary.js';
 import { internal, malformed, refused, writeRawError } from './errors.js';
 import { ALPN_PROTOCOLS, chooseExchange, type Exchanges } from './exchange.js';
 import { finishRecord, newRecord, refusedPath } from './record.js';
@@ -32,6 +32,9 @@ function firstChunk(socket: Socket, timeoutMs: number): Promise<Buffer | undefin
  * exchange.ts). Cleartext HTTP sent into the tunnel is refused like `http://` to a rule host.
  */
 export async function intercept(dp: DataPath, minter: LeafMinter, exchanges: Exchanges, client: Socket, head: Buffer, host: string, port: number, clientAddr: string): Promise<void> {
+  // The 200 only after the answers to requests pipelined before the CONNECT (boundary.ts).
+  await new Promise<void>((resolve) => afterEarlierAnswers(client, resolve));
+  if (client.destroyed) return;
   const { core } = dp;
   // The upstream handshake (for an origin with no connection open) overlaps the client's.
   core.upstream.prewarm(host, port);

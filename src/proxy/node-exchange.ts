@@ -2,7 +2,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import http from '../node-http.js';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
-import { checkExpectationsInPlan, factsOf, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';
+import { answerAfterHalfClose, checkExpectationsInPlan, factsOf, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';
 import { malformed, ProxyError } from './errors.js';
 import type { Exchange } from './exchange.js';
 import { forward, refuse } from './forward.js';
@@ -31,6 +31,7 @@ export function createNodeExchange(dp: DataPath): NodeExchange {
   inner.emit('listening');
   inner.on('connection', (s: Duplex) => boundary.follow(s));
   checkExpectationsInPlan(inner);
+  answerAfterHalfClose(inner);
 
   inner.on('request', (req: IncomingMessage, res: ServerResponse) => {
     const started = performance.now();

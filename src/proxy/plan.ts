@@ -64,6 +64,9 @@ const ABSOLUTE = /^([a-zA-Z][a-zA-Z0-9+.-]*):\/\/([^/?#]*)(.*)$/;
  * going over is visible here).
  */
 export function checkHead(req: RequestFacts, l: Pick<ProxyLimits, 'maxRequestLineBytes' | 'maxHeaderCount'>): ProxyError | undefined {
+  // HTTP/0.9 (Node's parser reads a request line without a version as one): no fields, no
+  // framing, an answer without a head; nothing a next hop reads the same way.
+  if (req.version !== 10 && req.version !== 11 && req.version !== 20) return malformed('only HTTP/1.0, HTTP/1.1 and HTTP/2 requests are accepted');
   const line = req.method.length + 1 + req.target.length + 9;
   if (line > l.maxRequestLineBytes) return uriTooLong(`request line longer than ${l.maxRequestLineBytes} bytes`);
   if (req.rawHeaders.length / 2 > l.maxHeaderCount) return tooLarge(`more than ${l.maxHeaderCount} header fields`);

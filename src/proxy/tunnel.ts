@@ -3,6 +3,7 @@ import type { Decision } from '../rules/compile.js';
 import type { ProxyCore, TunnelRecord } from './context.js';
 import { ProxyError, upstreamError, writeRawError } from './errors.js';
 import { accessLog } from './record.js';
+import { afterEarlierAnswers } from './boundary.js';
 import { chunkRelayed } from './buffer-gc.js';
 
 export const CONNECT_OK = 'HTTP/1.1 200 Connection Established\r\n\r\n';
@@ -13,6 +14,14 @@ export const CONNECT_OK = 'HTTP/1.1 200 Connection Established\r\n\r\n';
  * destination is a clear 502/504 instead of a dead tunnel.
  */
 export function openTunnel(core: ProxyCore, client: Socket, head: Buffer, target: TunnelTarget, track: (s: Socket) => void): void {
+  track(client);
+  // The 200 (and the tunnel) only after the answers to requests pipelined before the CONNECT.
+  afterEarlierAnswers(client, () => {
+    if (!client.destroyed) dialTunnel(core, client, head, target, track);
+  });
+}
+
+function dialTunnel(core: ProxyCore, client: Socket, head: Buffer, target: TunnelTarget, track: (s: Socket) => void): void {
   const started = performance.now();
   // Resolved and checked against the egress policy first; the socket then goes to exactly that
   // address. A refusal is answered before any connection is attempted.
@@ -42,7 +51,6 @@ export function openTunnel(core: ProxyCore, client: Socket, head: Buffer, target
       accessLog(core).warn(close, 'tunnel');
     },
   );
-  track(client);
 }
 
 /** Bytes a tunnel may queue towards a slow side before it stops reading the other side. */

@@ -4,8 +4,9 @@ import type { Duplex } from 'node:stream';
 import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore } from './context.js';
 import type { ForwardTarget } from './forward.js';
+import { afterEarlierAnswers } from './boundary.js';
 import { finishRecord, newRecord } from './record.js';
-import { ProxyError, upstreamError, writeRawError } from './errors.js';
+import { malformed, ProxyError, upstreamError, writeRawError } from './errors.js';
 import { filterRawResponseHeaders, upstreamRequestHeaders } from './headers.js';
 
 /** Where an upgrade goes: the same target a forwarded request has. */
@@ -33,6 +34,19 @@ export function refuseUpgrade(core: ProxyCore, req: IncomingMessage, socket: Dup
  * client sends afterwards can reach the upstream unchecked.
  */
 export function relayUpgrade(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Buffer, t: UpgradeTarget): void {
+  afterEarlierAnswers(socket, () => relayInOrder(core, req, socket, head, t));
+}
+
+function relayInOrder(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Buffer, t: UpgradeTarget): void {
+  if (socket.destroyed) return;
+  // Node's parser gives every byte after an upgrade request's head to the new protocol, whatever
+  // body the head announces; the origin would read those bytes as that body (and what follows
+  // them as another request, unchecked). A handshake has no body: one that announces one is refused.
+  const cl = req.headers['content-length'];
+  if (req.headers['transfer-encoding'] !== undefined || (cl !== undefined && cl !== '0')) {
+    refuseUpgrade(core, req, socket, t, t.logPath, malformed('an upgrade request carries no body'));
+    return;
+  }
   const started = performance.now();
   // Resolved and checked against the egress policy first; the connection then goes to exactly that address.
   core.upstream.dialAddress(t.host, t.port).then(
@@ -97,8 +111,19 @@ function relayTo(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Bu
   upReq.on('response', (res) => {
     settled = true;
     clearTimeout(timer);
+    // Framing is redone here: the body is relayed decoded and ends with the connection. A coding
+    // besides chunked would reach the client still applied, unannounced: refused, as by forward.ts.
+    const te = res.headers['transfer-encoding'];
+    if (te !== undefined && te.trim().toLowerCase() !== 'chunked') {
+      upReq.destroy();
+      const perr = new ProxyError(502, 'http_protocol_error', `upstream ${t.host} sent an invalid response (upstream framing not accepted (Transfer-Encoding))`);
+      rec.status = perr.status;
+      rec.error = perr.reason;
+      writeRawError(socket, perr);
+      finishRecord(core, rec, started);
+      return;
+    }
     rec.status = res.statusCode ?? 502;
-    // Framing is redone here: the body is relayed decoded and ends with the connection.
     const kept = filterRawResponseHeaders(res.rawHeaders, false);
     const pairs: string[] = [];
     for (let i = 0; i < kept.length; i += 2) if (kept[i].toLowerCase() !== 'content-length') pairs.push(kept[i], kept[i + 1]);

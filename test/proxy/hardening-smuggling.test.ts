@@ -84,6 +84,11 @@ const CASES: [string, string][] = [
   ['Transfer-Encoding with a trailing comma', 'POST {TARGET} HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: chunked,\r\n\r\n3\r\nabc\r\n0\r\n\r\n'],
   ['control byte in the request target', 'GET {TARGET}\x01 HTTP/1.1\r\nHost: {HOST}\r\n\r\n'],
   ['unknown HTTP version', 'GET {TARGET} HTTP/1.2\r\nHost: {HOST}\r\n\r\n'],
+  // HTTP/0.9 has no headers and no framing: Node's parser reads the request line alone as a request.
+  ['HTTP/0.9 request line (no version)', 'GET {TARGET}\r\n\r\n'],
+  ['HTTP/0.9 request line, then header lines', 'GET {TARGET}\r\nHost: {HOST}\r\n\r\n'],
+  ['HTTP/0.9 request line, then a request', 'GET {TARGET}\r\nGET {TARGET} HTTP/1.1\r\nHost: {HOST}\r\n\r\n'],
+  ['HTTP/0.9 asked for explicitly', 'GET {TARGET} HTTP/0.9\r\nHost: {HOST}\r\n\r\n'],
 ];
 
 describe.each([

@@ -86,6 +86,13 @@ describe('planIntercepted', () => {
     expect(refusal(planIntercepted(req('TRACE', `/${'a'.repeat(300)}`), t, config, limits)).status).toBe(414);
     expect(refusal(planIntercepted(req('TRACE', '/', ['Host', 'api.test', 'Transfer-Encoding', 'gzip']), t, config, limits)).status).toBe(400);
   });
+  it('refuses HTTP/0.9 (and any version but 1.0, 1.1 and 2) on every kind of request', () => {
+    expect(refusal(planIntercepted(req('GET', '/repos/a', [], 9), t, config, limits))).toEqual({ status: 400, code: 'KEYGATE_MALFORMED' });
+    expect(refusal(planIntercepted(req('GET', '/repos/a', ['Host', 'api.test'], 12), t, config, limits)).status).toBe(400);
+    expect(refusal(planPlain(req('GET', 'http://plain.test/', [], 9), config, limits, () => false)).status).toBe(400);
+    expect(refusal(connectTarget(req('CONNECT', 'plain.test:443', [], 9), limits)).status).toBe(400);
+    for (const version of [10, 11, 20]) expect(planIntercepted(req('GET', '/repos/a', ['Host', 'api.test'], version), t, config, limits)).not.toBeInstanceOf(ProxyError);
+  });
 });
 
 describe('planPlain', () => {

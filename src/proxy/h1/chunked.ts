@@ -45,6 +45,13 @@ export class ChunkedScanner {
   private trailerBytes = 0;
   /** Payload bytes seen (framing excluded). */
   dataBytes = 0;
+  /**
+   * Where the trailer section (trailer lines and the final CRLF) starts in the buffer of the last
+   * scan; -1 when it did not start there (not yet, or in an earlier buffer: see `trailing`).
+   */
+  trailerAt = -1;
+  /** The last chunk has been read: what follows is the trailer section. */
+  trailing = false;
   /** Set when the framing is broken; the sentence never quotes the body. */
   error: string | undefined;
 
@@ -58,6 +65,7 @@ export class ChunkedScanner {
    */
   scan(buf: Buffer, start = 0): number {
     if (this.error) return -2; // broken framing stays broken
+    this.trailerAt = -1;
     let i = start;
     const n = buf.length;
     while (i < n) {
@@ -91,6 +99,8 @@ export class ChunkedScanner {
           i++;
           if (this.size === 0) {
             this.state = S.TrailerStart;
+            this.trailing = true;
+            this.trailerAt = i;
           } else {
             this.left = this.size;
             this.state = S.Data;

@@ -6,7 +6,7 @@ import type { ProxyCore, RequestRecord, TunnelTarget } from '../context.js';
 import { errorResponse, ProxyError, upstreamError, writeRawError } from '../errors.js';
 import type { InterceptPlan, RequestFacts } from '../plan.js';
 import { finishRecord, newRecord, refusedPath } from '../record.js';
-import { filterRawResponseHeaders, upstreamRequestHeaders } from '../headers.js';
+import { filterRawResponseHeaders, relayedTrailerLines, upstreamRequestHeaders } from '../headers.js';
 import { headTimeout, idleCutsExchange, type ProxyLimits } from '../limits.js';
 import { chunkRelayed } from '../buffer-gc.js';
 import { ChunkedScanner } from './chunked.js';
@@ -104,6 +104,8 @@ class FastConnection {
   private resp: ResponseHead | undefined;
   private left = 0;
   private scanner: ChunkedScanner | undefined;
+  /** Trailer section bytes received and not relayed yet (see trailerPart). */
+  private trailer: Buffer = EMPTY;
   private upstreamReusable = true;
   private headersSent = false;
   private closeAfter = false;
@@ -146,9 +148,14 @@ class FastConnection {
     if (this.pending.length > this.limits.maxHeaderBytes) this.socket.pause();
   };
 
+  /**
+   * The client ended its side (RFC 9112 9.6: it may, once its last request is sent). Every
+   * request it completed before is still answered, in order (nextRequest ends the connection once
+   * none is left); a request cut short (a body, or a head in progress) never will be.
+   */
   private readonly onClientEnd = (): void => {
     this.clientEnded = true;
-    if (this.phase === 'idle') this.socket.end();
+    if (this.phase === 'idle') this.nextRequest();
     else if (this.bodyLeft > 0) this.socket.destroy(); // the body will never be complete
   };
 
@@ -185,11 +192,20 @@ class FastConnection {
   /** Parses the next request from `pending`, if a whole head is there. */
   private nextRequest(): void {
     if (this.pending.length === 0) {
+      // Half-closed by the client and every request it sent is answered: done.
+      if (this.clientEnded) return void this.socket.end();
       this.socket.setTimeout(this.limits.keepAliveTimeoutMs);
       return;
     }
     const head = parseRequestHead(this.pending, this.limits);
     if (head === 'incomplete') {
+      // The client ended its side in the middle of a head: it never completes.
+      if (this.clientEnded) {
+        clearTimeout(this.headTimer);
+        this.phase = 'done';
+        this.pending = EMPTY;
+        return void this.socket.end();
+      }
       // Slow-loris guard: the head must be complete in time (the Node path's 408).
       this.headTimer ??= setTimeout(() => {
         this.core.events.emit('client_error', { client: this.t.client, code: 'ERR_HTTP_REQUEST_TIMEOUT', status: 408 });
@@ -246,6 +262,9 @@ class FastConnection {
     const bytes = this.pending;
     this.pending = EMPTY;
     this.o.fallback(s, bytes);
+    // The client's end was read here: the Node path's server must see it too, after these bytes,
+    // to answer them and then close (it listens for 'end', which a socket emits only once).
+    if (this.clientEnded && !s.destroyed) s.emit('end');
   }
 
   // ---- one exchange ---------------------------------------------------------------------------
@@ -268,6 +287,7 @@ class FastConnection {
     this.closeAfter = false;
     this.resp = undefined;
     this.scanner = undefined;
+    this.trailer = EMPTY;
     this.rbuf = EMPTY;
     this.socket.setTimeout(this.limits.idleTimeoutMs);
 
@@ -445,7 +465,8 @@ class FastConnection {
     this.rec.status = r.status;
     this.up?.setTimeout(this.core.timeouts.bodyMs);
     const f = r.framing;
-    this.closeAfter = this.clientClose || this.clientEnded || f.kind === 'close' || this.core.draining() || this.bodyLeft > 0;
+    // A client that half-closed is not a reason to close: what it pipelined before is answered (nextRequest).
+    this.closeAfter = this.clientClose || f.kind === 'close' || this.core.draining() || this.bodyLeft > 0;
     let head = `HTTP/1.1 ${r.status} ${STATUS_CODES[r.status] ?? 'unknown'}\r\n`;
     const hs = filterRawResponseHeaders(r.rawHeaders, false);
     for (let i = 0; i < hs.length; i += 2) {
@@ -498,20 +519,43 @@ class FastConnection {
       case 'chunked': {
         const s = this.scanner!;
         const before = s.dataBytes;
+        const trailing = s.trailing;
         const end = s.scan(chunk);
         this.rec.bytes_out += s.dataBytes - before;
         if (end === -2) {
           this.broken(`upstream sent a malformed chunked body (${s.error})`);
           return undefined;
         }
-        if (end === -1 || end === chunk.length) return chunk;
-        this.upstreamReusable = false;
-        return chunk.subarray(0, end);
+        if (end >= 0 && end < chunk.length) this.upstreamReusable = false;
+        const upTo = end === -1 ? chunk.length : end;
+        // The trailer section is held (bounded by the scanner) and relayed filtered once complete.
+        const from = trailing ? 0 : s.trailerAt;
+        if (from >= 0) return this.trailerPart(chunk, from, upTo, s.done);
+        return upTo === chunk.length ? chunk : chunk.subarray(0, upTo);
       }
       case 'close':
         this.rec.bytes_out += chunk.length;
         return chunk;
     }
+  }
+
+  /**
+   * `chunk[from, upTo)` is trailer section: kept until it is complete (`done`), then relayed
+   * with the fields a trailer may not carry removed (hop-by-hop, framing, routing: headers.ts),
+   * the rest byte for byte. Returns what goes to the client now: `chunk` before `from`, then the
+   * filtered section once complete.
+   */
+  private trailerPart(chunk: Buffer, from: number, upTo: number, done: boolean): Buffer {
+    this.trailer = this.trailer.length ? Buffer.concat([this.trailer, chunk.subarray(from, upTo)]) : chunk.subarray(from, upTo);
+    const head = chunk.subarray(0, from);
+    if (!done) return head;
+    const section = this.trailer.toString('latin1');
+    this.trailer = EMPTY;
+    // `name: value CRLF ... CRLF`, or the final CRLF alone.
+    const lines = section.length > 2 ? section.slice(0, -4).split('\r\n') : [];
+    const kept = relayedTrailerLines(lines, this.resp!.rawHeaders);
+    if (kept.length === lines.length) return Buffer.concat([head, Buffer.from(section, 'latin1')]);
+    return Buffer.concat([head, Buffer.from(kept.map((l) => l + '\r\n').join('') + '\r\n', 'latin1')]);
   }
 
   private write(data: Buffer): void {
@@ -586,7 +630,7 @@ class FastConnection {
     this.core.events.emit('upstream_error', { host: this.t.host, reason: err.reason });
     this.rec.status = err.status;
     // A refusal found on the way (the egress policy after resolution: 403) closes, as every refusal does.
-    this.closeAfter = this.clientClose || this.clientEnded || this.core.draining() || this.bodyLeft > 0 || err.status < 500;
+    this.closeAfter = this.clientClose || this.core.draining() || this.bodyLeft > 0 || err.status < 500;
     this.socket.write(errorResponse(err, this.closeAfter), 'latin1');
     this.finish(err.reason);
     this.afterExchange();

@@ -271,7 +271,10 @@ export function parseResponseHead(buf: Buffer, method: string, maxHeaderBytes: n
   if (http10 && !keepAlive) close = true;
   // Before the 1xx return: Node's parser refuses these in any response, 1xx included.
   if (lengths > 1) return { error: 'conflicting upstream Content-Length' };
-  if (tes > 0 && (tes > 1 || lengths > 0 || te!.toLowerCase() !== 'chunked')) return { error: 'upstream framing not accepted (Transfer-Encoding)' };
+  // A coding other than chunked cannot be re-framed, unless there is no body at all (HEAD, 204,
+  // 304: RFC 9112 6.1 lets such an answer name the codings a GET's would have had).
+  const bodiless = method === 'HEAD' || status === 204 || status === 304;
+  if (tes > 0 && (lengths > 0 || (!bodiless && (tes > 1 || te!.toLowerCase() !== 'chunked')))) return { error: 'upstream framing not accepted (Transfer-Encoding)' };
   // RFC 9112 6.1: Transfer-Encoding in an HTTP/1.0 message is faulty framing.
   if (tes > 0 && http10) return { error: 'upstream framing not accepted (Transfer-Encoding in HTTP/1.0)' };
   if (status < 200) {

@@ -690,6 +690,18 @@ describe('parseResponseHead: framing', () => {
     expect(resHead(res(crlf('HTTP/1.1 200 OK', 'content-length: \t 0042  '))).framing).toEqual({ kind: 'length', length: 42 });
   });
 
+  it('an answer without a body (HEAD, 204, 304) may name any coding; Content-Length with it is still an error', () => {
+    for (const [status, method] of [['200 OK', 'HEAD'], ['204 No Content', 'GET'], ['304 Not Modified', 'GET']]) {
+      for (const te of [['Transfer-Encoding: gzip, chunked'], ['Transfer-Encoding: gzip', 'Transfer-Encoding: chunked']]) {
+        const h = resHead(res(crlf(`HTTP/1.1 ${status}`, ...te), method), `${method} ${status} ${te.join()}`);
+        expect([h.framing, h.reusable]).toEqual([{ kind: 'none' }, true]);
+        expectNodeAgrees(crlf(`HTTP/1.1 ${status}`, ...te), method);
+      }
+      expect(res(crlf(`HTTP/1.1 ${status}`, 'Transfer-Encoding: chunked', 'Content-Length: 5'), method)).toHaveProperty('error');
+    }
+    expect(res(crlf('HTTP/1.1 200 OK', 'Transfer-Encoding: gzip, chunked'), 'GET')).toHaveProperty('error');
+  });
+
   it('Transfer-Encoding: chunked (any case, OWS trimmed): chunked framing', () => {
     for (const v of ['chunked', 'Chunked', 'CHUNKED', ' chunked  ', '\tchunked']) {
       const s = crlf('HTTP/1.1 200 OK', `Transfer-Encoding:${v}`);
