@@ -162,6 +162,12 @@ export function upstreamError(err: unknown, host: string): ProxyError {
   if (code.startsWith('ERR_SSL') || code.startsWith('ERR_TLS') || code === 'EPROTO') {
     return new ProxyError(502, 'tls_protocol_error', `TLS handshake with ${host} failed (${code})`);
   }
+  // undici's parser (llhttp) refusing the answer: the same failure the fast path reports as
+  // http_protocol_error. Its errors carry an HPE_ code, or none at all (then only their name
+  // says what they are); the bytes they quote (`data`) are the origin's and stay out of the reason.
+  if (code.startsWith('HPE_') || (err as { name?: unknown } | undefined)?.name === 'HTTPParserError' || code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH') {
+    return new ProxyError(502, 'http_protocol_error', `upstream ${host} sent an invalid response (${code === 'UNKNOWN' ? 'not HTTP' : code})`);
+  }
   switch (code) {
     case 'ECONNREFUSED':
       return new ProxyError(502, 'connection_refused', `upstream ${host} refused the connection`);

@@ -31,6 +31,9 @@ const ANSWERS: Record<string, string> = {
   headCoded: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nETag: "h"\r\n\r\n',
   notModifiedCoded: 'HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: gzip, chunked\r\nETag: "v2"\r\n\r\n',
   twoFields: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
+  // Not HTTP: a header line without a colon, and a status line that is not one.
+  noColon: 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\nthis is not a field\r\n\r\nok',
+  badStatus: 'HTTP/1.1 abc\r\nContent-Length: 2\r\n\r\nok',
 };
 
 beforeAll(async () => {
@@ -95,6 +98,14 @@ describe.each(['fast', 'node'] as const)('the %s exchange', (name) => {
     expect(first.status).toBe(status);
     expect(values(first.headers, 'etag')).toHaveLength(1);
     expect(values(first.headers, 'transfer-encoding')).toEqual([]);
+    expect(next.body.toString()).toBe('next');
+  });
+
+  it.each(['noColon', 'badStatus'])('%s: an answer that does not parse is 502 "sent an invalid response", coded http_protocol_error', async (which) => {
+    const { first, next } = await twoRequests(name, `/case/${which}`);
+    expect(first.status).toBe(502);
+    expect(first.body.toString()).toMatch(/sent an invalid response/);
+    expect(values(first.headers, 'proxy-status').join()).toMatch(/keygate; error=http_protocol_error/);
     expect(next.body.toString()).toBe('next');
   });
 
