@@ -3,7 +3,7 @@ import { copyFileSync, constants as fsc, mkdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { hashApiKey } from '../server/auth.js';
 import type { ServerContext } from '../server/context.js';
-import { BuildError, DeployError, type RuntimeDriver } from './drivers/types.js';
+import { BuildError, DeployError, failureReason, type RuntimeDriver } from './drivers/types.js';
 import { LogStore, makeRedactor } from './logs.js';
 import { FrontRouter } from './router.js';
 import { recoveryAction } from './state.js';
@@ -172,8 +172,6 @@ export class ControlPlaneManager {
     const dep = await this.store.getDeploymentById(depId);
     if (!dep) return;
     const driver = this.driverFor(rev.source);
-    const blog = (level: 'info' | 'warn' | 'error', line: string) => this.log(depId, rev.id, 'build', level, line);
-    const dlog = (level: 'info' | 'warn' | 'error', line: string) => this.log(depId, rev.id, 'deploy', level, line);
     let secrets: Record<string, string>;
     try {
       secrets = this.secretsOf(rev);
@@ -182,8 +180,11 @@ export class ControlPlaneManager {
       await this.store.setRevisionStatus(rev.id, 'BUILD_FAILED', 'the deployment secrets cannot be decrypted with the current master key');
       return;
     }
+    // Every line written for this revision goes through the redactor: the app's output, the
+    // replica set's events (restart failures quote errors) and our own messages alike.
     const redact = makeRedactor(Object.values(secrets));
-    const bsafe = (level: 'info' | 'warn' | 'error', line: string) => blog(level, redact(line));
+    const bsafe = (level: 'info' | 'warn' | 'error', line: string) => this.log(depId, rev.id, 'build', level, redact(line));
+    const dlog = (level: 'info' | 'warn' | 'error', line: string) => this.log(depId, rev.id, 'deploy', level, redact(line));
 
     const release = await this.builds.acquire();
     let artifact: string;
@@ -206,7 +207,7 @@ export class ControlPlaneManager {
       bsafe('info', 'build succeeded');
     } catch (err) {
       if (rt.deleting || this.closing) return; // the restart or the delete decides what happens to it
-      const msg = err instanceof BuildError ? err.message : `build failed: ${(err as Error).message.split('\n')[0]}`;
+      const msg = failureReason(err);
       bsafe('error', `build failed: ${msg}`);
       await this.store.setRevisionStatus(rev.id, 'BUILD_FAILED', redact(msg));
       return;
@@ -238,9 +239,9 @@ export class ControlPlaneManager {
     } catch (err) {
       rt.pending = null;
       if (rt.deleting || this.closing) return;
-      const msg = err instanceof DeployError ? err.message : `deploy failed: ${(err as Error).message.split('\n')[0]}`;
+      const msg = err instanceof DeployError ? err.message : `deploy failed: ${failureReason(err)}`;
       const serving = rt.router.activeSet?.revisionId;
-      dlog('error', `deploy failed: ${redact(msg)}; ${serving ? `revision ${serving} keeps serving` : 'nothing is serving: no revision of this deployment is deployed'}`);
+      dlog('error', `deploy failed: ${msg}; ${serving ? `revision ${serving} keeps serving` : 'nothing is serving: no revision of this deployment is deployed'}`);
       await this.store.setRevisionStatus(rev.id, 'DEPLOY_FAILED', redact(msg));
       return;
     }
@@ -316,11 +317,12 @@ export class ControlPlaneManager {
         this.log(dep.id, active.id, 'deploy', 'error', 'cannot restore: the secrets cannot be decrypted with the current master key');
       }
       const artifact = active.source === 'internal_source' ? path.join(revisionDir(this.ctx.dataDir, dep.id, active.id), 'app') : (JSON.parse(active.source_revision_config).image_uri as string);
-      const dlog = (level: 'info' | 'warn' | 'error', line: string) => this.log(dep.id, active.id, 'deploy', level, line);
+      const redact = makeRedactor(Object.values(secrets));
+      const dlog = (level: 'info' | 'warn' | 'error', line: string) => this.log(dep.id, active.id, 'deploy', level, redact(line));
       const set = new ReplicaSet({
         driver,
         count: dep.deployment_type === 'prod' ? 2 : 1,
-        spec: { deploymentId: dep.id, revisionId: active.id, artifact, env: secrets, apiKey: `kgi_${randomBytes(24).toString('base64url')}`, log: dlog, startTimeoutMs: this.cfg.deployTimeoutMs, redact: makeRedactor(Object.values(secrets)) },
+        spec: { deploymentId: dep.id, revisionId: active.id, artifact, env: secrets, apiKey: `kgi_${randomBytes(24).toString('base64url')}`, log: dlog, startTimeoutMs: this.cfg.deployTimeoutMs, redact },
         event: dlog,
       });
       dlog('info', `restoring revision ${active.id} after a server restart`);
@@ -332,7 +334,7 @@ export class ControlPlaneManager {
         else router.setActive(set);
       } catch (err) {
         rt.pending = null;
-        dlog('error', `could not restore revision ${active.id}: ${(err as Error).message}`);
+        dlog('error', `could not restore revision ${active.id}: ${failureReason(err)}`);
       }
     }
     this.kick(dep.id);

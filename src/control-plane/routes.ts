@@ -86,6 +86,9 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
     secrets.forEach((s, i) => {
       if (seen.has(s.name)) issues.push({ loc: [...base, i, 'name'], msg: `Secret ${s.name} is given more than once`, type: 'value_error' });
       if (RESERVED_SECRET_NAME.test(s.name)) issues.push({ loc: [...base, i, 'name'], msg: `Secret name ${s.name} is reserved by the runtime`, type: 'value_error' });
+      // A secret becomes an environment variable of the app, and no environment can carry a NUL:
+      // refused here, with its place and never its value, instead of failing every start later.
+      if (s.value.includes('\u0000')) issues.push({ loc: [...base, i, 'value'], msg: `Secret ${s.name}: a value cannot contain a NUL character (environment variables cannot carry one)`, type: 'value_error' });
       seen.add(s.name);
     });
     if (issues.length) throw new HttpValidationError(issues);
