@@ -1,0 +1,44 @@
+// The CLI never prints a value it read from a file that holds secrets, even when the file is broken:
+// the real `keygate` binary, real files.
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { runCli } from '../helpers/cli.js';
+
+const dirs: string[] = [];
+const tmp = () => {
+  const d = mkdtempSync(path.join(os.tmpdir(), 'kg-cli-leaks-'));
+  dirs.push(d);
+  return d;
+};
+afterAll(() => dirs.forEach((d) => rmSync(d, { recursive: true, force: true })));
+
+/** A port nothing listens on: the commands below must fail before they talk to a server. */
+async function closedPort(): Promise<number> {
+  const srv = net.createServer();
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  const port = (srv.address() as net.AddressInfo).port;
+  await new Promise((r) => srv.close(r));
+  return port;
+}
+
+describe('keygate sandbox create --proxy-config with a broken file', () => {
+  it('says where the JSON breaks, never the text around it (an opaque value)', async () => {
+    const cwd = tmp();
+    const opaque = 'Zq9-never-printed-' + 'e5'.repeat(10);
+    const file = path.join(cwd, 'proxy.json');
+    // The value in single quotes, a common slip: V8's message quotes the text around the error.
+    writeFileSync(file, `{"rules":[{"name":"gh","match_hosts":["api.github.com"],"headers":[{"name":"Authorization","type":"opaque","value":'${opaque}'}]}]}`);
+    const port = await closedPort();
+    const r = runCli(['sandbox', 'create', 'b1', '--template', 'host', '--proxy-config', file], {
+      cwd,
+      env: { KEYGATE_API_KEY: 'kg_cli_leak_test_key', KEYGATE_URL: `http://127.0.0.1:${port}` },
+    });
+    expect(r.status).not.toBe(0);
+    expect(r.stderr).toMatch(/proxy\.json is not valid JSON \((line 1, column \d+|syntax error)\)/);
+    expect(r.stderr + r.stdout).not.toContain('Zq9');
+    expect(r.stderr).not.toContain('cannot reach');
+  });
+});
