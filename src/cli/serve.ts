@@ -10,6 +10,7 @@ import { CliError } from './errors.js';
 import { releaseOptimizer } from './v8-flags.js';
 import { parseListen } from './listen.js';
 import { untilShutdown } from './shutdown.js';
+import { loggableMessage } from '../server/errors.js';
 
 const HELP = `usage: keygate serve [--listen HOST:PORT] [--data DIR] [--config-dir DIR] [--sandbox-driver local|docker|none]
        keygate serve keys create [--workspace NAME] [--user NAME] [--name LABEL] [--data DIR]
@@ -124,7 +125,7 @@ export async function run(argv: string[]): Promise<number> {
   try {
     await server.close();
   } catch (err) {
-    logger.error({ err: { message: (err as Error).message } }, 'error during shutdown');
+    logger.error({ err: { message: loggableMessage(err) } }, 'error during shutdown');
   }
   return 0;
 }

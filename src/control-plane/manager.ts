@@ -10,6 +10,7 @@ import { recoveryAction } from './state.js';
 import type { ControlPlaneStore } from './store.js';
 import { ReplicaSet } from './supervisor.js';
 import type { DeploymentRow, LogType, RevisionRow, Source } from './types.js';
+import { loggableMessage } from '../server/errors.js';
 
 export interface ManagerConfig {
   host: string;
@@ -153,7 +154,7 @@ export class ControlPlaneManager {
         await this.runRevision(depId, next, rt);
       } catch (err) {
         // A bug or the database going away: never leave the worker wedged.
-        this.ctx.logger.error({ deployment_id: depId, revision_id: next.id, err: { message: (err as Error).message } }, 'revision worker failed');
+        this.ctx.logger.error({ deployment_id: depId, revision_id: next.id, err: { message: loggableMessage(err) } }, 'revision worker failed');
         if (!this.closing && !rt.deleting) {
           await this.store.setRevisionStatus(next.id, 'DEPLOY_FAILED', 'internal error while deploying').catch(() => undefined);
         }
@@ -272,7 +273,7 @@ export class ControlPlaneManager {
       try {
         await driver.reapOrphans?.(this.cfg.stopGraceMs);
       } catch (err) {
-        this.ctx.logger.error({ driver: driver.name, err: { message: (err as Error).message } }, 'could not stop replicas left by a previous server');
+        this.ctx.logger.error({ driver: driver.name, err: { message: loggableMessage(err) } }, 'could not stop replicas left by a previous server');
       }
     }
     for (const dep of await this.store.allDeployments()) {
@@ -280,7 +281,7 @@ export class ControlPlaneManager {
       try {
         await this.restoreOne(dep);
       } catch (err) {
-        this.ctx.logger.error({ deployment_id: dep.id, err: { message: (err as Error).message } }, 'could not restore deployment');
+        this.ctx.logger.error({ deployment_id: dep.id, err: { message: loggableMessage(err) } }, 'could not restore deployment');
       }
     }
   }

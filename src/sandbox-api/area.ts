@@ -15,6 +15,7 @@ import { openWorkspaceSecrets } from './secrets.js';
 import { SandboxService } from './service.js';
 import { SandboxStore } from './storage.js';
 import { loadTemplates } from './templates.js';
+import { loggableMessage } from '../server/errors.js';
 
 export interface SandboxAreaOptions {
   /** `host:port` -> address pins for every sandbox proxy's upstream connections. */
@@ -141,7 +142,7 @@ export function createSandboxArea(opts: SandboxAreaOptions = {}): Area {
         const file = secretsFilePath(ctx.dataDir);
         const onChange = (cur: Stats, prev: Stats) => {
           if (cur.mtimeMs === prev.mtimeMs && cur.ino === prev.ino && cur.size === prev.size) return;
-          service.secretsFileChanged().catch((err: Error) => ctx.logger.error({ err: { message: err.message } }, 're-applying sandbox configurations failed'));
+          service.secretsFileChanged().catch((err: Error) => ctx.logger.error({ err: { message: loggableMessage(err) } }, 're-applying sandbox configurations failed'));
         };
         app.addHook('onReady', async () => {
           watchFile(file, { interval: SECRETS_POLL_MS, persistent: false }, onChange);

@@ -8,7 +8,7 @@ import { loadKeyring } from '../secrets/keyring.js';
 import { openDb, type Db } from '../store/db.js';
 import { apiKeyAuthenticator, authenticate, bootstrapAuth, type Authenticator } from './auth.js';
 import type { ServerContext } from './context.js';
-import { errorResponse, HttpValidationError, unavailable } from './errors.js';
+import { errorResponse, HttpValidationError, loggableMessage, unavailable } from './errors.js';
 import { lingerIfUnread, onClientError } from './http-errors.js';
 import { registerOpenApi } from './openapi.js';
 import type { Area } from './area.js';
@@ -125,9 +125,9 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
 
   app.setErrorHandler((err: FastifyError, req, reply) => {
     const r = errorResponse(err);
-    // Log the error class, code and message only for our own failures: messages are ours and
-    // never carry secret values; client mistakes are not worth a log line.
-    if (r.internal) req.log.error({ err: { type: err.name, message: err.message, code: err.code ?? r.code } }, 'request failed');
+    // Log the error class, code and message only for our own failures (client mistakes are not
+    // worth a log line); a message that quotes a value (Node's argument checks) loses the quote.
+    if (r.internal) req.log.error({ err: { type: err.name, message: loggableMessage(err), code: err.code ?? r.code } }, 'request failed');
     if (r.headers) void reply.headers(r.headers);
     return reply.status(r.status).send(r.body);
   });
