@@ -57,6 +57,15 @@ export function revisionDir(dataDir: string, depId: string, revId: string): stri
 }
 
 /**
+ * The key the front router sends to a replica (its X-Api-Key). The app can read it (from
+ * /proc/self/environ, though the runtime hides it from process.env), so it is redacted from the
+ * revision's logs like the deployment's secrets.
+ */
+function replicaApiKey(): string {
+  return `kgi_${randomBytes(24).toString('base64url')}`;
+}
+
+/**
  * Runs what the database describes: one front router per deployment, one worker per deployment
  * walking its queued revisions through build and deploy, the replica sets, restore after a restart.
  */
@@ -183,7 +192,8 @@ export class ControlPlaneManager {
     }
     // Every line written for this revision goes through the redactor: the app's output, the
     // replica set's events (restart failures quote errors) and our own messages alike.
-    const redact = makeRedactor(Object.values(secrets));
+    const apiKey = replicaApiKey();
+    const redact = makeRedactor([...Object.values(secrets), apiKey]);
     const bsafe = (level: 'info' | 'warn' | 'error', line: string) => this.log(depId, rev.id, 'build', level, redact(line));
     const dlog = (level: 'info' | 'warn' | 'error', line: string) => this.log(depId, rev.id, 'deploy', level, redact(line));
 
@@ -227,7 +237,7 @@ export class ControlPlaneManager {
         revisionId: rev.id,
         artifact,
         env: secrets,
-        apiKey: `kgi_${randomBytes(24).toString('base64url')}`,
+        apiKey,
         log: (level, line) => dlog(level, line),
         startTimeoutMs: this.cfg.deployTimeoutMs,
         redact,
@@ -318,12 +328,13 @@ export class ControlPlaneManager {
         this.log(dep.id, active.id, 'deploy', 'error', 'cannot restore: the secrets cannot be decrypted with the current master key');
       }
       const artifact = active.source === 'internal_source' ? path.join(revisionDir(this.ctx.dataDir, dep.id, active.id), 'app') : (JSON.parse(active.source_revision_config).image_uri as string);
-      const redact = makeRedactor(Object.values(secrets));
+      const apiKey = replicaApiKey();
+      const redact = makeRedactor([...Object.values(secrets), apiKey]);
       const dlog = (level: 'info' | 'warn' | 'error', line: string) => this.log(dep.id, active.id, 'deploy', level, redact(line));
       const set = new ReplicaSet({
         driver,
         count: dep.deployment_type === 'prod' ? 2 : 1,
-        spec: { deploymentId: dep.id, revisionId: active.id, artifact, env: secrets, apiKey: `kgi_${randomBytes(24).toString('base64url')}`, log: dlog, startTimeoutMs: this.cfg.deployTimeoutMs, redact },
+        spec: { deploymentId: dep.id, revisionId: active.id, artifact, env: secrets, apiKey, log: dlog, startTimeoutMs: this.cfg.deployTimeoutMs, redact },
         event: dlog,
       });
       dlog('info', `restoring revision ${active.id} after a server restart`);

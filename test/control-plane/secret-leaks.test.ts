@@ -110,6 +110,26 @@ describe('deployment secrets never leak (SQLite, local driver)', () => {
     expect((await a.call('DELETE', `/v2/deployments/${created.body.id}`)).status).toBe(204);
   });
 
+  it("keeps the replica's own API key (the router's credential to it) out of the deploy log, even when the app prints its whole environment", async () => {
+    const agent = readFileSync(path.join(echoVariant(), 'src/agent.js'), 'utf8');
+    // The runtime deletes KEYGATE_API_KEY from process.env before the app loads; /proc still has it.
+    const nosy = echoVariant({ 'src/agent.js': `import { readFileSync } from 'node:fs';\nconsole.log('environ: ' + readFileSync('/proc/self/environ', 'latin1').split('\\0').join(' '));\n${agent}` });
+    const up = await a.upload(await packDir(nosy));
+    const created = await a.call('POST', '/v2/deployments', { name: 'nosy', source: 'internal_source', source_revision_config: { source_tarball_path: up.body.source_tarball_path } });
+    expect(created.status, created.text).toBe(201);
+    expect((await waitRevision(a, created.body.id, created.body.latest_revision_id)).status).toBe('DEPLOYED');
+    let text = '';
+    const deadline = Date.now() + 15_000;
+    while (Date.now() < deadline && !text.includes('environ: ')) {
+      text = await everythingAbout(a, created.body.id);
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    expect(text).toContain('KEYGATE_API_KEY=');
+    expect(text).not.toMatch(/kgi_[A-Za-z0-9_-]{16}/);
+    expect(server.output()).not.toMatch(/kgi_[A-Za-z0-9_-]{16}/);
+    expect((await a.call('DELETE', `/v2/deployments/${created.body.id}`)).status).toBe(204);
+  });
+
   it('stores no secret in clear in the database file', async () => {
     await new Promise((r) => setTimeout(r, 300));
     for (const f of ['keygate.db', 'keygate.db-wal']) {
