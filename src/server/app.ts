@@ -64,6 +64,17 @@ function makeAjv(coerce: boolean): Ajv {
   return ajv;
 }
 
+/**
+ * fastify's request log fields, without the query string: a query can carry an OAuth code or a
+ * token (a redirect that missed its route, a client that put its key in the URL), and request
+ * lines are written before any route could say otherwise.
+ */
+function requestForLog(req: { method?: string; url?: string; host?: string; ip?: string; socket?: { remotePort?: number } }) {
+  const url = req.url ?? '';
+  const q = url.indexOf('?');
+  return { method: req.method, url: q < 0 ? url : url.slice(0, q), host: req.host, remoteAddress: req.ip, remotePort: req.socket?.remotePort };
+}
+
 export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer> {
   const env = opts.env ?? process.env;
   const db: Db = await openDb({ dataDir: opts.dataDir, databaseUrl: opts.databaseUrl ?? env.DATABASE_URL });
@@ -86,7 +97,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
   };
 
   const app = Fastify({
-    loggerInstance: opts.logger as FastifyBaseLogger,
+    loggerInstance: opts.logger.child({}, { serializers: { req: requestForLog } }) as FastifyBaseLogger,
     bodyLimit: opts.bodyLimit ?? 1024 * 1024,
     ajv: undefined,
     routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
