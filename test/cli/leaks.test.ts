@@ -42,3 +42,18 @@ describe('keygate sandbox create --proxy-config with a broken file', () => {
     expect(r.stderr).not.toContain('cannot reach');
   });
 });
+
+describe('a KEYGATE_URL that does not parse', () => {
+  it('is named without the credentials it carries (environment and .env alike)', () => {
+    const cwd = tmp();
+    const bad = 'http://ci:hunter2-pw-Zq8@cp.example:80x/';
+    const fromEnv = runCli(['deploy', 'list'], { cwd, env: { KEYGATE_API_KEY: 'kg_x', KEYGATE_URL: bad } });
+    writeFileSync(path.join(cwd, '.env'), `KEYGATE_API_KEY=kg_x\nKEYGATE_URL=${bad}\n`);
+    const fromFile = runCli(['sandbox', 'ls'], { cwd, env: { KEYGATE_API_KEY: '', KEYGATE_URL: '' } });
+    for (const r of [fromEnv, fromFile]) {
+      expect(r.status).not.toBe(0);
+      expect(r.stderr).toMatch(/KEYGATE_URL \(from (environment|\.env)\) is not a URL: 'http:\/\/\[credentials\]@cp\.example:80x\/'/);
+      expect(r.stderr).not.toContain('hunter2');
+    }
+  });
+});
