@@ -42,6 +42,22 @@ function culprits(template: string, lookup: (key: string) => string | undefined)
 }
 
 /**
+ * Whether the `{KEY}` template of a workspace_secret header resolves to a legal field value with
+ * these secrets: null when it does (or a key is missing: that is reported on its own), else why
+ * not, naming the secrets and never a value. For checking a change of secrets before it is stored.
+ */
+export function templateValueProblem(template: string, lookup: (key: string) => string | undefined): string | null {
+  let missing = false;
+  const value = template.replace(TEMPLATE_REF_RE, (_m, key: string) => {
+    const v = lookup(key);
+    if (v === undefined) missing = true;
+    return v ?? '';
+  });
+  if (missing || isLegalFieldValue(value)) return null;
+  return culprits(template, lookup);
+}
+
+/**
  * Resolves a validated configuration into the values the proxy sends: `{KEY}` references
  * replaced by `lookup(KEY)`, sealed opaque values decrypted, plaintext as written. Every problem
  * is collected (all missing keys, not just the first) and thrown as one ValidationFailure whose

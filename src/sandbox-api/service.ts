@@ -3,7 +3,8 @@ import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { compileCandidate, validateCandidate } from '../config/prepare.js';
-import { referencedSecretKeys } from '../config/resolve.js';
+import { referencedSecretKeys, templateValueProblem } from '../config/resolve.js';
+import { TEMPLATE_REF_RE } from '../secrets/keys.js';
 import type { ProxyConfig } from '../config/schema.js';
 import { BOX_BUNDLE_PATH, BOX_CA_PATH, BOX_PROXY_URL, BOX_TRUSTSTORE_PATH, caBundle, findKeytool, sandboxEnv, writeCaBundle, writeJavaTrustStore } from '../certs/env.js';
 import { type Box, type BoxResources, type DriverName, type ExecProcess, type ExecResult, type SandboxDriver } from '../sandbox/driver.js';
@@ -450,6 +451,45 @@ export class SandboxService {
       if (rec.proxyConfig && referencedSecretKeys(rec.proxyConfig).some((r) => wanted.has(r.key))) out.push(rec.name);
     }
     return out;
+  }
+
+  /**
+   * What would break if these secrets were set: for every sandbox of the workspace whose
+   * configuration references one of them, every workspace_secret header that would no longer
+   * resolve to a legal HTTP field value (a CR/LF, a trailing newline). Located at the item's
+   * value, naming secret, sandbox, rule and header, never a value. Checked before anything is
+   * stored, so a refused change changes nothing (a running proxy would otherwise be stopped).
+   */
+  async secretChangeIssues(workspaceId: string, items: { key: string; value: string | null }[]): Promise<ValidationIssue[]> {
+    const setAt = new Map<string, number>();
+    items.forEach((item, i) => {
+      if (item.value !== null) setAt.set(item.key, i);
+    });
+    if (setAt.size === 0) return [];
+    const recs = (await this.deps.store.list(workspaceId)).filter((r) => r.proxyConfig && referencedSecretKeys(r.proxyConfig).some((k) => setAt.has(k.key)));
+    if (recs.length === 0) return [];
+    const snapshot = await (await this.secrets(workspaceId)).snapshot();
+    const next = (key: string) => (setAt.has(key) ? (items[setAt.get(key)!].value as string) : snapshot.get(key));
+    const issues: ValidationIssue[] = [];
+    for (const rec of recs) {
+      (rec.proxyConfig!.rules ?? []).forEach((rule) =>
+        (rule.headers ?? []).forEach((h) => {
+          if (h.type !== 'workspace_secret') return;
+          const changed = [...new Set([...h.value.matchAll(TEMPLATE_REF_RE)].map((m) => m[1]))].filter((k) => setAt.has(k));
+          if (changed.length === 0) return;
+          const problem = templateValueProblem(h.value, next);
+          if (!problem) return;
+          for (const key of changed) {
+            issues.push({
+              loc: ['body', setAt.get(key)!, 'value'],
+              msg: `Secret '${key}' would break sandbox '${rec.name}': header '${h.name}' of rule '${rule.name}' would not be a legal HTTP field value (${problem}); nothing was changed`,
+              type: 'value_error',
+            });
+          }
+        }),
+      );
+    }
+    return issues;
   }
 
   /**
