@@ -190,13 +190,29 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
     const newRevision = rc && Object.values(rc).some((v) => v !== null && v !== undefined);
     let src: SourceRevisionConfig | null = null;
     if (newRevision) src = await checkRevisionConfig(dep.workspace_id, dep.source, rc!);
-    if (secrets !== dep.secrets) await store.updateDeployment(dep.id, { secrets });
+    // Applied whole or not at all: the source is staged first (a file system failure changes
+    // nothing), then the secrets and the new revision are written in one transaction.
+    const secretsChanged = secrets !== dep.secrets;
     if (src) {
       const revId = randomUUID();
-      if (src.source_tarball_path) manager.stageSource(dep.id, revId, src.source_tarball_path);
-      await store.addRevision({ id: revId, deploymentId: dep.id, workspaceId: dep.workspace_id, source: dep.source, sourceRevisionConfig: JSON.stringify(src), secrets, status: 'QUEUED' });
+      try {
+        if (src.source_tarball_path) manager.stageSource(dep.id, revId, src.source_tarball_path);
+        await store.addRevision(
+          { id: revId, deploymentId: dep.id, workspaceId: dep.workspace_id, source: dep.source, sourceRevisionConfig: JSON.stringify(src), secrets, status: 'QUEUED' },
+          secretsChanged ? { deploymentSecrets: secrets } : {},
+        );
+      } catch (err) {
+        try {
+          rmSync(revisionDir(ctx.dataDir, dep.id, revId), { recursive: true, force: true });
+        } catch {
+          /* nothing was staged where nothing can be */
+        }
+        throw err;
+      }
       manager.log(dep.id, revId, 'build', 'info', `revision ${revId} queued`);
       manager.kick(dep.id);
+    } else if (secretsChanged) {
+      await store.updateDeployment(dep.id, { secrets });
     }
     return deploymentView((await store.getDeploymentById(dep.id))!);
   });
@@ -283,5 +299,4 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
     },
   );
 
-  void revisionDir;
 }

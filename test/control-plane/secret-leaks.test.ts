@@ -2,7 +2,7 @@
 // deploy log line, nor the server's own output, whatever their shape (a value an environment cannot
 // carry, a multi-line value such as a PEM key, a value the app prints as JSON). A real `keygate
 // serve` running real app processes on a real SQLite file.
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startCli, type RunningCli } from '../helpers/cli.js';
@@ -127,6 +127,40 @@ describe('deployment secrets never leak (SQLite, local driver)', () => {
     expect(text).toContain('KEYGATE_API_KEY=');
     expect(text).not.toMatch(/kgi_[A-Za-z0-9_-]{16}/);
     expect(server.output()).not.toMatch(/kgi_[A-Za-z0-9_-]{16}/);
+    expect((await a.call('DELETE', `/v2/deployments/${created.body.id}`)).status).toBe(204);
+  });
+
+  it('a PATCH that fails while staging its source changes nothing: secrets and latest revision stay', async () => {
+    const created = await a.call('POST', '/v2/deployments', {
+      name: 'half',
+      source: 'internal_source',
+      source_revision_config: { source_tarball_path: (await a.upload(await packDir(echoVariant()))).body.source_tarball_path },
+      secrets: [{ name: 'KEPT', value: 'kept-value' }],
+    });
+    expect(created.status, created.text).toBe(201);
+    await waitRevision(a, created.body.id, created.body.latest_revision_id);
+    const up = await a.upload(await packDir(echoVariant()));
+    // A real fault of the file system: the revisions directory is not a directory any more.
+    const revs = path.join(dataDir, 'deployments', created.body.id, 'revisions');
+    renameSync(revs, `${revs}.moved`);
+    writeFileSync(revs, 'not a directory');
+    try {
+      const patched = await a.call('PATCH', `/v2/deployments/${created.body.id}`, { secrets: [{ name: 'REPLACED', value: 'new-value' }], source_revision_config: { source_tarball_path: up.body.source_tarball_path } });
+      expect(patched.status).toBe(500);
+      expect(patched.body).toEqual({ detail: 'Internal server error.' });
+    } finally {
+      rmSync(revs);
+      renameSync(`${revs}.moved`, revs);
+    }
+    const after = await a.call('GET', `/v2/deployments/${created.body.id}`);
+    expect(after.body.secrets).toEqual([{ name: 'KEPT' }]);
+    expect(after.body.latest_revision_id).toBe(created.body.latest_revision_id);
+    // And the same PATCH once the file system is back goes through whole.
+    const again = await a.call('PATCH', `/v2/deployments/${created.body.id}`, { secrets: [{ name: 'REPLACED', value: 'new-value' }], source_revision_config: { source_tarball_path: up.body.source_tarball_path } });
+    expect(again.status, again.text).toBe(200);
+    expect(again.body.secrets).toEqual([{ name: 'REPLACED' }]);
+    expect(again.body.latest_revision_id).not.toBe(created.body.latest_revision_id);
+    await waitRevision(a, created.body.id, again.body.latest_revision_id);
     expect((await a.call('DELETE', `/v2/deployments/${created.body.id}`)).status).toBe(204);
   });
 
