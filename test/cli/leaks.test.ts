@@ -57,3 +57,17 @@ describe('a KEYGATE_URL that does not parse', () => {
     }
   });
 });
+
+describe('a DATABASE_URL that cannot be used', () => {
+  it('is one line naming the database without its password, for a bad URL and for a database that does not answer', async () => {
+    const port = await closedPort();
+    for (const url of ['postgres://kg:Sup3rSecretPw-Zq7@127.0.0.1:54x2/db', `postgres://kg:Sup3rSecretPw-Zq7@127.0.0.1:${port}/db`]) {
+      const r = runCli(['serve', '--listen', '127.0.0.1:0', '--data', tmp(), '--sandbox-driver', 'none'], { env: { DATABASE_URL: url, KEYGATE_API_KEY: 'kg_db_test_key_0123456789' }, timeoutMs: 30_000 });
+      expect(r.status).toBe(1);
+      expect(r.stderr).not.toContain('Sup3rSecretPw');
+      expect(r.stderr).not.toMatch(/unexpected error|\n\s+at /);
+      expect(r.stderr.trim().split('\n')).toHaveLength(1);
+      expect(r.stderr).toMatch(/^keygate: cannot open the database of DATABASE_URL/);
+    }
+  });
+});
