@@ -71,3 +71,22 @@ describe('a DATABASE_URL that cannot be used', () => {
     }
   });
 });
+
+describe('keygate serve with a configuration it cannot use', () => {
+  it('says what is wrong in one line, not as an unexpected error with a stack', () => {
+    const cases: [NodeJS.ProcessEnv, RegExp][] = [
+      [{ KEYGATE_MASTER_KEY: Buffer.from('short-master-key-Zq7').toString('base64') }, /KEYGATE_MASTER_KEY must be 32 bytes/],
+      [{ KEYGATE_PROVIDERS_FILE: '/nonexistent/providers.json' }, /KEYGATE_PROVIDERS_FILE: .* does not exist/],
+      [{ KEYGATE_JWT_ISSUER: 'https://issuer.test' }, /KEYGATE_JWT_AUDIENCE/],
+      [{ KEYGATE_SANDBOX_PROXY_RESOLVE: 'nonsense' }, /KEYGATE_SANDBOX_PROXY_RESOLVE: 'nonsense' is not HOST:PORT:ADDR/],
+    ];
+    for (const [env, expected] of cases) {
+      const r = runCli(['serve', '--listen', '127.0.0.1:0', '--data', tmp(), '--sandbox-driver', 'none'], { env: { DATABASE_URL: '', KEYGATE_API_KEY: 'kg_cfg_test_key_0123456789', ...env }, timeoutMs: 30_000 });
+      expect(r.status, r.stderr).toBe(1);
+      expect(r.stderr).toMatch(expected);
+      expect(r.stderr).not.toMatch(/unexpected error|\n\s+at /);
+      expect(r.stderr).not.toContain('short-master-key-Zq7');
+      expect(r.stderr.trim().split('\n')).toHaveLength(1);
+    }
+  });
+});
