@@ -9,6 +9,7 @@ import { opaqueOpener, redactProxyConfig } from '../secrets/opaque.js';
 import type { SecretStore } from '../secrets/types.js';
 import { ValidationFailure, type ValidationIssue } from '../validation/errors.js';
 import type { ProxyMetrics } from './metrics.js';
+import { loggableMessage } from '../server/errors.js';
 
 /**
  * The proxy's configuration lifecycle: every candidate (pushed on the admin API, re-read on
@@ -85,7 +86,7 @@ export class ConfigHolder {
           secrets = await this.opts.store.snapshot();
         } catch (err) {
           // Store errors name files and keys, never values.
-          throw new ConfigApplyError(`cannot read the secret store (${this.opts.store.description}): ${(err as Error).message}`);
+          throw new ConfigApplyError(`cannot read the secret store (${this.opts.store.description}): ${loggableMessage(err)}`);
         }
       }
     }

@@ -6,7 +6,7 @@ import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import type { Logger } from '../log.js';
 import { createFileExclusive } from '../secrets/envelope.js';
-import { HttpError, HttpValidationError } from '../server/errors.js';
+import { HttpError, HttpValidationError, loggableMessage } from '../server/errors.js';
 import { answerParserErrors, sendError } from '../server/http-errors.js';
 import { bodyMissing, checkUrlLength, readJsonBody, sendJson } from '../server/http-json.js';
 import { ValidationFailure } from '../validation/errors.js';
@@ -128,7 +128,7 @@ export async function startAdmin(opts: AdminOptions): Promise<AdminHandle> {
 
   const server = http.createServer({ requestTimeout: 30_000, headersTimeout: 10_000 }, (req, res) => {
     handle(req, res).catch((err: unknown) => {
-      if (sendError(req, res, err).internal) logger?.error({ err: { name: (err as Error).name, message: (err as Error).message } }, 'admin request failed');
+      if (sendError(req, res, err).internal) logger?.error({ err: { name: (err as Error).name, message: loggableMessage(err) } }, 'admin request failed');
     });
   });
   // Node's own parser refusals (431, 414, 400, 408) in the same JSON shape as everything else.

@@ -4,6 +4,7 @@
 // Each command lives in its own module and is imported lazily, so `keygate proxy` never loads
 // the database driver and `keygate deploy` never loads the TLS interception code.
 
+import { loggableStack } from '../server/errors.js';
 import { CliError } from './errors.js';
 import { ensureServerFlags, holdOptimizer, leanServerFlags } from './v8-flags.js';
 import { startIdleGc } from '../proxy/idle-gc.js';
@@ -65,13 +66,13 @@ main(process.argv.slice(2)).then(
     process.exitCode = code;
   },
   (err: unknown) => {
-    // Expected failures are one line; anything else is a bug and keeps its stack (which never
-    // carries secret values: they are not put into errors in the first place).
+    // Expected failures are one line; anything else is a bug and keeps its stack. Our messages
+    // carry no secret value; Node's argument checks quote what they refused, which is dropped.
     if (err instanceof CliError) {
       process.stderr.write(`keygate: ${err.message}\n`);
       process.exitCode = err.exitCode;
     } else {
-      process.stderr.write(`keygate: unexpected error: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+      process.stderr.write(`keygate: unexpected error: ${err instanceof Error ? loggableStack(err) : String(err)}\n`);
       process.exitCode = 1;
     }
   },

@@ -5,6 +5,7 @@ import { Readable } from 'node:stream';
 import { Agent, type Dispatcher } from 'undici';
 import WebSocket from 'ws';
 import { apiRequest, describeDetail, errorDetail, networkFailure, parseJsonText } from '../api-client.js';
+import { jsonErrorLocation } from '../validation/json.js';
 import { resolveSettings } from '../deploy/settings.js';
 import { parseCliArgs } from './args.js';
 import { CliError } from './errors.js';
@@ -128,10 +129,17 @@ async function create(c: SandboxClient, argv: string[]): Promise<number> {
   }
   let proxyConfig: unknown;
   if (values['proxy-config']) {
+    let text: string;
     try {
-      proxyConfig = JSON.parse(await readFile(values['proxy-config'], 'utf8'));
+      text = await readFile(values['proxy-config'], 'utf8');
     } catch (err) {
-      throw new CliError(`--proxy-config ${values['proxy-config']}: ${(err as Error).message}`);
+      throw new CliError(`--proxy-config ${values['proxy-config']}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+    }
+    try {
+      proxyConfig = JSON.parse(text);
+    } catch (err) {
+      // V8's message quotes the text around the error, and the file holds opaque values.
+      throw new CliError(`--proxy-config ${values['proxy-config']} is not valid JSON (${jsonErrorLocation(text, err)})`);
     }
   }
   const resources = Object.fromEntries(

@@ -10,6 +10,7 @@ import { CliError } from './errors.js';
 import { releaseOptimizer } from './v8-flags.js';
 import { parseListen } from './listen.js';
 import { untilShutdown } from './shutdown.js';
+import { loggableMessage } from '../server/errors.js';
 
 const HELP = `usage: keygate serve [--listen HOST:PORT] [--data DIR] [--config-dir DIR] [--sandbox-driver local|docker|none]
        keygate serve keys create [--workspace NAME] [--user NAME] [--name LABEL] [--data DIR]
@@ -55,6 +56,26 @@ async function keysCreate(argv: string[]): Promise<number> {
     await db.close();
   }
   return 0;
+}
+
+/**
+ * An operator's configuration that cannot be used (the master key, the providers file, the JWT
+ * settings, the templates, the sandbox proxy settings, the CA) is said in one line, as every
+ * other expected failure: its message names the setting and never a secret value. Anything else
+ * stays an unexpected error. The classes are loaded already: buildServer imported their modules.
+ */
+export async function asStartupError(err: unknown): Promise<unknown> {
+  const [{ EnvelopeError }, { SecretStoreError }, { ProviderConfigError }, { JwtConfigError }, { TemplatesError }, { SandboxConfigError }, { CaError }] = await Promise.all([
+    import('../secrets/envelope.js'),
+    import('../secrets/types.js'),
+    import('../auth/provider-config.js'),
+    import('../auth/jwt.js'),
+    import('../sandbox-api/templates.js'),
+    import('../sandbox-api/area.js'),
+    import('../certs/ca.js'),
+  ]);
+  const expected = [EnvelopeError, SecretStoreError, ProviderConfigError, JwtConfigError, TemplatesError, SandboxConfigError, CaError];
+  return expected.some((c) => err instanceof c) ? new CliError((err as Error).message) : err;
 }
 
 /** The driver for `--sandbox-driver` (or the best that works); an unusable one is a one-line start-up error. */
@@ -106,7 +127,12 @@ export async function run(argv: string[]): Promise<number> {
   const [{ createLogger }, { buildServer }] = await Promise.all([import('../log.js'), import('../server/app.js')]);
   const logger = createLogger({ name: 'keygate-serve' });
   const choice = await choosing;
-  const server = await buildServer({ dataDir, logger, configDir: values['config-dir'], areas: await areasWith(choice) });
+  let server: Awaited<ReturnType<typeof buildServer>>;
+  try {
+    server = await buildServer({ dataDir, logger, configDir: values['config-dir'], areas: await areasWith(choice) });
+  } catch (err) {
+    throw await asStartupError(err);
+  }
   // Handlers first: a supervisor may send SIGTERM the moment it reads the line below, and until
   // Node has a handler the default action (dying at once, no drain) applies.
   const stopRequested = untilShutdown((sig) => logger.warn({ signal: sig }, 'still shutting down'));
@@ -124,7 +150,7 @@ export async function run(argv: string[]): Promise<number> {
   try {
     await server.close();
   } catch (err) {
-    logger.error({ err: { message: (err as Error).message } }, 'error during shutdown');
+    logger.error({ err: { message: loggableMessage(err) } }, 'error during shutdown');
   }
   return 0;
 }

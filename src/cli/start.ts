@@ -11,7 +11,7 @@ import { DEFAULT_WORKSPACE_ID } from '../server/auth.js';
 import { resolveDataDir } from './data-dir.js';
 import { parseCliArgs } from './args.js';
 import { parseListen } from './listen.js';
-import { areasWith, chooseSandboxDriver } from './serve.js';
+import { areasWith, asStartupError, chooseSandboxDriver } from './serve.js';
 import { untilShutdown } from './shutdown.js';
 import { releaseOptimizer } from './v8-flags.js';
 
@@ -212,7 +212,9 @@ export async function run(argv: string[]): Promise<number> {
       resolve: new Map([[`${DEMO_HOST}:${origin.port}`, origin.host]]),
       upstreamCa: [origin.caPem],
     });
-    server = await buildServer({ dataDir, logger, areas });
+    server = await buildServer({ dataDir, logger, areas }).catch(async (err: unknown) => {
+      throw await asStartupError(err);
+    });
     process.stdout.write(`${choice.why}\n`);
 
     const secrets = await openWorkspaceSecrets({ dataDir, db: server.ctx.db, env: process.env }, DEFAULT_WORKSPACE_ID);

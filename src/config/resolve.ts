@@ -23,6 +23,40 @@ export function referencedSecretKeys(config: ProxyConfig): { key: string; loc: (
   return out;
 }
 
+/** Characters no field value may hold anywhere: controls other than HTAB, DEL, above U+00FF. */
+const ILLEGAL_FIELD_CHAR = /[^\t\x20-\x7e\x80-\xff]/;
+
+/**
+ * Which secrets of a template made its resolved value illegal, by name and by what is wrong
+ * (never the value): the operator must know which secret to fix. The template's own text was
+ * checked at validation, so the cause is in the secrets.
+ */
+function culprits(template: string, lookup: (key: string) => string | undefined): string {
+  const keys = [...new Set([...template.matchAll(TEMPLATE_REF_RE)].map((m) => m[1]))];
+  const bad = keys.filter((k) => ILLEGAL_FIELD_CHAR.test(lookup(k) ?? ''));
+  if (bad.length) return `secret ${bad.map((k) => `'${k}'`).join(', ')} holds control characters such as CR, LF or NUL, or characters above U+00FF`;
+  const trimmed = template.trim();
+  const edge = keys.filter((k) => (trimmed.startsWith(`{${k}}`) && /^\s/.test(lookup(k) ?? '')) || (trimmed.endsWith(`{${k}}`) && /\s$/.test(lookup(k) ?? '')));
+  if (edge.length) return `secret ${edge.map((k) => `'${k}'`).join(', ')} begins or ends with whitespace (a trailing newline?), which cannot start or end a header value`;
+  return `secret ${keys.map((k) => `'${k}'`).join(', ')}: the resolved value is empty or begins or ends with whitespace`;
+}
+
+/**
+ * Whether the `{KEY}` template of a workspace_secret header resolves to a legal field value with
+ * these secrets: null when it does (or a key is missing: that is reported on its own), else why
+ * not, naming the secrets and never a value. For checking a change of secrets before it is stored.
+ */
+export function templateValueProblem(template: string, lookup: (key: string) => string | undefined): string | null {
+  let missing = false;
+  const value = template.replace(TEMPLATE_REF_RE, (_m, key: string) => {
+    const v = lookup(key);
+    if (v === undefined) missing = true;
+    return v ?? '';
+  });
+  if (missing || isLegalFieldValue(value)) return null;
+  return culprits(template, lookup);
+}
+
 /**
  * Resolves a validated configuration into the values the proxy sends: `{KEY}` references
  * replaced by `lookup(KEY)`, sealed opaque values decrypted, plaintext as written. Every problem
@@ -74,7 +108,7 @@ export function resolveProxyConfig(
       if (!isLegalFieldValue(value)) {
         issues.push({
           loc,
-          msg: `Resolved value of ${where} is not a legal HTTP field value (control characters, characters above U+00FF, or leading/trailing whitespace)`,
+          msg: `Resolved value of ${where} is not a legal HTTP field value (${h.type === 'workspace_secret' ? culprits(h.value, lookup) : 'control characters, characters above U+00FF, or leading/trailing whitespace'})`,
           type: 'value_error',
         });
       }

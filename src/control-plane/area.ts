@@ -8,6 +8,7 @@ import { ControlPlaneManager } from './manager.js';
 import { registerRoutes } from './routes.js';
 import { ControlPlaneStore, migrateControlPlane } from './store.js';
 import { positiveInt, tarLimitsFromEnv } from './tarball.js';
+import { loggableMessage } from '../server/errors.js';
 
 /**
  * The deployment control plane (`/v2/uploads`, `/v2/deployments...`): its tables, routes, and the
@@ -47,7 +48,7 @@ export const controlPlaneArea: Area = {
     // Restoring starts processes and health-checks them: it runs in the background, so the API
     // answers at once (restored deployments report their revisions as they come back).
     app.addHook('onReady', async () => {
-      void manager.restore().catch((err: Error) => ctx.logger.error({ err: { message: err.message } }, 'control plane restore failed'));
+      void manager.restore().catch((err: Error) => ctx.logger.error({ err: { message: loggableMessage(err) } }, 'control plane restore failed'));
     });
     app.addHook('onClose', async () => {
       await manager.close();

@@ -3,13 +3,14 @@ import { copyFileSync, constants as fsc, mkdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { hashApiKey } from '../server/auth.js';
 import type { ServerContext } from '../server/context.js';
-import { BuildError, DeployError, type RuntimeDriver } from './drivers/types.js';
+import { BuildError, DeployError, failureReason, type RuntimeDriver } from './drivers/types.js';
 import { LogStore, makeRedactor } from './logs.js';
 import { FrontRouter } from './router.js';
 import { recoveryAction } from './state.js';
 import type { ControlPlaneStore } from './store.js';
 import { ReplicaSet } from './supervisor.js';
 import type { DeploymentRow, LogType, RevisionRow, Source } from './types.js';
+import { loggableMessage } from '../server/errors.js';
 
 export interface ManagerConfig {
   host: string;
@@ -53,6 +54,15 @@ export function deploymentDir(dataDir: string, id: string): string {
 }
 export function revisionDir(dataDir: string, depId: string, revId: string): string {
   return path.join(deploymentDir(dataDir, depId), 'revisions', revId);
+}
+
+/**
+ * The key the front router sends to a replica (its X-Api-Key). The app can read it (from
+ * /proc/self/environ, though the runtime hides it from process.env), so it is redacted from the
+ * revision's logs like the deployment's secrets.
+ */
+function replicaApiKey(): string {
+  return `kgi_${randomBytes(24).toString('base64url')}`;
 }
 
 /**
@@ -153,7 +163,7 @@ export class ControlPlaneManager {
         await this.runRevision(depId, next, rt);
       } catch (err) {
         // A bug or the database going away: never leave the worker wedged.
-        this.ctx.logger.error({ deployment_id: depId, revision_id: next.id, err: { message: (err as Error).message } }, 'revision worker failed');
+        this.ctx.logger.error({ deployment_id: depId, revision_id: next.id, err: { message: loggableMessage(err) } }, 'revision worker failed');
         if (!this.closing && !rt.deleting) {
           await this.store.setRevisionStatus(next.id, 'DEPLOY_FAILED', 'internal error while deploying').catch(() => undefined);
         }
@@ -172,8 +182,6 @@ export class ControlPlaneManager {
     const dep = await this.store.getDeploymentById(depId);
     if (!dep) return;
     const driver = this.driverFor(rev.source);
-    const blog = (level: 'info' | 'warn' | 'error', line: string) => this.log(depId, rev.id, 'build', level, line);
-    const dlog = (level: 'info' | 'warn' | 'error', line: string) => this.log(depId, rev.id, 'deploy', level, line);
     let secrets: Record<string, string>;
     try {
       secrets = this.secretsOf(rev);
@@ -182,8 +190,12 @@ export class ControlPlaneManager {
       await this.store.setRevisionStatus(rev.id, 'BUILD_FAILED', 'the deployment secrets cannot be decrypted with the current master key');
       return;
     }
-    const redact = makeRedactor(Object.values(secrets));
-    const bsafe = (level: 'info' | 'warn' | 'error', line: string) => blog(level, redact(line));
+    // Every line written for this revision goes through the redactor: the app's output, the
+    // replica set's events (restart failures quote errors) and our own messages alike.
+    const apiKey = replicaApiKey();
+    const redact = makeRedactor([...Object.values(secrets), apiKey]);
+    const bsafe = (level: 'info' | 'warn' | 'error', line: string) => this.log(depId, rev.id, 'build', level, redact(line));
+    const dlog = (level: 'info' | 'warn' | 'error', line: string) => this.log(depId, rev.id, 'deploy', level, redact(line));
 
     const release = await this.builds.acquire();
     let artifact: string;
@@ -206,7 +218,7 @@ export class ControlPlaneManager {
       bsafe('info', 'build succeeded');
     } catch (err) {
       if (rt.deleting || this.closing) return; // the restart or the delete decides what happens to it
-      const msg = err instanceof BuildError ? err.message : `build failed: ${(err as Error).message.split('\n')[0]}`;
+      const msg = failureReason(err);
       bsafe('error', `build failed: ${msg}`);
       await this.store.setRevisionStatus(rev.id, 'BUILD_FAILED', redact(msg));
       return;
@@ -225,7 +237,7 @@ export class ControlPlaneManager {
         revisionId: rev.id,
         artifact,
         env: secrets,
-        apiKey: `kgi_${randomBytes(24).toString('base64url')}`,
+        apiKey,
         log: (level, line) => dlog(level, line),
         startTimeoutMs: this.cfg.deployTimeoutMs,
         redact,
@@ -238,9 +250,9 @@ export class ControlPlaneManager {
     } catch (err) {
       rt.pending = null;
       if (rt.deleting || this.closing) return;
-      const msg = err instanceof DeployError ? err.message : `deploy failed: ${(err as Error).message.split('\n')[0]}`;
+      const msg = err instanceof DeployError ? err.message : `deploy failed: ${failureReason(err)}`;
       const serving = rt.router.activeSet?.revisionId;
-      dlog('error', `deploy failed: ${redact(msg)}; ${serving ? `revision ${serving} keeps serving` : 'nothing is serving: no revision of this deployment is deployed'}`);
+      dlog('error', `deploy failed: ${msg}; ${serving ? `revision ${serving} keeps serving` : 'nothing is serving: no revision of this deployment is deployed'}`);
       await this.store.setRevisionStatus(rev.id, 'DEPLOY_FAILED', redact(msg));
       return;
     }
@@ -271,7 +283,7 @@ export class ControlPlaneManager {
       try {
         await driver.reapOrphans?.(this.cfg.stopGraceMs);
       } catch (err) {
-        this.ctx.logger.error({ driver: driver.name, err: { message: (err as Error).message } }, 'could not stop replicas left by a previous server');
+        this.ctx.logger.error({ driver: driver.name, err: { message: loggableMessage(err) } }, 'could not stop replicas left by a previous server');
       }
     }
     for (const dep of await this.store.allDeployments()) {
@@ -279,7 +291,7 @@ export class ControlPlaneManager {
       try {
         await this.restoreOne(dep);
       } catch (err) {
-        this.ctx.logger.error({ deployment_id: dep.id, err: { message: (err as Error).message } }, 'could not restore deployment');
+        this.ctx.logger.error({ deployment_id: dep.id, err: { message: loggableMessage(err) } }, 'could not restore deployment');
       }
     }
   }
@@ -316,11 +328,13 @@ export class ControlPlaneManager {
         this.log(dep.id, active.id, 'deploy', 'error', 'cannot restore: the secrets cannot be decrypted with the current master key');
       }
       const artifact = active.source === 'internal_source' ? path.join(revisionDir(this.ctx.dataDir, dep.id, active.id), 'app') : (JSON.parse(active.source_revision_config).image_uri as string);
-      const dlog = (level: 'info' | 'warn' | 'error', line: string) => this.log(dep.id, active.id, 'deploy', level, line);
+      const apiKey = replicaApiKey();
+      const redact = makeRedactor([...Object.values(secrets), apiKey]);
+      const dlog = (level: 'info' | 'warn' | 'error', line: string) => this.log(dep.id, active.id, 'deploy', level, redact(line));
       const set = new ReplicaSet({
         driver,
         count: dep.deployment_type === 'prod' ? 2 : 1,
-        spec: { deploymentId: dep.id, revisionId: active.id, artifact, env: secrets, apiKey: `kgi_${randomBytes(24).toString('base64url')}`, log: dlog, startTimeoutMs: this.cfg.deployTimeoutMs, redact: makeRedactor(Object.values(secrets)) },
+        spec: { deploymentId: dep.id, revisionId: active.id, artifact, env: secrets, apiKey, log: dlog, startTimeoutMs: this.cfg.deployTimeoutMs, redact },
         event: dlog,
       });
       dlog('info', `restoring revision ${active.id} after a server restart`);
@@ -332,7 +346,7 @@ export class ControlPlaneManager {
         else router.setActive(set);
       } catch (err) {
         rt.pending = null;
-        dlog('error', `could not restore revision ${active.id}: ${(err as Error).message}`);
+        dlog('error', `could not restore revision ${active.id}: ${failureReason(err)}`);
       }
     }
     this.kick(dep.id);

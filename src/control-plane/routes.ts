@@ -86,6 +86,9 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
     secrets.forEach((s, i) => {
       if (seen.has(s.name)) issues.push({ loc: [...base, i, 'name'], msg: `Secret ${s.name} is given more than once`, type: 'value_error' });
       if (RESERVED_SECRET_NAME.test(s.name)) issues.push({ loc: [...base, i, 'name'], msg: `Secret name ${s.name} is reserved by the runtime`, type: 'value_error' });
+      // A secret becomes an environment variable of the app, and no environment can carry a NUL:
+      // refused here, with its place and never its value, instead of failing every start later.
+      if (s.value.includes('\u0000')) issues.push({ loc: [...base, i, 'value'], msg: `Secret ${s.name}: a value cannot contain a NUL character (environment variables cannot carry one)`, type: 'value_error' });
       seen.add(s.name);
     });
     if (issues.length) throw new HttpValidationError(issues);
@@ -187,13 +190,29 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
     const newRevision = rc && Object.values(rc).some((v) => v !== null && v !== undefined);
     let src: SourceRevisionConfig | null = null;
     if (newRevision) src = await checkRevisionConfig(dep.workspace_id, dep.source, rc!);
-    if (secrets !== dep.secrets) await store.updateDeployment(dep.id, { secrets });
+    // Applied whole or not at all: the source is staged first (a file system failure changes
+    // nothing), then the secrets and the new revision are written in one transaction.
+    const secretsChanged = secrets !== dep.secrets;
     if (src) {
       const revId = randomUUID();
-      if (src.source_tarball_path) manager.stageSource(dep.id, revId, src.source_tarball_path);
-      await store.addRevision({ id: revId, deploymentId: dep.id, workspaceId: dep.workspace_id, source: dep.source, sourceRevisionConfig: JSON.stringify(src), secrets, status: 'QUEUED' });
+      try {
+        if (src.source_tarball_path) manager.stageSource(dep.id, revId, src.source_tarball_path);
+        await store.addRevision(
+          { id: revId, deploymentId: dep.id, workspaceId: dep.workspace_id, source: dep.source, sourceRevisionConfig: JSON.stringify(src), secrets, status: 'QUEUED' },
+          secretsChanged ? { deploymentSecrets: secrets } : {},
+        );
+      } catch (err) {
+        try {
+          rmSync(revisionDir(ctx.dataDir, dep.id, revId), { recursive: true, force: true });
+        } catch {
+          /* nothing was staged where nothing can be */
+        }
+        throw err;
+      }
       manager.log(dep.id, revId, 'build', 'info', `revision ${revId} queued`);
       manager.kick(dep.id);
+    } else if (secretsChanged) {
+      await store.updateDeployment(dep.id, { secrets });
     }
     return deploymentView((await store.getDeploymentById(dep.id))!);
   });
@@ -280,5 +299,4 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
     },
   );
 
-  void revisionDir;
 }

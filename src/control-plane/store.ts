@@ -85,12 +85,19 @@ export class ControlPlaneStore {
     );
   }
 
-  /** Adds a revision and makes it the latest, atomically. */
-  async addRevision(r: NewRevision): Promise<void> {
+  /**
+   * Adds a revision and makes it the latest, atomically; with `deploymentSecrets`, the deployment's
+   * secrets change in the same transaction (a PATCH is applied whole or not at all).
+   */
+  async addRevision(r: NewRevision, opts: { deploymentSecrets?: string } = {}): Promise<void> {
     const now = nowIso();
     await this.db.tx(async (tx) => {
       await this.insertRevisionIn(tx, r, now);
-      await tx.run('UPDATE cp_deployments SET latest_revision_id = ?, updated_at = ? WHERE id = ?', [r.id, now, r.deploymentId]);
+      if (opts.deploymentSecrets !== undefined) {
+        await tx.run('UPDATE cp_deployments SET latest_revision_id = ?, secrets = ?, updated_at = ? WHERE id = ?', [r.id, opts.deploymentSecrets, now, r.deploymentId]);
+      } else {
+        await tx.run('UPDATE cp_deployments SET latest_revision_id = ?, updated_at = ? WHERE id = ?', [r.id, now, r.deploymentId]);
+      }
     });
   }
 

@@ -1,6 +1,6 @@
 import { Pool } from 'undici';
 import { describeExit } from './drivers/local.js';
-import { DeployError, type Replica, type RuntimeDriver, type StartSpec } from './drivers/types.js';
+import { DeployError, failureReason, type Replica, type RuntimeDriver, type StartSpec } from './drivers/types.js';
 
 export interface ReplicaSetOptions {
   driver: RuntimeDriver;
@@ -90,7 +90,7 @@ export class ReplicaSet {
         if (this.stopping) return;
         const next = Math.min((this.o.backoffMs ?? 500) * 2 ** slot.restarts, this.o.maxBackoffMs ?? 30_000);
         slot.restarts++;
-        this.o.event('error', `replica ${slot.n} failed to restart (${err.message}); retrying in ${(next / 1000).toFixed(1)} s`);
+        this.o.event('error', `replica ${slot.n} failed to restart (${failureReason(err)}); retrying in ${(next / 1000).toFixed(1)} s`);
         this.scheduleRestart(slot, next);
       });
     }, delay);

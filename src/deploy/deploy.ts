@@ -140,7 +140,7 @@ export async function deploy(opts: DeployOptions, reporter: Reporter): Promise<n
     if (app) {
       // [2] Pack
       reporter.step(2, total, 'Packing');
-      const sel = selectFiles(dir);
+      const sel = selectFiles(dir, { never: app.envFile ? [app.envFile] : [] });
       checkModulesPacked(sel, app.modules);
       tmp = mkdtempSync(path.join(os.tmpdir(), 'keygate-deploy-'));
       const tarball = path.join(tmp, 'source.tar.gz');

@@ -72,13 +72,24 @@ function inside(root: string, p: string): boolean {
  * is kept as a link when it points inside the directory with a relative target; one pointing
  * outside (or with an absolute target, which would dangle once unpacked elsewhere) is refused.
  */
-export function selectFiles(dir: string): FileSelection {
+export function selectFiles(dir: string, opts: { never?: string[] } = {}): FileSelection {
   let root: string;
   try {
     root = realpathSync(path.resolve(dir));
   } catch {
     throw new CliError(`application directory ${path.resolve(dir)} does not exist`);
   }
+  // Files never packed whatever their name (the env file keygate.json names: its values travel as
+  // the deployment's write-only secrets, never in clear in the upload), by their real path.
+  const never = new Set(
+    (opts.never ?? []).map((f) => {
+      try {
+        return realpathSync(path.resolve(f));
+      } catch {
+        return path.resolve(f);
+      }
+    }),
+  );
   const files: string[] = [];
   const excluded: Excluded[] = [];
   let bytes = 0;
@@ -96,7 +107,7 @@ export function selectFiles(dir: string): FileSelection {
     for (const e of entries) {
       const rel = relDir ? `${relDir}/${e.name}` : e.name;
       const abs = path.join(absDir, e.name);
-      if (alwaysExcluded(e.name)) {
+      if (alwaysExcluded(e.name) || never.has(abs)) {
         excluded.push({ path: rel, reason: 'always' });
         continue;
       }

@@ -70,7 +70,8 @@ function normaliseBaseUrl(raw: string, source: SettingSource): string {
   try {
     u = new URL(raw);
   } catch {
-    throw new CliError(`KEYGATE_URL (from ${source}) is not a URL: '${raw}'`);
+    // Named as given but for any user:password part (a URL that does not parse may still carry one).
+    throw new CliError(`KEYGATE_URL (from ${source}) is not a URL: '${raw.replace(/\/\/[^/?#]*@/, '//[credentials]@')}'`);
   }
   if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new CliError(`KEYGATE_URL (from ${source}) must be an http:// or https:// address`);
   if (u.username || u.password) throw new CliError(`KEYGATE_URL (from ${source}) must not carry credentials; use KEYGATE_API_KEY`);

@@ -4,7 +4,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import http from '../node-http.js';
 import type { AddressInfo } from 'node:net';
 import { createLogger, type Logger } from '../log.js';
-import { HttpError, HttpValidationError } from '../server/errors.js';
+import { HttpError, HttpValidationError, loggableMessage } from '../server/errors.js';
 import { answerParserErrors, sendError } from '../server/http-errors.js';
 import { bodyMissing, checkUrlLength, readJsonBody, sendJson } from '../server/http-json.js';
 import { findAssistant, type LoadedApp, type LoadedAssistant } from './app.js';
@@ -260,7 +260,7 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
     const started = Date.now();
     route(req, res)
       .catch((err: unknown) => {
-        if (sendError(req, res, err).internal) logger.error({ err: { name: (err as Error)?.name, message: (err as Error)?.message } }, 'request failed');
+        if (sendError(req, res, err).internal) logger.error({ err: { name: (err as Error)?.name, message: loggableMessage(err) } }, 'request failed');
       })
       .finally(() => {
         const path = new URL(req.url ?? '/', 'http://localhost').pathname;

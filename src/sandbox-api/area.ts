@@ -15,6 +15,7 @@ import { openWorkspaceSecrets } from './secrets.js';
 import { SandboxService } from './service.js';
 import { SandboxStore } from './storage.js';
 import { loadTemplates } from './templates.js';
+import { loggableMessage } from '../server/errors.js';
 
 export interface SandboxAreaOptions {
   /** `host:port` -> address pins for every sandbox proxy's upstream connections. */
@@ -37,6 +38,14 @@ function maxFileBytes(value: string | undefined): number {
   return n;
 }
 
+/** The operator's sandbox settings (environment variables) cannot be used: a start-up error. */
+export class SandboxConfigError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'SandboxConfigError';
+  }
+}
+
 /**
  * `KEYGATE_SANDBOX_PROXY_RESOLVE=HOST:PORT:ADDR[,...]` pins upstream names for every sandbox proxy,
  * in curl's --resolve form (the same as `keygate proxy --resolve`), e.g. an internal API reachable
@@ -46,12 +55,12 @@ export function parseResolveList(value: string | undefined): Map<string, string>
   const out = new Map<string, string>();
   for (const raw of (value ?? '').split(',').map((s) => s.trim()).filter(Boolean)) {
     const m = /^([^:[\]]+):([0-9]{1,5}):(\[[0-9a-fA-F:.]+\]|[^:]+|[0-9a-fA-F:.]+)$/.exec(raw);
-    if (!m) throw new Error(`KEYGATE_SANDBOX_PROXY_RESOLVE: '${raw}' is not HOST:PORT:ADDR`);
+    if (!m) throw new SandboxConfigError(`KEYGATE_SANDBOX_PROXY_RESOLVE: '${raw}' is not HOST:PORT:ADDR`);
     try {
       const { host, port } = parseAuthority(`${m[1]}:${m[2]}`, undefined);
       out.set(formatAuthority(host, port), normaliseHost(m[3]));
     } catch (err) {
-      throw new Error(`KEYGATE_SANDBOX_PROXY_RESOLVE: '${raw}': ${(err as Error).message}`);
+      throw new SandboxConfigError(`KEYGATE_SANDBOX_PROXY_RESOLVE: '${raw}': ${(err as Error).message}`);
     }
   }
   return out;
@@ -67,7 +76,7 @@ function readCaFiles(value: string | undefined): string[] {
       try {
         return readFileSync(f, 'utf8');
       } catch (err) {
-        throw new Error(`KEYGATE_SANDBOX_PROXY_CA_FILE: cannot read ${f}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+        throw new SandboxConfigError(`KEYGATE_SANDBOX_PROXY_CA_FILE: cannot read ${f}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
       }
     });
 }
@@ -141,7 +150,7 @@ export function createSandboxArea(opts: SandboxAreaOptions = {}): Area {
         const file = secretsFilePath(ctx.dataDir);
         const onChange = (cur: Stats, prev: Stats) => {
           if (cur.mtimeMs === prev.mtimeMs && cur.ino === prev.ino && cur.size === prev.size) return;
-          service.secretsFileChanged().catch((err: Error) => ctx.logger.error({ err: { message: err.message } }, 're-applying sandbox configurations failed'));
+          service.secretsFileChanged().catch((err: Error) => ctx.logger.error({ err: { message: loggableMessage(err) } }, 're-applying sandbox configurations failed'));
         };
         app.addHook('onReady', async () => {
           watchFile(file, { interval: SECRETS_POLL_MS, persistent: false }, onChange);

@@ -250,7 +250,7 @@ export function registerSecretRoutes(app: FastifyInstance, service: SandboxServi
       schema: {
         summary: 'Set (upsert) or delete workspace secrets',
         description:
-          "Each item sets a secret (value: string) or deletes it (value: null). Deleting a secret that a sandbox's proxy_config references is refused with 409 naming the sandboxes, unless force=true (those sandboxes' proxies then stop, status failed, until the secret exists again). Sandboxes referencing a changed secret get their proxies' configuration re-resolved and pushed before the answer, so the next request uses the new value. Answers 200 with every secret name of the workspace.",
+          "Each item sets a secret (value: string) or deletes it (value: null). Deleting a secret that a sandbox's proxy_config references is refused with 409 naming the sandboxes, unless force=true (those sandboxes' proxies then stop, status failed, until the secret exists again). Sandboxes referencing a changed secret get their proxies' configuration re-resolved and pushed before the answer, so the next request uses the new value. A value that would make such a sandbox's header illegal (CR, LF, NUL, leading or trailing whitespace at the edge of the header) is refused with 422 at that value, naming the sandbox and header, and nothing is stored. Answers 200 with every secret name of the workspace.",
         tags: SECRET_TAGS,
         querystring: secretsQuery,
         body: secretsBody,
@@ -278,6 +278,8 @@ export function registerSecretRoutes(app: FastifyInstance, service: SandboxServi
 
       return service.withWorkspace(workspaceId, async () => {
         const store = await service.secrets(workspaceId);
+        const breaking = await service.secretChangeIssues(workspaceId, items);
+        if (breaking.length) throw new HttpValidationError(breaking);
         const deletions = items.filter((i) => i.value === null).map((i) => i.key);
         if (deletions.length && !req.query.force) {
           const users = await service.sandboxesUsing(workspaceId, deletions);

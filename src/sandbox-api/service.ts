@@ -3,7 +3,8 @@ import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { compileCandidate, validateCandidate } from '../config/prepare.js';
-import { referencedSecretKeys } from '../config/resolve.js';
+import { referencedSecretKeys, templateValueProblem } from '../config/resolve.js';
+import { TEMPLATE_REF_RE } from '../secrets/keys.js';
 import type { ProxyConfig } from '../config/schema.js';
 import { BOX_BUNDLE_PATH, BOX_CA_PATH, BOX_PROXY_URL, BOX_TRUSTSTORE_PATH, caBundle, findKeytool, sandboxEnv, writeCaBundle, writeJavaTrustStore } from '../certs/env.js';
 import { type Box, type BoxResources, type DriverName, type ExecProcess, type ExecResult, type SandboxDriver } from '../sandbox/driver.js';
@@ -12,7 +13,7 @@ import { emptyConfig, type CompiledConfig } from '../rules/compile.js';
 import { Envelope } from '../secrets/envelope.js';
 import { opaqueOpener, redactProxyConfig, sealOpaqueValues } from '../secrets/opaque.js';
 import type { SecretStore } from '../secrets/types.js';
-import { conflict, HttpValidationError, notFound } from '../server/errors.js';
+import { conflict, HttpValidationError, loggableMessage, notFound } from '../server/errors.js';
 import { nowIso } from '../store/db.js';
 import { ValidationFailure, type ValidationIssue } from '../validation/errors.js';
 import { freePort, PortInUseError, type ProxyInstance, type ProxyRunner } from './runner.js';
@@ -60,6 +61,31 @@ export const DEFAULT_IDLE_TTL_SECONDS = 600;
 const RESTORE_CONCURRENCY = 8;
 /** How often idle boxes are looked for. */
 export const IDLE_SWEEP_MS = 1000;
+
+const NUL_MSG = 'must not contain a NUL character (no process argument, environment value or path can carry one)';
+
+/**
+ * What no process can be started with: a NUL in the command, an argument, an environment name or
+ * value, or the working directory. Refused as the caller's mistake (422 at the field) before the
+ * driver sees it: spawn would refuse it as an internal error whose message quotes the whole
+ * argument, and a command line or an environment value often holds a credential.
+ */
+export function execInputIssues(opts: { command: string | string[]; env?: Record<string, string>; cwd?: string }): ValidationIssue[] {
+  const issues: ValidationIssue[] = [];
+  const bad = (v: unknown) => typeof v === 'string' && v.includes('\u0000');
+  if (typeof opts.command === 'string') {
+    if (bad(opts.command)) issues.push({ loc: ['body', 'command'], msg: `The command ${NUL_MSG}`, type: 'value_error' });
+  } else {
+    opts.command.forEach((a, i) => {
+      if (bad(a)) issues.push({ loc: ['body', 'command', i], msg: `An argument ${NUL_MSG}`, type: 'value_error' });
+    });
+  }
+  for (const [k, v] of Object.entries(opts.env ?? {})) {
+    if (bad(v)) issues.push({ loc: ['body', 'env', k], msg: `The value of ${k} ${NUL_MSG}`, type: 'value_error' });
+  }
+  if (bad(opts.cwd)) issues.push({ loc: ['body', 'cwd'], msg: `The working directory ${NUL_MSG}`, type: 'value_error' });
+  return issues;
+}
 
 /** The sandbox as the API returns it. Built from the stored form only: nothing resolved, nothing opaque. */
 export interface SandboxView {
@@ -142,7 +168,7 @@ export class SandboxService {
   constructor(private readonly deps: SandboxServiceDeps) {
     this.bundlePem = caBundle(deps.caCertPem);
     this.sweeper = setInterval(() => {
-      this.sweepIdle().catch((err: Error) => deps.logger.error({ err: { message: err.message } }, 'idle sweep failed'));
+      this.sweepIdle().catch((err: Error) => deps.logger.error({ err: { message: loggableMessage(err) } }, 'idle sweep failed'));
     }, IDLE_SWEEP_MS);
     this.sweeper.unref();
   }
@@ -366,6 +392,8 @@ export class SandboxService {
    * stops a box in the middle of a command).
    */
   async exec(workspaceId: string, name: string, opts: { command: string | string[]; timeoutMs: number; env?: Record<string, string>; cwd?: string; stdin?: boolean }): Promise<ExecProcess> {
+    const issues = execInputIssues(opts);
+    if (issues.length) throw new HttpValidationError(issues);
     const rec = await this.mustGet(workspaceId, name);
     const live = this.runningBox(rec);
     live.active++;
@@ -423,6 +451,45 @@ export class SandboxService {
       if (rec.proxyConfig && referencedSecretKeys(rec.proxyConfig).some((r) => wanted.has(r.key))) out.push(rec.name);
     }
     return out;
+  }
+
+  /**
+   * What would break if these secrets were set: for every sandbox of the workspace whose
+   * configuration references one of them, every workspace_secret header that would no longer
+   * resolve to a legal HTTP field value (a CR/LF, a trailing newline). Located at the item's
+   * value, naming secret, sandbox, rule and header, never a value. Checked before anything is
+   * stored, so a refused change changes nothing (a running proxy would otherwise be stopped).
+   */
+  async secretChangeIssues(workspaceId: string, items: { key: string; value: string | null }[]): Promise<ValidationIssue[]> {
+    const setAt = new Map<string, number>();
+    items.forEach((item, i) => {
+      if (item.value !== null) setAt.set(item.key, i);
+    });
+    if (setAt.size === 0) return [];
+    const recs = (await this.deps.store.list(workspaceId)).filter((r) => r.proxyConfig && referencedSecretKeys(r.proxyConfig).some((k) => setAt.has(k.key)));
+    if (recs.length === 0) return [];
+    const snapshot = await (await this.secrets(workspaceId)).snapshot();
+    const next = (key: string) => (setAt.has(key) ? (items[setAt.get(key)!].value as string) : snapshot.get(key));
+    const issues: ValidationIssue[] = [];
+    for (const rec of recs) {
+      (rec.proxyConfig!.rules ?? []).forEach((rule) =>
+        (rule.headers ?? []).forEach((h) => {
+          if (h.type !== 'workspace_secret') return;
+          const changed = [...new Set([...h.value.matchAll(TEMPLATE_REF_RE)].map((m) => m[1]))].filter((k) => setAt.has(k));
+          if (changed.length === 0) return;
+          const problem = templateValueProblem(h.value, next);
+          if (!problem) return;
+          for (const key of changed) {
+            issues.push({
+              loc: ['body', setAt.get(key)!, 'value'],
+              msg: `Secret '${key}' would break sandbox '${rec.name}': header '${h.name}' of rule '${rule.name}' would not be a legal HTTP field value (${problem}); nothing was changed`,
+              type: 'value_error',
+            });
+          }
+        }),
+      );
+    }
+    return issues;
   }
 
   /**
@@ -485,7 +552,7 @@ export class SandboxService {
     // The Java truststore (keytool, once per CA and data directory) is made now, not when the
     // first box asks for it: that box would wait a second or two.
     if (this.deps.driver.name !== 'none') void this.javaTrustStore();
-    this.restoring = this.restoreAll().catch((err: Error) => this.deps.logger.error({ err: { message: err.message } }, 'restoring sandboxes failed'));
+    this.restoring = this.restoreAll().catch((err: Error) => this.deps.logger.error({ err: { message: loggableMessage(err) } }, 'restoring sandboxes failed'));
   }
 
   /** Stops every box and proxy (server shutdown); records stay so the next start restores them. */
@@ -545,7 +612,7 @@ export class SandboxService {
     } catch (err) {
       // Fail closed: a configuration that no longer resolves (a secret deleted with force, a key
       // that cannot open an opaque value) must not keep injecting what it used to.
-      const reason = err instanceof ValidationFailure ? err.issues.map((i) => i.msg).join('; ') : `configuration cannot be resolved: ${(err as Error).message}`;
+      const reason = err instanceof ValidationFailure ? err.issues.map((i) => i.msg).join('; ') : `configuration cannot be resolved: ${loggableMessage(err)}`;
       await this.stopBox(id);
       await this.stopProxy(id);
       await this.deps.store.setStatus(id, 'failed', `Proxy stopped: ${reason}`);
@@ -588,8 +655,8 @@ export class SandboxService {
     } catch (err) {
       await this.stopBox(rec.id);
       await this.stopProxy(rec.id);
-      const reason = `${stage}: ${(err as Error).message}`;
-      this.deps.logger.error({ ...log, err: { message: (err as Error).message } }, 'sandbox failed to start');
+      const reason = `${stage}: ${loggableMessage(err)}`;
+      this.deps.logger.error({ ...log, err: { message: loggableMessage(err) } }, 'sandbox failed to start');
       if (!this.closing) await this.deps.store.setStatus(rec.id, 'failed', reason).catch(() => undefined);
     }
   }
@@ -649,7 +716,7 @@ export class SandboxService {
     const live = this.live.get(id);
     if (!live) return;
     this.live.delete(id);
-    await live.box.stop().catch((err: Error) => this.deps.logger.warn({ sandbox_id: id, err: { message: err.message } }, 'error stopping box'));
+    await live.box.stop().catch((err: Error) => this.deps.logger.warn({ sandbox_id: id, err: { message: loggableMessage(err) } }, 'error stopping box'));
   }
 
   /** The proxy environment as seen from inside a box (sandbox.md, property 3), Java's included when it has a truststore. */
@@ -679,7 +746,7 @@ export class SandboxService {
         return readFileSync(file);
       } catch (err) {
         this.trustStoreFailed = true;
-        this.deps.logger.warn({ err: { message: (err as Error).message } }, 'no Java truststore for boxes: keytool failed; JAVA_TOOL_OPTIONS left out');
+        this.deps.logger.warn({ err: { message: loggableMessage(err) } }, 'no Java truststore for boxes: keytool failed; JAVA_TOOL_OPTIONS left out');
         return undefined;
       }
     })();
@@ -713,7 +780,7 @@ export class SandboxService {
     const p = this.proxies.get(id);
     if (!p) return;
     this.proxies.delete(id);
-    await p.stop().catch((err: Error) => this.deps.logger.warn({ sandbox_id: id, err: { message: err.message } }, 'error stopping sandbox proxy'));
+    await p.stop().catch((err: Error) => this.deps.logger.warn({ sandbox_id: id, err: { message: loggableMessage(err) } }, 'error stopping sandbox proxy'));
   }
 
   // ---------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import { loadKeyring } from '../secrets/keyring.js';
 import { openDb, type Db } from '../store/db.js';
 import { apiKeyAuthenticator, authenticate, bootstrapAuth, type Authenticator } from './auth.js';
 import type { ServerContext } from './context.js';
-import { errorResponse, HttpValidationError, unavailable } from './errors.js';
+import { errorResponse, HttpValidationError, loggableMessage, unavailable } from './errors.js';
 import { lingerIfUnread, onClientError } from './http-errors.js';
 import { registerOpenApi } from './openapi.js';
 import type { Area } from './area.js';
@@ -73,6 +73,17 @@ function makeAjv(coerce: boolean): Ajv {
   return ajv;
 }
 
+/**
+ * fastify's request log fields, without the query string: a query can carry an OAuth code or a
+ * token (a redirect that missed its route, a client that put its key in the URL), and request
+ * lines are written before any route could say otherwise.
+ */
+function requestForLog(req: { method?: string; url?: string; host?: string; ip?: string; socket?: { remotePort?: number } }) {
+  const url = req.url ?? '';
+  const q = url.indexOf('?');
+  return { method: req.method, url: q < 0 ? url : url.slice(0, q), host: req.host, remoteAddress: req.ip, remotePort: req.socket?.remotePort };
+}
+
 export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer> {
   const env = opts.env ?? process.env;
   const db: Db = await openDb({ dataDir: opts.dataDir, databaseUrl: opts.databaseUrl ?? env.DATABASE_URL });
@@ -95,7 +106,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
   };
 
   const app = Fastify({
-    loggerInstance: opts.logger as FastifyBaseLogger,
+    loggerInstance: opts.logger.child({}, { serializers: { req: requestForLog } }) as FastifyBaseLogger,
     bodyLimit: opts.bodyLimit ?? 1024 * 1024,
     ajv: undefined,
     routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
@@ -134,9 +145,9 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
 
   app.setErrorHandler((err: FastifyError, req, reply) => {
     const r = errorResponse(err);
-    // Log the error class, code and message only for our own failures: messages are ours and
-    // never carry secret values; client mistakes are not worth a log line.
-    if (r.internal) req.log.error({ err: { type: err.name, message: err.message, code: err.code ?? r.code } }, 'request failed');
+    // Log the error class, code and message only for our own failures (client mistakes are not
+    // worth a log line); a message that quotes a value (Node's argument checks) loses the quote.
+    if (r.internal) req.log.error({ err: { type: err.name, message: loggableMessage(err), code: err.code ?? r.code } }, 'request failed');
     if (r.headers) void reply.headers(r.headers);
     return reply.status(r.status).send(r.body);
   });

@@ -2,6 +2,7 @@ import type { Statement } from 'better-sqlite3';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { mkdirSync } from '../builtins/fs.js';
 import path from 'node:path';
+import { CliError } from '../command-error.js';
 
 /**
  * The database keygate's servers share: an embedded SQLite file by default, PostgreSQL when
@@ -164,12 +165,36 @@ function toPg(sql: string): string {
   return out;
 }
 
+/** DATABASE_URL as it may be shown: without its password, and not at all when it does not parse. */
+function shownDatabaseUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password) u.password = '***';
+    return ` (${u.toString()})`;
+  } catch {
+    return ' (not a valid URL)';
+  }
+}
+
 export async function openPostgres(url: string): Promise<Db> {
   const { default: pg } = await import('pg');
   // BIGINT (int8) comes back as a string by default; keygate's counters fit in a JS number.
   pg.types.setTypeParser(20, (v: string) => Number(v));
-  const pool = new pg.Pool({ connectionString: url, max: 10 });
-  await pool.query('SELECT 1');
+  let pool: InstanceType<typeof pg.Pool> | undefined;
+  try {
+    pool = new pg.Pool({ connectionString: url, max: 10 });
+    await pool.query('SELECT 1');
+  } catch (err) {
+    await pool?.end().catch(() => undefined);
+    // An operator's mistake (a typo in the URL, a database that is not up or refuses the login),
+    // not a bug: one line with the cause (the server's and the network's messages never hold the
+    // password; the URL parser's refusal is named, not quoted) and the URL without its password.
+    const e = err as { code?: unknown; message?: unknown };
+    const code = typeof e.code === 'string' ? e.code : undefined;
+    const message = code === 'ERR_INVALID_URL' ? 'the URL does not parse' : typeof e.message === 'string' ? e.message.split('\n')[0] : 'unknown error';
+    const why = code && !message.includes(code) ? `${message} (${code})` : message;
+    throw new CliError(`cannot open the database of DATABASE_URL${shownDatabaseUrl(url)}: ${why}`);
+  }
 
   type Queryable = { query: (sql: string, params?: unknown[]) => Promise<{ rows: unknown[]; rowCount: number | null }> };
   const make = (q: Queryable, inTx: boolean): Db => {

@@ -1,3 +1,4 @@
+import { inspect } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { isoToMicros, LineSplitter, makeRedactor, microsToIso, monotonicIso, parseSince } from '../../src/control-plane/logs.js';
 import { canTransition, recoveryAction } from '../../src/control-plane/state.js';
@@ -23,6 +24,19 @@ describe('log helpers', () => {
     const r = makeRedactor(['abc', 'abcdef', '']);
     expect(r('x abcdef y abc z')).toBe('x [redacted] y [redacted] z');
     expect(makeRedactor([])('same')).toBe('same');
+  });
+
+  it('redacts a secret in the forms it takes in output: trimmed, line by line, JSON- and inspect-escaped', () => {
+    const pem = '-----BEGIN KEY-----\nAAAAsecretline1\nBBBBsecretline2\n-----END KEY-----\n';
+    const r = makeRedactor([pem, 'pw-with-newline\n', 'say "hi"\\now', 'nul\u0000inside']);
+    expect(r('AAAAsecretline1')).toBe('[redacted]');
+    expect(r('x BBBBsecretline2 y')).toBe('x [redacted] y');
+    expect(r(JSON.stringify({ k: pem }))).toBe('{"k":"[redacted]"}');
+    expect(r('password: pw-with-newline')).toBe('password: [redacted]');
+    expect(r(JSON.stringify({ k: 'say "hi"\\now' }))).toBe('{"k":"[redacted]"}');
+    expect(r(`Received ${inspect('nul\u0000inside')}`)).toBe("Received '[redacted]'");
+    // Short pieces of a multi-line value are not worth breaking every other line for.
+    expect(makeRedactor(['{\n  "a": 1\n}'])('{ ok }')).toBe('{ ok }');
   });
 
   it('splits lines across chunks (UTF-8 safe) and redacts whole lines', () => {

@@ -1,8 +1,9 @@
 // The pure mapping of the error layer (src/server/errors.ts): every kind of error to the wire.md
 // answer, with no message of a foreign error ever passed on.
+import { spawnSync } from 'node:child_process';
 import { Ajv } from 'ajv';
 import { describe, expect, it } from 'vitest';
-import { errorResponse, frameworkStatuses, HttpError, HttpValidationError, JSON_DECODE_ISSUE, MAX_URL_LENGTH, URL_TOO_LONG } from '../../src/server/errors.js';
+import { errorResponse, frameworkStatuses, HttpError, HttpValidationError, JSON_DECODE_ISSUE, loggableMessage, loggableStack, MAX_URL_LENGTH, URL_TOO_LONG } from '../../src/server/errors.js';
 
 /** A real ajv failure, shaped as fastify hands it to the error handler. */
 function ajvFailure(context: string) {
@@ -77,5 +78,33 @@ describe('frameworkStatuses', () => {
     expect(frameworkStatuses({ method: 'get', authenticated: false, validated: false })).toEqual([]);
     expect(frameworkStatuses({ method: 'get', authenticated: true, validated: true })).toEqual([401, 403, 422]);
     expect(frameworkStatuses({ method: 'delete', authenticated: true, validated: false })).toEqual([401, 403, 413, 415, 422]);
+  });
+});
+
+describe('loggable messages', () => {
+  const secret = 'quoted-by-node-' + 'v9'.repeat(8);
+  /** Node's own refusal of an argument: the real error, not an imitation. */
+  const refused = (() => {
+    try {
+      spawnSync('true', ['ok', `${secret}\u0000`]);
+    } catch (err) {
+      return err as Error;
+    }
+    throw new Error('spawnSync accepted a NUL');
+  })();
+
+  it("drop the value Node's argument checks quote, keep the sentence and the code", () => {
+    expect(refused.message).toContain(secret); // what would have been logged
+    expect((refused as NodeJS.ErrnoException).code).toBe('ERR_INVALID_ARG_VALUE');
+    expect(loggableMessage(refused)).toMatch(/must be a string without null bytes\. Received: \[not logged\]$/);
+    expect(loggableMessage(refused)).not.toContain(secret);
+    expect(loggableStack(refused)).not.toContain(secret);
+    expect(loggableStack(refused)).toMatch(/^TypeError: The argument .* Received: \[not logged\]\n/);
+    expect(loggableStack(refused)).toMatch(/\n\s+at /);
+  });
+
+  it('leave every other message as it is', () => {
+    expect(loggableMessage(new Error('Received 3 rows'))).toBe('Received 3 rows');
+    expect(loggableMessage(Object.assign(new Error('ENOENT: open /x'), { code: 'ENOENT' }))).toBe('ENOENT: open /x');
   });
 });

@@ -1,4 +1,4 @@
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -72,14 +72,21 @@ export class LocalProcessDriver implements RuntimeDriver {
   async start(spec: StartSpec): Promise<Replica> {
     const appDir = spec.artifact;
     const token = ReplicaRecords.newToken();
-    const child = spawn(process.execPath, [KEYGATE_CLI, 'app', 'serve', '--app', appDir, '--listen', '127.0.0.1:0'], {
-      cwd: appDir,
-      env: { ...replicaBaseEnv(appDir), ...spec.env, KEYGATE_API_KEY: spec.apiKey, [REPLICA_TOKEN_ENV]: token },
-      stdio: ['ignore', 'pipe', 'pipe'],
-      // Its own session and process group: a terminal's Ctrl-C does not reach it, and stop() can
-      // signal the group to take whatever the app started along.
-      detached: true,
-    });
+    let child: ChildProcess;
+    try {
+      child = spawn(process.execPath, [KEYGATE_CLI, 'app', 'serve', '--app', appDir, '--listen', '127.0.0.1:0'], {
+        cwd: appDir,
+        env: { ...replicaBaseEnv(appDir), ...spec.env, KEYGATE_API_KEY: spec.apiKey, [REPLICA_TOKEN_ENV]: token },
+        stdio: ['ignore', 'pipe', 'pipe'],
+        // Its own session and process group: a terminal's Ctrl-C does not reach it, and stop() can
+        // signal the group to take whatever the app started along.
+        detached: true,
+      });
+    } catch (err) {
+      // spawn refuses its arguments synchronously with a message that quotes the offending one:
+      // here that is an environment value, a deployment secret. Only the code travels.
+      throw new DeployError(`replica ${spec.replica} could not be started (${(err as NodeJS.ErrnoException).code ?? 'spawn failed'})`);
+    }
     // Recorded before anything else can fail: from here on a crash of this server leaves a trace.
     if (child.pid) this.o.records?.add(token, child.pid, { deploymentId: spec.deploymentId, revisionId: spec.revisionId, replica: spec.replica });
     const exited = new Promise<ExitInfo>((resolve) => {

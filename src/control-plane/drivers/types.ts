@@ -87,3 +87,18 @@ export class DeployError extends Error {
     this.name = 'DeployError';
   }
 }
+
+/**
+ * A one-line reason for a failed build or deploy, fit for a revision's status_message and the logs:
+ * our own errors (BuildError, DeployError) by their message; a system call's failure by its message
+ * (an errno code, the call and a path); anything else only by its name and code, because such a
+ * message may quote what it was given: Node's invalid-argument errors quote an environment value,
+ * that is a deployment secret, escaped and cut to a length no redactor can recognise.
+ */
+export function failureReason(err: unknown): string {
+  if (err instanceof BuildError || err instanceof DeployError) return err.message;
+  const e = err as { message?: unknown; name?: unknown; code?: unknown; syscall?: unknown } | null;
+  if (e && typeof e.syscall === 'string' && typeof e.message === 'string') return e.message.split('\n')[0];
+  const name = e && typeof e.name === 'string' ? e.name : 'Error';
+  return `internal error (${name}${e && typeof e.code === 'string' ? ` ${e.code}` : ''})`;
+}
