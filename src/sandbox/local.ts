@@ -605,12 +605,20 @@ class LocalBox implements Box {
     const underTini = !cg;
     const inBox = [...(underTini ? [BOX_TINI, '-s', '--'] : []), '/usr/bin/env', '-i', ...env.map(([k, v]) => `${k}=${v}`), ...argv];
     const cmd = this.driver.enterCommand(this, cwd, inBox, cg, this.spec.resources);
-    const child = spawn(cmd[0], cmd.slice(1), {
-      env: HOST_HELPER_ENV,
-      stdio: [opts.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe'],
-      // Its own process group: no signal sent to the server's group reaches it.
-      detached: true,
-    });
+    let child: ChildProcess;
+    try {
+      child = spawn(cmd[0], cmd.slice(1), {
+        env: HOST_HELPER_ENV,
+        stdio: [opts.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe'],
+        // Its own process group: no signal sent to the server's group reaches it.
+        detached: true,
+      });
+    } catch (e) {
+      // Refused before anything ran (an argument Node cannot pass): the execution's cgroup, made
+      // above, would otherwise stay behind, one more per such request.
+      if (cg) removeCgroup(cg);
+      throw e;
+    }
     // The spawned process, known by its start time (its pid is reused once Node has collected it).
     // Read at once: Node collects it no earlier than on a later turn of the event loop.
     const rootStart = underTini && child.pid ? startTime(child.pid) : null;
