@@ -366,6 +366,11 @@ export class SandboxService {
    * stops a box in the middle of a command).
    */
   async exec(workspaceId: string, name: string, opts: { command: string | string[]; timeoutMs: number; env?: Record<string, string>; cwd?: string; stdin?: boolean }): Promise<ExecProcess> {
+    // A program named NAME=VALUE would be one more variable to the `env` that starts a command in
+    // a local box: refused for every driver alike, before anything is started.
+    if (Array.isArray(opts.command) && opts.command[0].includes('=')) {
+      throw new HttpValidationError([{ loc: ['body', 'command', 0], msg: 'The program name must not contain "="', type: 'value_error' }]);
+    }
     const rec = await this.mustGet(workspaceId, name);
     const live = this.runningBox(rec);
     live.active++;

@@ -1,0 +1,123 @@
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import WebSocket from 'ws';
+import type { EchoOrigin } from '../../src/sandbox-api/demo-origin.js';
+import { DockerEngine } from '../../src/docker/engine.js';
+import { boxImageUnavailableReason, ensureBoxImage } from '../helpers/box-image.js';
+import { startCli, waitForLine, type RunningCli } from '../helpers/cli.js';
+import { dockerSocket, engineUnavailableReason } from '../helpers/docker-engine.js';
+import { execIn, localBoxesUnavailable, setUpServe } from './box-helpers.js';
+import { api, cleanTmp, tmp } from './helpers.js';
+
+// Hostile API input against real boxes behind a real `keygate serve` (both real drivers): requests
+// that the API must refuse in wire.md's shape without starting or leaving anything.
+
+const UNAVAILABLE = {
+  local: localBoxesUnavailable(),
+  docker: (await engineUnavailableReason()) ?? boxImageUnavailableReason(),
+};
+for (const [d, why] of Object.entries(UNAVAILABLE)) if (why) console.warn(`SKIPPED hostile input tests (${d} driver): ${why}`);
+
+const KEY = 'hostile-inputs-key-0123456789abcdef';
+const ORIGIN_HOST = 'api.example.test';
+
+/** Directories of the cgroup(s) named `id` under this server's cgroup of the pids hierarchy (v1), if any. */
+function boxCgroupDirs(serverPid: number, id: string): string[] {
+  let own: string | undefined;
+  try {
+    own = readFileSync(`/proc/${serverPid}/cgroup`, 'utf8').split('\n').map((l) => l.split(':')).find((l) => l[1]?.split(',').includes('pids'))?.[2];
+  } catch {
+    return [];
+  }
+  if (own === undefined) return [];
+  const base = path.join('/sys/fs/cgroup/pids', own);
+  let tags: string[];
+  try {
+    tags = readdirSync(base).filter((n) => n.startsWith('keygate-'));
+  } catch {
+    return [];
+  }
+  return tags.map((t) => path.join(base, t, id)).filter((d) => {
+    try {
+      readdirSync(d);
+      return true;
+    } catch {
+      return false;
+    }
+  });
+}
+
+describe.each(['local', 'docker'] as const)('hostile API input (%s driver)', (which) => {
+  describe.skipIf(UNAVAILABLE[which])(which, () => {
+    let origin: EchoOrigin;
+    let server: RunningCli;
+    const A = (method: string, url: string, body?: unknown) => api(server.url, KEY, method, url, body);
+
+    beforeAll(async () => {
+      const cfg = tmp();
+      const image = which === 'docker' ? await ensureBoxImage(new DockerEngine(dockerSocket()!)) : undefined;
+      writeFileSync(path.join(cfg, 'templates.json'), JSON.stringify([{ name: 'box', description: 'hostile input', ...(image ? { image } : { rootfs: 'host' }), environment: {} }]));
+      let env: NodeJS.ProcessEnv;
+      let dataDir: string;
+      ({ origin, dataDir, env } = await setUpServe(KEY, ORIGIN_HOST));
+      server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', dataDir, '--sandbox-driver', which, '--config-dir', cfg], { env });
+      await waitForLine(server, (l) => l.startsWith(`sandbox driver ${which}`));
+      const r = await A('POST', '/api/v2/sandboxes/boxes', { template_name: 'box', name: 'in1', wait_for_ready: true });
+      expect(r.body.status, r.text).toBe('ready');
+    }, 90_000);
+
+    afterAll(async () => {
+      if (server) for (const b of (await A('GET', '/api/v2/sandboxes/boxes?limit=100')).body.resources) await A('DELETE', `/api/v2/sandboxes/boxes/${b.name}`);
+      if (server) expect(await server.stop(), server.output().slice(-3000)).toBe(0);
+      await origin?.close();
+      cleanTmp();
+    });
+
+    // A NUL cannot be passed to exec; "=" in the program name would be read by `env` as a variable.
+    const BAD: [string, Record<string, unknown>, (string | number)[]][] = [
+      ['NUL in a command line', { command: 'echo hi\u0000' }, ['body', 'command']],
+      ['NUL in an argv item', { command: ['echo', 'h\u0000i'] }, ['body', 'command', 1]],
+      ['NUL in the program', { command: ['ec\u0000ho', 'hi'] }, ['body', 'command', 0]],
+      ['"=" in the program', { command: ['A=B', 'hi'] }, ['body', 'command', 0]],
+      ['NUL in an env value', { command: 'echo hi', env: { A: 'x\u0000y' } }, ['body', 'env', 'A']],
+      ['NUL in cwd', { command: 'echo hi', cwd: '/tmp\u0000x' }, ['body', 'cwd']],
+    ];
+
+    it('execute: what no process can be started with is a 422 at its loc (HTTP), never a 500 or a run', async () => {
+      const id = (await A('GET', '/api/v2/sandboxes/boxes/in1')).body.id as string;
+      for (const [what, body, loc] of BAD) {
+        const r = await A('POST', '/api/v2/sandboxes/boxes/in1/execute', body);
+        expect(r.status, `${what}: ${r.text}`).toBe(422);
+        expect(r.body.detail.map((d: { loc: unknown }) => JSON.stringify(d.loc)), what).toContain(JSON.stringify(loc));
+      }
+      // Nothing was left behind by the refusals (the local driver makes a cgroup per execution).
+      if (which === 'local') {
+        for (const dir of boxCgroupDirs(server.proc.pid!, id)) {
+          const left = readdirSync(dir, { withFileTypes: true }).filter((e) => e.isDirectory()).map((e) => e.name);
+          expect(left, dir).toEqual([]);
+        }
+      }
+      // ... and the box still runs commands.
+      expect((await execIn(server.url, KEY, 'in1', ['echo', 'still here'])).stdout).toBe('still here\n');
+    });
+
+    it('execute over the WebSocket: the same requests get an error frame with a 422 detail, then close 1008', async () => {
+      for (const [what, body, loc] of BAD) {
+        const ws = new WebSocket(`${server.url.replace('http', 'ws')}/api/v2/sandboxes/boxes/in1/execute/ws`, { headers: { 'x-api-key': KEY } });
+        const msgs: any[] = [];
+        ws.on('message', (m) => msgs.push(JSON.parse(m.toString())));
+        const code = await new Promise<number>((resolve) => {
+          ws.on('open', () => ws.send(JSON.stringify(body)));
+          ws.on('close', (c) => resolve(c));
+          ws.on('error', () => undefined);
+        });
+        expect(code, what).toBe(1008);
+        expect(msgs.map((m) => m.type), what).not.toContain('started');
+        const err = msgs.find((m) => m.type === 'error');
+        expect(Array.isArray(err?.detail), `${what}: ${JSON.stringify(msgs)}`).toBe(true);
+        expect(err.detail.map((d: { loc: unknown }) => JSON.stringify(d.loc)), what).toContain(JSON.stringify(loc));
+      }
+    });
+  });
+});
