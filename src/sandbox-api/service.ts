@@ -312,19 +312,24 @@ export class SandboxService {
       const prepared = input.proxy_config ? await this.prepareConfig(workspaceId, input.proxy_config, issues) : undefined;
       if (issues.length) throw new HttpValidationError(issues);
       await this.perSandbox.run(current.id, async () => {
+        // As it is now, not as it was before the queue: a stop or the idle TTL may have gone first.
+        const cur = await this.deps.store.getById(current.id);
+        if (!cur) return;
         if (input.idle_ttl_seconds !== undefined) {
-          await this.deps.store.setIdleTtl(current.id, input.idle_ttl_seconds);
-          const live = this.live.get(current.id);
+          await this.deps.store.setIdleTtl(cur.id, input.idle_ttl_seconds);
+          const live = this.live.get(cur.id);
           if (live) live.idleTtlMs = input.idle_ttl_seconds * 1000;
         }
         if (prepared) {
-          await this.deps.store.setConfig(current.id, prepared.stored);
-          await this.apply({ ...current, proxyConfig: prepared.stored }, prepared.compiled);
+          await this.deps.store.setConfig(cur.id, prepared.stored);
+          // A stopped box stays stopped (only start brings it back, and applies the new
+          // configuration then): pushing it would start its proxy and box again.
+          if (cur.status !== 'stopped') await this.apply({ ...cur, proxyConfig: prepared.stored }, prepared.compiled);
         }
       });
       return current;
     });
-    return this.view((await this.deps.store.getById(rec.id))!);
+    return this.viewById(rec.id, name);
   }
 
   async delete(workspaceId: string, name: string): Promise<void> {
@@ -343,7 +348,7 @@ export class SandboxService {
   async stop(workspaceId: string, name: string): Promise<SandboxView> {
     const rec = await this.mustGet(workspaceId, name);
     await this.perSandbox.run(rec.id, () => this.stopNow(rec.id, null));
-    return this.view((await this.deps.store.getById(rec.id))!);
+    return this.viewById(rec.id, name);
   }
 
   /** Starts a stopped (or failed) box again; answers once it is ready or failed. */
@@ -355,7 +360,7 @@ export class SandboxService {
       await this.deps.store.setStatus(cur.id, 'provisioning', null);
       await this.reapply(cur.id, true);
     });
-    return this.view((await this.deps.store.getById(rec.id))!);
+    return this.viewById(rec.id, name);
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -749,6 +754,13 @@ export class SandboxService {
 
   private removeFiles(id: string): void {
     rmSync(this.sandboxDir(id), { recursive: true, force: true });
+  }
+
+  /** The record as it is now; 404 when it was deleted meanwhile (a DELETE that went first). */
+  private async viewById(id: string, name: string): Promise<SandboxView> {
+    const rec = await this.deps.store.getById(id);
+    if (!rec) throw notFound(`Sandbox '${name}' not found.`);
+    return this.view(rec);
   }
 
   private async mustGet(workspaceId: string, name: string): Promise<SandboxRecord> {

@@ -11,7 +11,8 @@ import { execIn, localBoxesUnavailable, setUpServe } from './box-helpers.js';
 import { api, cleanTmp, tmp } from './helpers.js';
 
 // Hostile API input against real boxes behind a real `keygate serve` (both real drivers): requests
-// that the API must refuse in wire.md's shape without starting or leaving anything.
+// that the API must refuse in wire.md's shape without starting or leaving anything, and lifecycle
+// operations that must not undo a stop.
 
 const UNAVAILABLE = {
   local: localBoxesUnavailable(),
@@ -119,5 +120,25 @@ describe.each(['local', 'docker'] as const)('hostile API input (%s driver)', (wh
         expect(err.detail.map((d: { loc: unknown }) => JSON.stringify(d.loc)), what).toContain(JSON.stringify(loc));
       }
     });
+
+    it('a PATCH of a stopped box keeps it stopped (no process, 409 on execute); start applies the new proxy_config', async () => {
+      const made = await A('POST', '/api/v2/sandboxes/boxes', { template_name: 'box', name: 'st1', wait_for_ready: true });
+      expect(made.body.status, made.text).toBe('ready');
+      expect((await A('POST', '/api/v2/sandboxes/boxes/st1/stop')).body.status).toBe('stopped');
+      const config = { rules: [{ name: 'hunt', match_hosts: [ORIGIN_HOST], headers: [{ name: 'X-Hunt', type: 'plaintext', value: 'patched-while-stopped' }] }] };
+      const patched = await A('PATCH', '/api/v2/sandboxes/boxes/st1', { proxy_config: config, idle_ttl_seconds: 900 });
+      expect(patched.status, patched.text).toBe(200);
+      expect(patched.body.status).toBe('stopped');
+      expect(patched.body.proxy_config.rules[0].name).toBe('hunt');
+      expect(patched.body.idle_ttl_seconds).toBe(900);
+      const refused = await A('POST', '/api/v2/sandboxes/boxes/st1/execute', { command: 'true' });
+      expect(refused.status, refused.text).toBe(409);
+      expect((await A('GET', '/api/v2/sandboxes/boxes/st1')).body.status).toBe('stopped');
+      // start brings it back with the configuration it was given while stopped.
+      expect((await A('POST', '/api/v2/sandboxes/boxes/st1/start')).body.status).toBe('ready');
+      const r = await execIn(server.url, KEY, 'st1', `curl -sS --max-time 10 https://${ORIGIN_HOST}:${origin.port}/api/user`);
+      expect(r.exit_code, r.stderr).toBe(0);
+      expect(JSON.parse(r.stdout).headers['x-hunt']).toBe('patched-while-stopped');
+    }, 60_000);
   });
 });
