@@ -28,7 +28,7 @@ import {
 import { BOX_TRUSTSTORE_PATH } from '../certs/env.js';
 import { readFileOrEmpty } from '../builtins/fs.js';
 import { readProcStat } from '../proc.js';
-import { BOX_MAIN, BOX_NAMESPACES, bwrapArgs, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, type RootEntry } from './bwrap.js';
+import { BOX_MAIN, BOX_NAMESPACES, bwrapArgs, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, tmpfsSizes, type RootEntry } from './bwrap.js';
 import { readBoxFile, writeBoxFile } from './box-files.js';
 import { BOX_RUNTIME_DIR, BOX_TINI, findTini } from './docker-relay.js';
 import { cgroupLayout, createCgroup, existingCgroup, cgroupHasProcesses, killCgroup, listBoxCgroups, procsFiles, removeCgroup, removeLayoutIfEmpty, rlimitArgs, type Cgroup, type CgroupLayout } from './limits.js';
@@ -294,6 +294,7 @@ export class LocalDriver implements SandboxDriver {
       infoFd: 3,
       disableUserns: process.getuid?.() === 0,
       lent: layout ? undefined : { dir: BOX_RUNTIME_DIR, files: { [BOX_TINI]: tools.tini! } },
+      tmpfsMb: tmpfsSizes(spec.resources.memory_mb),
     });
     let cg: Cgroup | null = null;
     let prefix: string[];
