@@ -398,21 +398,55 @@ export class SandboxService {
     this.deps.store.touch(id, nowIso()).catch(() => undefined);
   }
 
-  async readFile(workspaceId: string, name: string, boxPath: string, maxBytes: number) {
-    const live = this.runningBox(await this.mustGet(workspaceId, name));
+  /**
+   * A file transfer counts as activity from its start until its last byte (a download: until its
+   * stream closes): the idle TTL never stops a box in the middle of one. A box stopped meanwhile
+   * anyway (stop, DELETE) makes the transfer a 409 that says so, not whatever the cut looked like.
+   */
+  private async transfer<T>(rec: SandboxRecord, live: LiveBox, fn: () => Promise<T>, until: (result: T) => Promise<void> = async () => undefined): Promise<T> {
+    live.active++;
     live.lastActive = Date.now();
-    return live.box.readFile(boxPath, maxBytes);
+    let ended = false;
+    const end = () => {
+      if (ended) return;
+      ended = true;
+      live.active--;
+      live.lastActive = Date.now();
+    };
+    let result: T;
+    try {
+      result = await fn();
+    } catch (err) {
+      end();
+      if (this.live.get(rec.id) !== live) throw conflict(`Sandbox '${rec.name}' was stopped during the file transfer.`);
+      throw err;
+    }
+    void until(result).finally(end);
+    return result;
+  }
+
+  async readFile(workspaceId: string, name: string, boxPath: string, maxBytes: number) {
+    const rec = await this.mustGet(workspaceId, name);
+    const live = this.runningBox(rec);
+    return this.transfer(
+      rec,
+      live,
+      () => live.box.readFile(boxPath, maxBytes),
+      (file) => new Promise<void>((resolve) => (file.stream.destroyed ? resolve() : file.stream.once('close', () => resolve()))),
+    );
   }
 
   /** Writes a file, creating its parent directories first, inside the box (as the box's user). */
   async writeFile(workspaceId: string, name: string, boxPath: string, body: Readable, maxBytes: number) {
-    const live = this.runningBox(await this.mustGet(workspaceId, name));
-    live.lastActive = Date.now();
-    const mkdir = await live.box.exec({ command: ['mkdir', '-p', '--', path.posix.dirname(boxPath)], timeoutMs: 30_000 });
-    mkdir.stdout.resume();
-    mkdir.stderr.resume();
-    await mkdir.done; // a failure shows in the write's own error (no such directory)
-    return live.box.writeFile(boxPath, body, maxBytes);
+    const rec = await this.mustGet(workspaceId, name);
+    const live = this.runningBox(rec);
+    return this.transfer(rec, live, async () => {
+      const mkdir = await live.box.exec({ command: ['mkdir', '-p', '--', path.posix.dirname(boxPath)], timeoutMs: 30_000 });
+      mkdir.stdout.resume();
+      mkdir.stderr.resume();
+      await mkdir.done; // a failure shows in the write's own error (no such directory)
+      return live.box.writeFile(boxPath, body, maxBytes);
+    });
   }
 
   /** The running box of a record, or the 409 that says why there is none. */

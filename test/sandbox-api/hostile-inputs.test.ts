@@ -1,5 +1,6 @@
 import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
+import { Readable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket from 'ws';
 import type { EchoOrigin } from '../../src/sandbox-api/demo-origin.js';
@@ -7,7 +8,7 @@ import { DockerEngine } from '../../src/docker/engine.js';
 import { boxImageUnavailableReason, ensureBoxImage } from '../helpers/box-image.js';
 import { startCli, waitForLine, type RunningCli } from '../helpers/cli.js';
 import { dockerSocket, engineUnavailableReason } from '../helpers/docker-engine.js';
-import { execIn, localBoxesUnavailable, setUpServe } from './box-helpers.js';
+import { execIn, localBoxesUnavailable, setUpServe, waitStatus } from './box-helpers.js';
 import { api, cleanTmp, tmp } from './helpers.js';
 
 // Hostile API input against real boxes behind a real `keygate serve` (both real drivers): requests
@@ -139,6 +140,56 @@ describe.each(['local', 'docker'] as const)('hostile API input (%s driver)', (wh
       const r = await execIn(server.url, KEY, 'st1', `curl -sS --max-time 10 https://${ORIGIN_HOST}:${origin.port}/api/user`);
       expect(r.exit_code, r.stderr).toBe(0);
       expect(JSON.parse(r.stdout).headers['x-hunt']).toBe('patched-while-stopped');
+    }, 60_000);
+
+    it('a file transfer keeps its box from the idle TTL: a slow upload and a slow download go through whole', async () => {
+      const made = await A('POST', '/api/v2/sandboxes/boxes', { template_name: 'box', name: 'slow1', wait_for_ready: true, idle_ttl_seconds: 1 });
+      expect(made.body.status, made.text).toBe('ready');
+      const MiB = 1024 * 1024;
+      // 4 MiB over ~4 s: four times the idle TTL.
+      const chunks = 16;
+      async function* trickle() {
+        for (let i = 0; i < chunks; i++) {
+          await new Promise((r) => setTimeout(r, 250));
+          yield Buffer.alloc(MiB / 4, i);
+        }
+      }
+      const up = await fetch(`${server.url}/api/v2/sandboxes/boxes/slow1/files?path=/workspace/slow.bin`, {
+        method: 'PUT',
+        headers: { 'x-api-key': KEY, 'content-type': 'application/octet-stream' },
+        body: Readable.toWeb(Readable.from(trickle())) as ReadableStream,
+        duplex: 'half',
+      } as RequestInit);
+      expect(up.status, await up.clone().text()).toBe(201);
+      expect((await up.json()).size).toBe(chunks * (MiB / 4));
+      // Read back at ~1 MiB/s.
+      const down = await fetch(`${server.url}/api/v2/sandboxes/boxes/slow1/files?path=/workspace/slow.bin`, { headers: { 'x-api-key': KEY } });
+      expect(down.status).toBe(200);
+      let got = 0;
+      const reader = down.body!.getReader();
+      for (;;) {
+        const { done, value } = await reader.read().catch(() => ({ done: true, value: undefined }));
+        if (done) break;
+        got += value!.length;
+        await new Promise((r) => setTimeout(r, Math.ceil(value!.length / MiB * 1000)));
+      }
+      expect(got).toBe(chunks * (MiB / 4));
+      // Idle once nothing moves: then the TTL stops it.
+      await waitStatus(server.url, KEY, 'slow1', 'stopped', 15_000);
+      // A stop in the middle of an upload: the upload says the box was stopped (409), in wire.md's shape.
+      expect((await A('POST', '/api/v2/sandboxes/boxes/slow1/start')).body.status).toBe('ready');
+      const cut = fetch(`${server.url}/api/v2/sandboxes/boxes/slow1/files?path=/workspace/cut.bin`, {
+        method: 'PUT',
+        headers: { 'x-api-key': KEY, 'content-type': 'application/octet-stream' },
+        body: Readable.toWeb(Readable.from(trickle())) as ReadableStream,
+        duplex: 'half',
+      } as RequestInit);
+      await new Promise((r) => setTimeout(r, 1000));
+      expect((await A('POST', '/api/v2/sandboxes/boxes/slow1/stop')).body.status).toBe('stopped');
+      const res = await cut;
+      const text = await res.text();
+      expect(res.status, text).toBe(409);
+      expect(JSON.parse(text).detail).toMatch(/stopped during the file transfer/);
     }, 60_000);
   });
 });
