@@ -122,6 +122,16 @@ describe.each(['local', 'docker'] as const)('hostile API input (%s driver)', (wh
       }
     });
 
+    it('an upload where the box may not write is a 422 at query.path, the same on both drivers (never a 500)', async () => {
+      for (const p of ['/etc/x', '/usr/x', '/proc/x', '/dev/null']) {
+        const r = await fetch(`${server.url}/api/v2/sandboxes/boxes/in1/files?path=${encodeURIComponent(p)}`, { method: 'PUT', headers: { 'x-api-key': KEY }, body: 'x' });
+        const text = await r.text();
+        expect(r.status, `${p}: ${text}`).toBe(422);
+        expect(JSON.parse(text).detail[0].loc, p).toEqual(['query', 'path']);
+        expect(JSON.parse(text).detail[0].msg, p).toMatch(/not writable/);
+      }
+    });
+
     it('a PATCH of a stopped box keeps it stopped (no process, 409 on execute); start applies the new proxy_config', async () => {
       const made = await A('POST', '/api/v2/sandboxes/boxes', { template_name: 'box', name: 'st1', wait_for_ready: true });
       expect(made.body.status, made.text).toBe('ready');

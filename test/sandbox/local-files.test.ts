@@ -141,4 +141,29 @@ describe.skipIf(!probe.ok)(`local driver: files stay in the box (${probe.why})`,
     expect(e.kind).toBe('not_found');
     expect(e.message).not.toContain(TMP);
   });
+
+  it("what the box cannot write or read, or has no room for, is refused as the caller's problem (never a bare failure)", async () => {
+    const one = () => Readable.from([Buffer.from('x')]);
+    // Read-only mounts, /proc, and a device.
+    for (const p of ['/etc/x', '/usr/x', '/proc/x', '/dev/null', '/etc/keygate/ca.pem']) {
+      const e = await fileError(box.writeFile(p, one(), 10));
+      expect(e.kind, `${p}: ${e.message}`).toBe('bad_path');
+      expect(e.message, p).toMatch(/not writable/);
+    }
+    // A file the box made unreadable to itself.
+    await run(box, 'echo secret > /workspace/locked && chmod 000 /workspace/locked');
+    const locked = await fileError(box.readFile('/workspace/locked', 100));
+    expect(locked.kind, locked.message).toBe('bad_path');
+    expect(locked.message).toMatch(/not readable/);
+    // No room left: /tmp of this box is 128 MiB (half its memory).
+    const big = Readable.from(
+      (function* () {
+        for (let i = 0; i < 160; i++) yield Buffer.alloc(1024 * 1024, 1);
+      })(),
+    );
+    const full = await fileError(box.writeFile('/tmp/big.bin', big, 1024 * 1024 * 1024));
+    expect(full.kind, full.message).toBe('too_large');
+    expect(full.message).toMatch(/no space left/);
+    expect((await run(box, 'ls -A /tmp')).stdout).not.toMatch(/big\.bin|kg-upload/);
+  });
 });
