@@ -8,15 +8,20 @@
 /** The uid and gid every process in a box has (mapped to the server's own uid outside). */
 export const BOX_UID = 1000;
 
-/** A top-level entry of a root file system: bound read-only, or recreated as the same symlink. */
-export type RootEntry = { name: string; kind: 'dir' } | { name: string; kind: 'symlink'; target: string };
+/**
+ * An entry of a root file system (top level, or in its /etc): bound read-only, or recreated as the
+ * same symlink. A symlink is never bound: bwrap would resolve it on the host, so that an image's
+ * `/etc/localtime -> /usr/share/...`, or a hostile `etc/x -> /var/lib/keygate/master.key`, would
+ * bind the host's file; recreated, it resolves inside the box as the image meant.
+ */
+export type RootEntry = { name: string; kind: 'dir' | 'file' } | { name: string; kind: 'symlink'; target: string };
 
 export interface BwrapPlan {
   /** Host directory of each root entry (the host's `/` for the `host` template, else the rootfs). */
   rootDir: string;
   entries: RootEntry[];
-  /** Names under `<rootDir>/etc` to bind (a rootfs template); for `host`, only `etcFiles`. */
-  etcEntries: string[];
+  /** Entries of `<rootDir>/etc` to bind or recreate (a rootfs template; for `host`, the shared few). */
+  etcEntries: RootEntry[];
   /** Box path -> host file, bound read-only (minimal /etc, /etc/keygate/*.pem). */
   files: Record<string, string>;
   /** Host directory seen read-write at /workspace. */
@@ -88,7 +93,11 @@ export function bwrapArgs(plan: BwrapPlan): string[] {
   a.push('--symlink', '/proc/self/fd', '/dev/fd', '--symlink', '/proc/self/fd/0', '/dev/stdin', '--symlink', '/proc/self/fd/1', '/dev/stdout');
   a.push('--symlink', '/proc/self/fd/2', '/dev/stderr', '--size', String(plan.tmpfsMb.shm * MiB), '--tmpfs', '/dev/shm', '--remount-ro', '/dev');
   a.push('--size', String(plan.tmpfsMb.tmp * MiB), '--tmpfs', '/tmp', '--dir', '/run', '--dir', '/etc');
-  for (const name of plan.etcEntries) if (name !== 'keygate') a.push('--ro-bind', `${plan.rootDir}/etc/${name}`, `/etc/${name}`);
+  for (const e of plan.etcEntries) {
+    if (e.name === 'keygate') continue;
+    if (e.kind === 'symlink') a.push('--symlink', e.target, `/etc/${e.name}`);
+    else a.push('--ro-bind', `${plan.rootDir}/etc/${e.name}`, `/etc/${e.name}`);
+  }
   for (const [boxPath, hostFile] of Object.entries(plan.files)) a.push('--ro-bind', hostFile, boxPath);
   if (plan.lent) {
     a.push('--tmpfs', plan.lent.dir);

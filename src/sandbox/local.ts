@@ -116,8 +116,12 @@ function readSysctl(p: string): string | null {
   }
 }
 
-/** Top-level entries of a root directory, as bwrap must recreate them. */
-function rootEntries(dir: string, only?: string[]): RootEntry[] {
+/**
+ * Entries of a directory of a root file system, as bwrap must recreate them: directories (and, with
+ * `files`, regular files) bound, symlinks recreated as symlinks (never followed on the host: see
+ * RootEntry), anything else left out.
+ */
+function rootEntries(dir: string, only?: string[], files = false): RootEntry[] {
   const names = only ?? readdirSync(dir);
   const out: RootEntry[] = [];
   for (const name of names) {
@@ -130,6 +134,7 @@ function rootEntries(dir: string, only?: string[]): RootEntry[] {
     }
     if (st.isSymbolicLink()) out.push({ name, kind: 'symlink', target: readlinkSync(p) });
     else if (st.isDirectory()) out.push({ name, kind: 'dir' });
+    else if (files && st.isFile()) out.push({ name, kind: 'file' });
   }
   return out;
 }
@@ -270,12 +275,12 @@ export class LocalDriver implements SandboxDriver {
       writeFileSync(f, content, { mode: 0o644 });
       files[boxPath] = f;
     };
-    let etcEntries: string[];
+    let etcEntries: RootEntry[];
     if (root === 'host') {
       for (const [name, content] of Object.entries(hostEtc())) put(`/etc/${name}`, content);
-      etcEntries = [...HOST_ETC_SHARED.filter((n) => existsSync(path.join('/etc', n))), ...readdirSync('/etc').filter((n) => HOST_ETC_JDK.test(n))];
+      etcEntries = rootEntries('/etc', [...HOST_ETC_SHARED, ...readdirSync('/etc').filter((n) => HOST_ETC_JDK.test(n))], true);
     } else {
-      etcEntries = existsSync(path.join(root, 'etc')) ? readdirSync(path.join(root, 'etc')) : [];
+      etcEntries = existsSync(path.join(root, 'etc')) ? rootEntries(path.join(root, 'etc'), undefined, true) : [];
     }
     put('/etc/keygate/ca.pem', spec.caPem);
     put('/etc/keygate/ca-bundle.pem', spec.caBundlePem);
