@@ -120,8 +120,17 @@ export async function readBoxFile(exec: Exec, boxPath: string, maxBytes: number)
   });
   const out = new PassThrough();
   cap.pipe(out);
-  cap.on('error', (e) => {
+  // Once nobody reads `out`, what is left of the reader's output is drained and dropped: left in
+  // the pipe, it never ends, the execution is never collected, and its pipe (a descriptor of this
+  // server), its cgroup and its place among the box's executions stay until the box stops (and a
+  // server shutting down waited on that pipe until its forced exit).
+  const abandon = () => {
     p.kill('SIGKILL');
+    p.stdout.unpipe(cap);
+    p.stdout.resume();
+  };
+  cap.on('error', (e) => {
+    abandon();
     out.destroy(e);
   });
   if (head.rest.length) cap.write(head.rest);
@@ -129,7 +138,7 @@ export async function readBoxFile(exec: Exec, boxPath: string, maxBytes: number)
   p.stdout.resume();
   // The consumer going away early stops the reader in the box.
   out.on('close', () => {
-    if (!out.readableEnded) p.kill('SIGKILL');
+    if (!out.readableEnded) abandon();
   });
   void p.done.then((r) => {
     if (r.exitCode !== 0 && !out.destroyed) out.destroy(failure(r.exitCode, stderr(), 'read'));
