@@ -105,7 +105,10 @@ export class DockerBoxDriver implements SandboxDriver {
   constructor(opts: DockerBoxDriverOptions = {}) {
     const socketPath = opts.socketPath ?? dockerSocketPath(process.env);
     this.where = socketPath ? `unix://${socketPath}` : `DOCKER_HOST=${process.env.DOCKER_HOST}`;
-    this.engine = socketPath ? new DockerEngine(socketPath) : null;
+    // A connection per request in flight: a file transfer (the engine's archive stream) lasts as
+    // long as its client takes to read it, and on one shared connection it held up every other
+    // box's executions, timeouts, kills and stops behind it, across workspaces.
+    this.engine = socketPath ? new DockerEngine(socketPath, { pool: true }) : null;
     this.logger = opts.logger;
     this.scope = opts.scope ?? 'keygate-box';
   }

@@ -132,6 +132,29 @@ describe.each(['local', 'docker'] as const)('hostile API input (%s driver)', (wh
       }
     });
 
+    it("one box's download held open by a client that does not read holds up no other box's execute, timeout or stop", async () => {
+      const made = await A('POST', '/api/v2/sandboxes/boxes', { template_name: 'box', name: 'dl1', wait_for_ready: true });
+      expect(made.body.status, made.text).toBe('ready');
+      expect((await execIn(server.url, KEY, 'dl1', 'head -c 20000000 /dev/zero > /workspace/big && echo made')).stdout).toBe('made\n');
+      const ctl = new AbortController();
+      const held = await fetch(`${server.url}/api/v2/sandboxes/boxes/dl1/files?path=/workspace/big`, { headers: { 'x-api-key': KEY }, signal: ctl.signal });
+      expect(held.status).toBe(200);
+      try {
+        // The body is not read: the server's stream and whatever feeds it wait for the client.
+        await new Promise((r) => setTimeout(r, 1000));
+        const t0 = Date.now();
+        const r = await execIn(server.url, KEY, 'in1', ['echo', 'not held up']);
+        expect(r.stdout).toBe('not held up\n');
+        const timed = await execIn(server.url, KEY, 'in1', 'sleep 30', { timeout_seconds: 1 });
+        expect(timed.timed_out).toBe(true);
+        expect((await A('POST', '/api/v2/sandboxes/boxes/in1/stop')).body.status).toBe('stopped');
+        expect(Date.now() - t0, 'execute, a timeout and a stop of another box').toBeLessThan(15_000);
+        expect((await A('POST', '/api/v2/sandboxes/boxes/in1/start')).body.status).toBe('ready');
+      } finally {
+        ctl.abort();
+      }
+    }, 90_000);
+
     it('a PATCH of a stopped box keeps it stopped (no process, 409 on execute); start applies the new proxy_config', async () => {
       const made = await A('POST', '/api/v2/sandboxes/boxes', { template_name: 'box', name: 'st1', wait_for_ready: true });
       expect(made.body.status, made.text).toBe('ready');
