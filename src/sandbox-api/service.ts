@@ -686,7 +686,25 @@ export class SandboxService {
       stateDir: this.boxStateDir(rec.id),
     });
     this.live.set(rec.id, { box, active: 0, lastActive: Date.now(), idleTtlMs: rec.idleTtlSeconds * 1000 });
+    void box.ended.then(() => this.boxEnded(rec.id, box));
     await this.deps.store.touch(rec.id);
+  }
+
+  /**
+   * A box that ended without the service stopping it (its init exited: the box's own code can do
+   * that; its container died) is stopped on record, with why, and its proxy with it: never a
+   * `ready` box whose every execution fails. Only `start` brings it back.
+   */
+  private boxEnded(id: string, box: Box): void {
+    if (this.live.get(id)?.box !== box) return; // stopped by the service (stop, TTL, DELETE, shutdown)
+    void this.perSandbox.run(id, async () => {
+      if (this.live.get(id)?.box !== box) return;
+      this.live.delete(id);
+      await this.stopProxy(id);
+      if (this.closing || !(await this.deps.store.getById(id))) return;
+      await this.deps.store.setStatus(id, 'stopped', 'The box ended by itself (its processes are gone); start it again.');
+      this.deps.logger.warn({ sandbox_id: id }, 'sandbox stopped: the box ended by itself');
+    }).catch((err: Error) => this.deps.logger.error({ sandbox_id: id, err: { message: err.message } }, 'recording an ended box failed'));
   }
 
   private async stopBox(id: string): Promise<void> {

@@ -374,6 +374,8 @@ export class DockerBoxDriver implements SandboxDriver {
 
 class DockerBox implements Box {
   private stopped = false;
+  private markEnded!: () => void;
+  readonly ended = new Promise<void>((resolve) => (this.markEnded = resolve));
 
   constructor(
     readonly id: string,
@@ -382,7 +384,15 @@ class DockerBox implements Box {
     private readonly files: FilesContext,
     private readonly execs: ExecContext,
     private readonly forget: () => void,
-  ) {}
+  ) {
+    // The engine answers this once the container is not running any more (it died: the relay,
+    // its main process, was killed, e.g. by the OOM killer): the box is over, stopped here too.
+    void files.engine
+      .request('POST', `/containers/${containerId}/wait?condition=not-running`, { timeoutMs: 0 })
+      .then((res) => res.body.dump())
+      .catch(() => undefined)
+      .then(() => (this.stopped ? undefined : this.stop().catch(() => undefined)));
+  }
 
   private running(): void {
     if (this.stopped) throw new BoxFileError('not_running', 'the box is not running');
@@ -414,8 +424,12 @@ class DockerBox implements Box {
     if (this.stopped) return;
     this.stopped = true;
     this.forget();
-    const res = await this.files.engine.json('DELETE', `/containers/${this.containerId}?force=1`);
-    await this.relay.close().catch(() => undefined);
-    if (res.status !== 204 && res.status !== 404) throw new Error(`cannot remove the box container: ${engineMessage(res.body, res.status)}`);
+    try {
+      const res = await this.files.engine.json('DELETE', `/containers/${this.containerId}?force=1`);
+      await this.relay.close().catch(() => undefined);
+      if (res.status !== 204 && res.status !== 404) throw new Error(`cannot remove the box container: ${engineMessage(res.body, res.status)}`);
+    } finally {
+      this.markEnded();
+    }
   }
 }

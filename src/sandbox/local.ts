@@ -481,6 +481,8 @@ class LocalBox implements Box {
   private stopped = false;
   private stopping: Promise<void> | null = null;
   private readonly exited: Promise<void>;
+  private markEnded!: () => void;
+  readonly ended = new Promise<void>((resolve) => (this.markEnded = resolve));
   private readonly execs = new Set<() => Promise<void>>();
 
   constructor(
@@ -772,5 +774,6 @@ class LocalBox implements Box {
     for (const fd of this.nsFds) closeSync(fd);
     this.nsFds = [];
     this.driver.forget(this);
+    this.markEnded();
   }
 }

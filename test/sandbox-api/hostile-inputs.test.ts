@@ -155,6 +155,30 @@ describe.each(['local', 'docker'] as const)('hostile API input (%s driver)', (wh
       }
     }, 90_000);
 
+    it('a box that ends by itself reads stopped, with why: execute is a 409, not a 500; start brings it back', async () => {
+      const made = await A('POST', '/api/v2/sandboxes/boxes', { template_name: 'box', name: 'self1', wait_for_ready: true });
+      expect(made.body.status, made.text).toBe('ready');
+      if (which === 'local') {
+        // The box's own code can end it: its main process (bwrap's init's one child) is the box's user's.
+        await A('POST', '/api/v2/sandboxes/boxes/self1/execute', { command: 'for p in /proc/[0-9]*; do [ "$(cat $p/cmdline | tr "\\0" " ")" = "sleep infinity " ] && kill -9 ${p#/proc/}; done; sleep 5' });
+      } else {
+        // The container dies under the box (OOM killer, the engine): as if the engine had killed it.
+        const engine = new DockerEngine(dockerSocket()!);
+        const list = await engine.json<{ Id: string }[]>('GET', `/containers/json?filters=${encodeURIComponent(JSON.stringify({ label: [`keygate.sandbox=${made.body.id}`] }))}`);
+        expect(list.body.length).toBe(1);
+        expect((await engine.json('POST', `/containers/${list.body[0].Id}/kill`)).status).toBe(204);
+        await engine.close();
+      }
+      const stopped = await waitStatus(server.url, KEY, 'self1', 'stopped', 15_000);
+      expect(stopped.body.status_reason).toMatch(/ended by itself/);
+      const r = await A('POST', '/api/v2/sandboxes/boxes/self1/execute', { command: 'true' });
+      expect(r.status, r.text).toBe(409);
+      const f = await A('GET', '/api/v2/sandboxes/boxes/self1/files?path=/workspace/x');
+      expect(f.status, f.text).toBe(409);
+      expect((await A('POST', '/api/v2/sandboxes/boxes/self1/start')).body.status).toBe('ready');
+      expect((await execIn(server.url, KEY, 'self1', ['echo', 'back'])).stdout).toBe('back\n');
+    }, 60_000);
+
     it('a PATCH of a stopped box keeps it stopped (no process, 409 on execute); start applies the new proxy_config', async () => {
       const made = await A('POST', '/api/v2/sandboxes/boxes', { template_name: 'box', name: 'st1', wait_for_ready: true });
       expect(made.body.status, made.text).toBe('ready');
