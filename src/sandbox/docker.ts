@@ -283,7 +283,9 @@ export class DockerBoxDriver implements SandboxDriver {
           await box.stop();
         },
         log: (msg, err) => this.logger?.warn({ sandbox: spec.id, err: err instanceof Error ? err.message : undefined }, msg),
-      }, () => this.boxes.delete(spec.id));
+      }, () => {
+        if (this.boxes.get(spec.id) === box) this.boxes.delete(spec.id);
+      });
       this.boxes.set(spec.id, box);
       this.logger?.info({ sandbox: spec.id, container: containerId.slice(0, 12) }, 'docker box ready');
       return box;
@@ -374,6 +376,7 @@ export class DockerBoxDriver implements SandboxDriver {
 
 class DockerBox implements Box {
   private stopped = false;
+  private stopping: Promise<void> | null = null;
   private markEnded!: () => void;
   readonly ended = new Promise<void>((resolve) => (this.markEnded = resolve));
 
@@ -420,15 +423,24 @@ class DockerBox implements Box {
   }
 
   /** Removing the container kills every process in it; the named /workspace volume stays. */
-  async stop(): Promise<void> {
-    if (this.stopped) return;
+  /**
+   * One stop, however many ask (the service, the container dying, a start of the same box): each
+   * waits for it, so a start that follows never races the removal of the old container. The
+   * driver forgets the box only once it is removed.
+   */
+  stop(): Promise<void> {
+    this.stopping ??= this.doStop();
+    return this.stopping;
+  }
+
+  private async doStop(): Promise<void> {
     this.stopped = true;
-    this.forget();
     try {
       const res = await this.files.engine.json('DELETE', `/containers/${this.containerId}?force=1`);
       await this.relay.close().catch(() => undefined);
       if (res.status !== 204 && res.status !== 404) throw new Error(`cannot remove the box container: ${engineMessage(res.body, res.status)}`);
     } finally {
+      this.forget();
       this.markEnded();
     }
   }
