@@ -338,19 +338,24 @@ export class SandboxService {
       const prepared = input.proxy_config ? await this.prepareConfig(workspaceId, input.proxy_config, issues) : undefined;
       if (issues.length) throw new HttpValidationError(issues);
       await this.perSandbox.run(current.id, async () => {
+        // As it is now, not as it was before the queue: a stop or the idle TTL may have gone first.
+        const cur = await this.deps.store.getById(current.id);
+        if (!cur) return;
         if (input.idle_ttl_seconds !== undefined) {
-          await this.deps.store.setIdleTtl(current.id, input.idle_ttl_seconds);
-          const live = this.live.get(current.id);
+          await this.deps.store.setIdleTtl(cur.id, input.idle_ttl_seconds);
+          const live = this.live.get(cur.id);
           if (live) live.idleTtlMs = input.idle_ttl_seconds * 1000;
         }
         if (prepared) {
-          await this.deps.store.setConfig(current.id, prepared.stored);
-          await this.apply({ ...current, proxyConfig: prepared.stored }, prepared.compiled);
+          await this.deps.store.setConfig(cur.id, prepared.stored);
+          // A stopped box stays stopped (only start brings it back, and applies the new
+          // configuration then): pushing it would start its proxy and box again.
+          if (cur.status !== 'stopped') await this.apply({ ...cur, proxyConfig: prepared.stored }, prepared.compiled);
         }
       });
       return current;
     });
-    return this.view((await this.deps.store.getById(rec.id))!);
+    return this.viewById(rec.id, name);
   }
 
   async delete(workspaceId: string, name: string): Promise<void> {
@@ -369,7 +374,7 @@ export class SandboxService {
   async stop(workspaceId: string, name: string): Promise<SandboxView> {
     const rec = await this.mustGet(workspaceId, name);
     await this.perSandbox.run(rec.id, () => this.stopNow(rec.id, null));
-    return this.view((await this.deps.store.getById(rec.id))!);
+    return this.viewById(rec.id, name);
   }
 
   /** Starts a stopped (or failed) box again; answers once it is ready or failed. */
@@ -381,7 +386,7 @@ export class SandboxService {
       await this.deps.store.setStatus(cur.id, 'provisioning', null);
       await this.reapply(cur.id, true);
     });
-    return this.view((await this.deps.store.getById(rec.id))!);
+    return this.viewById(rec.id, name);
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -394,6 +399,11 @@ export class SandboxService {
   async exec(workspaceId: string, name: string, opts: { command: string | string[]; timeoutMs: number; env?: Record<string, string>; cwd?: string; stdin?: boolean }): Promise<ExecProcess> {
     const issues = execInputIssues(opts);
     if (issues.length) throw new HttpValidationError(issues);
+    // A program named NAME=VALUE would be one more variable to the `env` that starts a command in
+    // a local box: refused for every driver alike, before anything is started.
+    if (Array.isArray(opts.command) && opts.command[0].includes('=')) {
+      throw new HttpValidationError([{ loc: ['body', 'command', 0], msg: 'The program name must not contain "="', type: 'value_error' }]);
+    }
     const rec = await this.mustGet(workspaceId, name);
     const live = this.runningBox(rec);
     live.active++;
@@ -416,21 +426,55 @@ export class SandboxService {
     this.deps.store.touch(id, nowIso()).catch(() => undefined);
   }
 
-  async readFile(workspaceId: string, name: string, boxPath: string, maxBytes: number) {
-    const live = this.runningBox(await this.mustGet(workspaceId, name));
+  /**
+   * A file transfer counts as activity from its start until its last byte (a download: until its
+   * stream closes): the idle TTL never stops a box in the middle of one. A box stopped meanwhile
+   * anyway (stop, DELETE) makes the transfer a 409 that says so, not whatever the cut looked like.
+   */
+  private async transfer<T>(rec: SandboxRecord, live: LiveBox, fn: () => Promise<T>, until: (result: T) => Promise<void> = async () => undefined): Promise<T> {
+    live.active++;
     live.lastActive = Date.now();
-    return live.box.readFile(boxPath, maxBytes);
+    let ended = false;
+    const end = () => {
+      if (ended) return;
+      ended = true;
+      live.active--;
+      live.lastActive = Date.now();
+    };
+    let result: T;
+    try {
+      result = await fn();
+    } catch (err) {
+      end();
+      if (this.live.get(rec.id) !== live) throw conflict(`Sandbox '${rec.name}' was stopped during the file transfer.`);
+      throw err;
+    }
+    void until(result).finally(end);
+    return result;
+  }
+
+  async readFile(workspaceId: string, name: string, boxPath: string, maxBytes: number) {
+    const rec = await this.mustGet(workspaceId, name);
+    const live = this.runningBox(rec);
+    return this.transfer(
+      rec,
+      live,
+      () => live.box.readFile(boxPath, maxBytes),
+      (file) => new Promise<void>((resolve) => (file.stream.destroyed ? resolve() : file.stream.once('close', () => resolve()))),
+    );
   }
 
   /** Writes a file, creating its parent directories first, inside the box (as the box's user). */
   async writeFile(workspaceId: string, name: string, boxPath: string, body: Readable, maxBytes: number) {
-    const live = this.runningBox(await this.mustGet(workspaceId, name));
-    live.lastActive = Date.now();
-    const mkdir = await live.box.exec({ command: ['mkdir', '-p', '--', path.posix.dirname(boxPath)], timeoutMs: 30_000 });
-    mkdir.stdout.resume();
-    mkdir.stderr.resume();
-    await mkdir.done; // a failure shows in the write's own error (no such directory)
-    return live.box.writeFile(boxPath, body, maxBytes);
+    const rec = await this.mustGet(workspaceId, name);
+    const live = this.runningBox(rec);
+    return this.transfer(rec, live, async () => {
+      const mkdir = await live.box.exec({ command: ['mkdir', '-p', '--', path.posix.dirname(boxPath)], timeoutMs: 30_000 });
+      mkdir.stdout.resume();
+      mkdir.stderr.resume();
+      await mkdir.done; // a failure shows in the write's own error (no such directory)
+      return live.box.writeFile(boxPath, body, maxBytes);
+    });
   }
 
   /** The running box of a record, or the 409 that says why there is none. */
@@ -709,7 +753,25 @@ export class SandboxService {
       stateDir: this.boxStateDir(rec.id),
     });
     this.live.set(rec.id, { box, active: 0, lastActive: Date.now(), idleTtlMs: rec.idleTtlSeconds * 1000 });
+    void box.ended.then(() => this.boxEnded(rec.id, box));
     await this.deps.store.touch(rec.id);
+  }
+
+  /**
+   * A box that ended without the service stopping it (its init exited: the box's own code can do
+   * that; its container died) is stopped on record, with why, and its proxy with it: never a
+   * `ready` box whose every execution fails. Only `start` brings it back.
+   */
+  private boxEnded(id: string, box: Box): void {
+    if (this.live.get(id)?.box !== box) return; // stopped by the service (stop, TTL, DELETE, shutdown)
+    void this.perSandbox.run(id, async () => {
+      if (this.live.get(id)?.box !== box) return;
+      this.live.delete(id);
+      await this.stopProxy(id);
+      if (this.closing || !(await this.deps.store.getById(id))) return;
+      await this.deps.store.setStatus(id, 'stopped', 'The box ended by itself (its processes are gone); start it again.');
+      this.deps.logger.warn({ sandbox_id: id }, 'sandbox stopped: the box ended by itself');
+    }).catch((err: Error) => this.deps.logger.error({ sandbox_id: id, err: { message: err.message } }, 'recording an ended box failed'));
   }
 
   private async stopBox(id: string): Promise<void> {
@@ -811,6 +873,13 @@ export class SandboxService {
 
   private removeFiles(id: string): void {
     rmSync(this.sandboxDir(id), { recursive: true, force: true });
+  }
+
+  /** The record as it is now; 404 when it was deleted meanwhile (a DELETE that went first). */
+  private async viewById(id: string, name: string): Promise<SandboxView> {
+    const rec = await this.deps.store.getById(id);
+    if (!rec) throw notFound(`Sandbox '${name}' not found.`);
+    return this.view(rec);
   }
 
   private async mustGet(workspaceId: string, name: string): Promise<SandboxRecord> {

@@ -14,6 +14,8 @@ type Exec = (opts: ExecOptions) => Promise<ExecProcess>;
 const NOT_FOUND = 10;
 const NOT_A_FILE = 11;
 const FAILED = 12;
+/** The box itself may not open it (a read-only mount, /proc, a mode that refuses its user). */
+const NOT_ALLOWED = 13;
 const FILE_TIMEOUT_MS = 10 * 60_000;
 
 // $1 path. Opens the file once, prints its size on the first line, then that many of its bytes:
@@ -22,6 +24,7 @@ const FILE_TIMEOUT_MS = 10 * 60_000;
 const READ = `f=$1
 [ -e "$f" ] || exit ${NOT_FOUND}
 [ -f "$f" ] || exit ${NOT_A_FILE}
+[ -r "$f" ] || exit ${NOT_ALLOWED}
 exec 3<"$f" || exit ${FAILED}
 s=$(stat -L -c %s /dev/fd/3) || exit ${FAILED}
 echo "$s"
@@ -29,10 +32,13 @@ exec head -c "$s" <&3`;
 
 // $1 path, $2 temporary name in the same directory. Writes the temporary only: the rename is a
 // separate step, taken once keygate has counted the whole upload (stdin ending is no proof of that).
+// The temporary is created first in a subshell (a failed redirection of a builtin ends the shell),
+// so that a place the box may not write is told apart from a write that failed on the way.
 const WRITE = `f=$1
 t="\${f%/*}/$2"
 [ -d "\${f%/*}/" ] || exit ${NOT_FOUND}
 [ ! -d "$f" ] || exit ${NOT_A_FILE}
+(: >"$t") 2>/dev/null || exit ${NOT_ALLOWED}
 cat >"$t" || { rm -f -- "$t"; exit ${FAILED}; }`;
 const COMMIT = `mv -f -- "\${1%/*}/$2" "$1" || { rm -f -- "\${1%/*}/$2"; exit ${FAILED}; }`;
 
@@ -47,6 +53,10 @@ export function checkBoxPath(p: string): string {
 function failure(code: number | null, stderr: string, what: string): BoxFileError | Error {
   if (code === NOT_FOUND) return new BoxFileError('not_found', `${what}: no such file or directory in the box`);
   if (code === NOT_A_FILE) return new BoxFileError('not_a_file', `${what}: not a regular file`);
+  // What the box refuses its own user, or has no room for, is the caller's to change (another
+  // path, a smaller file), as the docker driver says it too: never a bare server failure.
+  if (code === NOT_ALLOWED) return new BoxFileError('bad_path', what === 'read' ? 'read: the file is not readable in the box' : 'write: the path is not writable in the box');
+  if (/No space left on device|Disk quota exceeded/.test(stderr)) return new BoxFileError('too_large', `${what}: no space left in the box for the file`);
   // The message is the box's own shell speaking about a box path; it never names a host path.
   return new Error(`${what} failed in the box${stderr ? `: ${stderr.trim().slice(0, 300)}` : ''}`);
 }
@@ -110,8 +120,17 @@ export async function readBoxFile(exec: Exec, boxPath: string, maxBytes: number)
   });
   const out = new PassThrough();
   cap.pipe(out);
-  cap.on('error', (e) => {
+  // Once nobody reads `out`, what is left of the reader's output is drained and dropped: left in
+  // the pipe, it never ends, the execution is never collected, and its pipe (a descriptor of this
+  // server), its cgroup and its place among the box's executions stay until the box stops (and a
+  // server shutting down waited on that pipe until its forced exit).
+  const abandon = () => {
     p.kill('SIGKILL');
+    p.stdout.unpipe(cap);
+    p.stdout.resume();
+  };
+  cap.on('error', (e) => {
+    abandon();
     out.destroy(e);
   });
   if (head.rest.length) cap.write(head.rest);
@@ -119,7 +138,7 @@ export async function readBoxFile(exec: Exec, boxPath: string, maxBytes: number)
   p.stdout.resume();
   // The consumer going away early stops the reader in the box.
   out.on('close', () => {
-    if (!out.readableEnded) p.kill('SIGKILL');
+    if (!out.readableEnded) abandon();
   });
   void p.done.then((r) => {
     if (r.exitCode !== 0 && !out.destroyed) out.destroy(failure(r.exitCode, stderr(), 'read'));

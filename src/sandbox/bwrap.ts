@@ -8,15 +8,20 @@
 /** The uid and gid every process in a box has (mapped to the server's own uid outside). */
 export const BOX_UID = 1000;
 
-/** A top-level entry of a root file system: bound read-only, or recreated as the same symlink. */
-export type RootEntry = { name: string; kind: 'dir' } | { name: string; kind: 'symlink'; target: string };
+/**
+ * An entry of a root file system (top level, or in its /etc): bound read-only, or recreated as the
+ * same symlink. A symlink is never bound: bwrap would resolve it on the host, so that an image's
+ * `/etc/localtime -> /usr/share/...`, or a hostile `etc/x -> /var/lib/keygate/master.key`, would
+ * bind the host's file; recreated, it resolves inside the box as the image meant.
+ */
+export type RootEntry = { name: string; kind: 'dir' | 'file' } | { name: string; kind: 'symlink'; target: string };
 
 export interface BwrapPlan {
   /** Host directory of each root entry (the host's `/` for the `host` template, else the rootfs). */
   rootDir: string;
   entries: RootEntry[];
-  /** Names under `<rootDir>/etc` to bind (a rootfs template); for `host`, only `etcFiles`. */
-  etcEntries: string[];
+  /** Entries of `<rootDir>/etc` to bind or recreate (a rootfs template; for `host`, the shared few). */
+  etcEntries: RootEntry[];
   /** Box path -> host file, bound read-only (minimal /etc, /etc/keygate/*.pem). */
   files: Record<string, string>;
   /** Host directory seen read-write at /workspace. */
@@ -32,7 +37,23 @@ export interface BwrapPlan {
    * user, who owns the box's root directory (unlike a plain directory such as /etc/keygate).
    */
   lent?: { dir: string; files: Record<string, string> };
+  /** Sizes (MiB) of the box's writable in-memory file systems (see tmpfsSizes). */
+  tmpfsMb: { tmp: number; shm: number };
 }
+
+/**
+ * Sizes of /tmp and /dev/shm for a box of `memoryMb`: half of it for /tmp (as the docker driver
+ * gives), at most 64 MiB and the other half for /dev/shm (docker's default). A tmpfs page is
+ * memory no process limit sees (without cgroups, RLIMIT_AS counts none of it), and an unsized
+ * tmpfs may grow to half the host's RAM: every writable in-memory file system of a box is sized,
+ * together within the box's memory, and the rest (/, /dev) is read-only.
+ */
+export function tmpfsSizes(memoryMb: number): { tmp: number; shm: number } {
+  const half = Math.max(1, Math.floor(Math.max(16, memoryMb) / 2));
+  return { tmp: half, shm: Math.min(64, half) };
+}
+
+const MiB = 1024 * 1024;
 
 const DEVICES = ['null', 'zero', 'full', 'random', 'urandom'];
 
@@ -70,8 +91,13 @@ export function bwrapArgs(plan: BwrapPlan): string[] {
   a.push('--proc', '/proc', '--tmpfs', '/dev');
   for (const d of DEVICES) a.push('--dev-bind', `/dev/${d}`, `/dev/${d}`);
   a.push('--symlink', '/proc/self/fd', '/dev/fd', '--symlink', '/proc/self/fd/0', '/dev/stdin', '--symlink', '/proc/self/fd/1', '/dev/stdout');
-  a.push('--symlink', '/proc/self/fd/2', '/dev/stderr', '--tmpfs', '/dev/shm', '--tmpfs', '/tmp', '--dir', '/run', '--dir', '/etc');
-  for (const name of plan.etcEntries) if (name !== 'keygate') a.push('--ro-bind', `${plan.rootDir}/etc/${name}`, `/etc/${name}`);
+  a.push('--symlink', '/proc/self/fd/2', '/dev/stderr', '--size', String(plan.tmpfsMb.shm * MiB), '--tmpfs', '/dev/shm', '--remount-ro', '/dev');
+  a.push('--size', String(plan.tmpfsMb.tmp * MiB), '--tmpfs', '/tmp', '--dir', '/run', '--dir', '/etc');
+  for (const e of plan.etcEntries) {
+    if (e.name === 'keygate') continue;
+    if (e.kind === 'symlink') a.push('--symlink', e.target, `/etc/${e.name}`);
+    else a.push('--ro-bind', `${plan.rootDir}/etc/${e.name}`, `/etc/${e.name}`);
+  }
   for (const [boxPath, hostFile] of Object.entries(plan.files)) a.push('--ro-bind', hostFile, boxPath);
   if (plan.lent) {
     a.push('--tmpfs', plan.lent.dir);
@@ -79,6 +105,9 @@ export function bwrapArgs(plan: BwrapPlan): string[] {
     a.push('--remount-ro', plan.lent.dir);
   }
   a.push('--bind', plan.workspace, '/workspace', '--chdir', '/workspace');
+  // Last, once every mount point is made: the root tmpfs (/, /etc, /run) becomes read-only, so the
+  // box can neither fill it nor swap what keygate put there (/etc/keygate, /bin).
+  a.push('--remount-ro', '/');
   a.push('--info-fd', String(plan.infoFd));
   return a;
 }

@@ -105,7 +105,10 @@ export class DockerBoxDriver implements SandboxDriver {
   constructor(opts: DockerBoxDriverOptions = {}) {
     const socketPath = opts.socketPath ?? dockerSocketPath(process.env);
     this.where = socketPath ? `unix://${socketPath}` : `DOCKER_HOST=${process.env.DOCKER_HOST}`;
-    this.engine = socketPath ? new DockerEngine(socketPath) : null;
+    // A connection per request in flight: a file transfer (the engine's archive stream) lasts as
+    // long as its client takes to read it, and on one shared connection it held up every other
+    // box's executions, timeouts, kills and stops behind it, across workspaces.
+    this.engine = socketPath ? new DockerEngine(socketPath, { pool: true }) : null;
     this.logger = opts.logger;
     this.scope = opts.scope ?? 'keygate-box';
   }
@@ -280,7 +283,9 @@ export class DockerBoxDriver implements SandboxDriver {
           await box.stop();
         },
         log: (msg, err) => this.logger?.warn({ sandbox: spec.id, err: err instanceof Error ? err.message : undefined }, msg),
-      }, () => this.boxes.delete(spec.id));
+      }, () => {
+        if (this.boxes.get(spec.id) === box) this.boxes.delete(spec.id);
+      });
       this.boxes.set(spec.id, box);
       this.logger?.info({ sandbox: spec.id, container: containerId.slice(0, 12) }, 'docker box ready');
       return box;
@@ -371,6 +376,9 @@ export class DockerBoxDriver implements SandboxDriver {
 
 class DockerBox implements Box {
   private stopped = false;
+  private stopping: Promise<void> | null = null;
+  private markEnded!: () => void;
+  readonly ended = new Promise<void>((resolve) => (this.markEnded = resolve));
 
   constructor(
     readonly id: string,
@@ -379,7 +387,15 @@ class DockerBox implements Box {
     private readonly files: FilesContext,
     private readonly execs: ExecContext,
     private readonly forget: () => void,
-  ) {}
+  ) {
+    // The engine answers this once the container is not running any more (it died: the relay,
+    // its main process, was killed, e.g. by the OOM killer): the box is over, stopped here too.
+    void files.engine
+      .request('POST', `/containers/${containerId}/wait?condition=not-running`, { timeoutMs: 0 })
+      .then((res) => res.body.dump())
+      .catch(() => undefined)
+      .then(() => (this.stopped ? undefined : this.stop().catch(() => undefined)));
+  }
 
   private running(): void {
     if (this.stopped) throw new BoxFileError('not_running', 'the box is not running');
@@ -407,12 +423,25 @@ class DockerBox implements Box {
   }
 
   /** Removing the container kills every process in it; the named /workspace volume stays. */
-  async stop(): Promise<void> {
-    if (this.stopped) return;
+  /**
+   * One stop, however many ask (the service, the container dying, a start of the same box): each
+   * waits for it, so a start that follows never races the removal of the old container. The
+   * driver forgets the box only once it is removed.
+   */
+  stop(): Promise<void> {
+    this.stopping ??= this.doStop();
+    return this.stopping;
+  }
+
+  private async doStop(): Promise<void> {
     this.stopped = true;
-    this.forget();
-    const res = await this.files.engine.json('DELETE', `/containers/${this.containerId}?force=1`);
-    await this.relay.close().catch(() => undefined);
-    if (res.status !== 204 && res.status !== 404) throw new Error(`cannot remove the box container: ${engineMessage(res.body, res.status)}`);
+    try {
+      const res = await this.files.engine.json('DELETE', `/containers/${this.containerId}?force=1`);
+      await this.relay.close().catch(() => undefined);
+      if (res.status !== 204 && res.status !== 404) throw new Error(`cannot remove the box container: ${engineMessage(res.body, res.status)}`);
+    } finally {
+      this.forget();
+      this.markEnded();
+    }
   }
 }

@@ -114,6 +114,11 @@ export interface Box {
   writeFile(boxPath: string, body: Readable, maxBytes: number): Promise<{ size: number }>;
   /** Kills every process of the box; /workspace survives for a later start. */
   stop(): Promise<void>;
+  /**
+   * Settles once the box has stopped, by stop() or by itself (its init exited: the box's code can
+   * end it; its container died), so that the service never reports a box gone as ready.
+   */
+  readonly ended: Promise<void>;
 }
 
 /** Whether a driver can isolate on this machine, and if not, what is missing and how to get it. */

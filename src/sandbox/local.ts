@@ -28,7 +28,7 @@ import {
 import { BOX_TRUSTSTORE_PATH } from '../certs/env.js';
 import { readFileOrEmpty } from '../builtins/fs.js';
 import { readProcStat } from '../proc.js';
-import { BOX_MAIN, BOX_NAMESPACES, bwrapArgs, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, type RootEntry } from './bwrap.js';
+import { BOX_MAIN, BOX_NAMESPACES, bwrapArgs, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, tmpfsSizes, type RootEntry } from './bwrap.js';
 import { readBoxFile, writeBoxFile } from './box-files.js';
 import { BOX_RUNTIME_DIR, BOX_TINI, findTini } from './docker-relay.js';
 import { cgroupLayout, createCgroup, existingCgroup, cgroupHasProcesses, killCgroup, listBoxCgroups, procsFiles, removeCgroup, removeLayoutIfEmpty, rlimitArgs, type Cgroup, type CgroupLayout } from './limits.js';
@@ -116,8 +116,12 @@ function readSysctl(p: string): string | null {
   }
 }
 
-/** Top-level entries of a root directory, as bwrap must recreate them. */
-function rootEntries(dir: string, only?: string[]): RootEntry[] {
+/**
+ * Entries of a directory of a root file system, as bwrap must recreate them: directories (and, with
+ * `files`, regular files) bound, symlinks recreated as symlinks (never followed on the host: see
+ * RootEntry), anything else left out.
+ */
+function rootEntries(dir: string, only?: string[], files = false): RootEntry[] {
   const names = only ?? readdirSync(dir);
   const out: RootEntry[] = [];
   for (const name of names) {
@@ -130,6 +134,7 @@ function rootEntries(dir: string, only?: string[]): RootEntry[] {
     }
     if (st.isSymbolicLink()) out.push({ name, kind: 'symlink', target: readlinkSync(p) });
     else if (st.isDirectory()) out.push({ name, kind: 'dir' });
+    else if (files && st.isFile()) out.push({ name, kind: 'file' });
   }
   return out;
 }
@@ -270,12 +275,12 @@ export class LocalDriver implements SandboxDriver {
       writeFileSync(f, content, { mode: 0o644 });
       files[boxPath] = f;
     };
-    let etcEntries: string[];
+    let etcEntries: RootEntry[];
     if (root === 'host') {
       for (const [name, content] of Object.entries(hostEtc())) put(`/etc/${name}`, content);
-      etcEntries = [...HOST_ETC_SHARED.filter((n) => existsSync(path.join('/etc', n))), ...readdirSync('/etc').filter((n) => HOST_ETC_JDK.test(n))];
+      etcEntries = rootEntries('/etc', [...HOST_ETC_SHARED, ...readdirSync('/etc').filter((n) => HOST_ETC_JDK.test(n))], true);
     } else {
-      etcEntries = existsSync(path.join(root, 'etc')) ? readdirSync(path.join(root, 'etc')) : [];
+      etcEntries = existsSync(path.join(root, 'etc')) ? rootEntries(path.join(root, 'etc'), undefined, true) : [];
     }
     put('/etc/keygate/ca.pem', spec.caPem);
     put('/etc/keygate/ca-bundle.pem', spec.caBundlePem);
@@ -294,6 +299,7 @@ export class LocalDriver implements SandboxDriver {
       infoFd: 3,
       disableUserns: process.getuid?.() === 0,
       lent: layout ? undefined : { dir: BOX_RUNTIME_DIR, files: { [BOX_TINI]: tools.tini! } },
+      tmpfsMb: tmpfsSizes(spec.resources.memory_mb),
     });
     let cg: Cgroup | null = null;
     let prefix: string[];
@@ -475,6 +481,8 @@ class LocalBox implements Box {
   private stopped = false;
   private stopping: Promise<void> | null = null;
   private readonly exited: Promise<void>;
+  private markEnded!: () => void;
+  readonly ended = new Promise<void>((resolve) => (this.markEnded = resolve));
   private readonly execs = new Set<() => Promise<void>>();
 
   constructor(
@@ -605,12 +613,20 @@ class LocalBox implements Box {
     const underTini = !cg;
     const inBox = [...(underTini ? [BOX_TINI, '-s', '--'] : []), '/usr/bin/env', '-i', ...env.map(([k, v]) => `${k}=${v}`), ...argv];
     const cmd = this.driver.enterCommand(this, cwd, inBox, cg, this.spec.resources);
-    const child = spawn(cmd[0], cmd.slice(1), {
-      env: HOST_HELPER_ENV,
-      stdio: [opts.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe'],
-      // Its own process group: no signal sent to the server's group reaches it.
-      detached: true,
-    });
+    let child: ChildProcess;
+    try {
+      child = spawn(cmd[0], cmd.slice(1), {
+        env: HOST_HELPER_ENV,
+        stdio: [opts.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe'],
+        // Its own process group: no signal sent to the server's group reaches it.
+        detached: true,
+      });
+    } catch (e) {
+      // Refused before anything ran (an argument Node cannot pass): the execution's cgroup, made
+      // above, would otherwise stay behind, one more per such request.
+      if (cg) removeCgroup(cg);
+      throw e;
+    }
     // The spawned process, known by its start time (its pid is reused once Node has collected it).
     // Read at once: Node collects it no earlier than on a later turn of the event loop.
     const rootStart = underTini && child.pid ? startTime(child.pid) : null;
@@ -758,5 +774,6 @@ class LocalBox implements Box {
     for (const fd of this.nsFds) closeSync(fd);
     this.nsFds = [];
     this.driver.forget(this);
+    this.markEnded();
   }
 }

@@ -27,6 +27,9 @@ class RecordOnlyBox implements Box {
   }
 
   async stop(): Promise<void> {}
+
+  /** Nothing runs here that could end. */
+  readonly ended = new Promise<void>(() => undefined);
 }
 
 export class NoneDriver implements SandboxDriver {

@@ -4,7 +4,7 @@
  * are readable there, so they must hold nothing of the server (its working directory included,
  * which is often the data directory or a checkout).
  */
-import { existsSync, mkdirSync } from 'node:fs';
+import { chmodSync, copyFileSync, existsSync, mkdirSync, symlinkSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -81,6 +81,35 @@ for fam, typ, proto in [(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP), 
       expect(hits).toBe(1); // only the host's own connection
     } finally {
       await new Promise((r) => srv.close(r));
+    }
+  });
+
+  // Property 3: a template's root file system is often an unpacked image, whose /etc is full of
+  // symlinks (/etc/localtime -> /usr/share/..., /etc/mtab -> ../proc/self/mounts). Resolved on the
+  // host they name host files; in the box they must name the box's.
+  it.skipIf(!existsSync('/bin/busybox'))("a symlink in a template root's /etc never binds a host file into the box", async () => {
+    const secretDir = path.join(TMP, 'host-secrets');
+    mkdirSync(secretDir, { recursive: true });
+    const secret = path.join(secretDir, 'master.key');
+    writeFileSync(secret, 'kg-host-master-key-9f1e\n');
+    const root = path.join(TMP, 'hostile-root');
+    for (const d of ['bin', 'usr/bin', 'etc', 'workspace']) mkdirSync(path.join(root, d), { recursive: true });
+    copyFileSync('/bin/busybox', path.join(root, 'bin/busybox'));
+    chmodSync(path.join(root, 'bin/busybox'), 0o755);
+    for (const applet of ['sh', 'cat', 'readlink', 'sleep']) symlinkSync('busybox', path.join(root, 'bin', applet));
+    symlinkSync('../../bin/busybox', path.join(root, 'usr/bin/env'));
+    symlinkSync(secret, path.join(root, 'etc/absolute'));
+    symlinkSync(path.relative(path.join(root, 'etc'), secret), path.join(root, 'etc/relative'));
+    writeFileSync(path.join(root, 'etc/plain'), 'from the template\n');
+    const hostile = await driver.start(spec({ template: { name: 'hostile-root', rootfs: root, environment: {} } }));
+    try {
+      const r = await run(hostile, ['/bin/sh', '-c', 'for f in absolute relative plain; do echo "$f: $(cat /etc/$f 2>&1) -> $(readlink /etc/$f)"; done']);
+      expect(r.stdout).toContain('plain: from the template');
+      expect(r.stdout).not.toContain('kg-host-master-key');
+      // Still the template's symlinks, as the image made them (resolved inside the box).
+      expect(r.stdout).toContain(`absolute: cat: can't open '/etc/absolute': No such file or directory -> ${secret}`);
+    } finally {
+      await hostile.stop();
     }
   });
 });

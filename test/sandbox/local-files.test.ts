@@ -3,7 +3,7 @@
  * makes keygate read or write a host path; sizes are bounded; uploads stream and keep nothing when
  * refused.
  */
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { Readable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -140,5 +140,48 @@ describe.skipIf(!probe.ok)(`local driver: files stay in the box (${probe.why})`,
     const e = await fileError(box.readFile('/workspace/missing', 10));
     expect(e.kind).toBe('not_found');
     expect(e.message).not.toContain(TMP);
+  });
+
+  it('a reader that leaves in the middle of a download ends the read in the box: nothing of it is left open', async () => {
+    await run(box, 'head -c 8000000 /dev/zero > /workspace/eight-m');
+    const fds = () => readdirSync('/proc/self/fd').length;
+    const before = fds();
+    for (let i = 0; i < 5; i++) {
+      const f = await box.readFile('/workspace/eight-m', 10_000_000);
+      await new Promise<void>((resolve) => f.stream.once('data', () => resolve()));
+      f.stream.destroy();
+    }
+    // Each read is an execution in the box, with its pipes on this side: all collected again.
+    let after = fds();
+    for (let i = 0; i < 100 && after > before; i++) {
+      await new Promise((r) => setTimeout(r, 50));
+      after = fds();
+    }
+    expect(after).toBeLessThanOrEqual(before);
+  });
+
+  it("what the box cannot write or read, or has no room for, is refused as the caller's problem (never a bare failure)", async () => {
+    const one = () => Readable.from([Buffer.from('x')]);
+    // Read-only mounts, /proc, and a device.
+    for (const p of ['/etc/x', '/usr/x', '/proc/x', '/dev/null', '/etc/keygate/ca.pem']) {
+      const e = await fileError(box.writeFile(p, one(), 10));
+      expect(e.kind, `${p}: ${e.message}`).toBe('bad_path');
+      expect(e.message, p).toMatch(/not writable/);
+    }
+    // A file the box made unreadable to itself.
+    await run(box, 'echo secret > /workspace/locked && chmod 000 /workspace/locked');
+    const locked = await fileError(box.readFile('/workspace/locked', 100));
+    expect(locked.kind, locked.message).toBe('bad_path');
+    expect(locked.message).toMatch(/not readable/);
+    // No room left: /tmp of this box is 128 MiB (half its memory).
+    const big = Readable.from(
+      (function* () {
+        for (let i = 0; i < 160; i++) yield Buffer.alloc(1024 * 1024, 1);
+      })(),
+    );
+    const full = await fileError(box.writeFile('/tmp/big.bin', big, 1024 * 1024 * 1024));
+    expect(full.kind, full.message).toBe('too_large');
+    expect(full.message).toMatch(/no space left/);
+    expect((await run(box, 'ls -A /tmp')).stdout).not.toMatch(/big\.bin|kg-upload/);
   });
 });

@@ -161,6 +161,23 @@ describe.skipIf(!probe.ok)(`local driver without cgroups: execution trees (${pro
     }
   });
 
+  it("the box's memory bound holds for its in-memory file systems: /tmp, /dev/shm, /dev and / cannot take the host's memory", async () => {
+    // Without cgroups nothing charges a tmpfs page to the box (RLIMIT_AS counts none): each tmpfs
+    // must have a size of its own, or be read-only.
+    const box = await driver.start(spec({ resources: { memory_mb: 64 } }));
+    const MB = 1024 * 1024;
+    for (const dir of ['/tmp', '/dev/shm', '/dev', '/', '/run', '/etc']) {
+      const f = `${dir === '/' ? '' : dir}/fill`;
+      const r = await run(box, `head -c ${200 * MB} /dev/zero > ${f}; echo "rc=$?"; wc -c < ${f} 2>/dev/null; rm -f ${f}`);
+      const [rc, written] = r.stdout.trim().split('\n');
+      expect(rc, `${dir}: ${r.stdout} ${r.stderr}`).not.toBe('rc=0');
+      expect(Number(written ?? 0), dir).toBeLessThanOrEqual(64 * MB);
+    }
+    // /tmp is still there to use, and /workspace (on disk) is not a tmpfs.
+    expect((await run(box, 'echo t > /tmp/t && cat /tmp/t && echo w > /workspace/w && cat /workspace/w')).stdout).toBe('t\nw\n');
+    await box.stop();
+  });
+
   it('exit codes, stdin and signals sent pass through', async () => {
     const box: Box = await driver.start(spec());
     // Under tini too, the command holds only its stdio.

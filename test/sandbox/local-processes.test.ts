@@ -3,7 +3,9 @@
  * the whole process tree down (checked in the host's /proc), no privilege inside, output streams
  * raw, and the resource limits apply. Real boxes only.
  */
-import { existsSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Box } from '../../src/sandbox/driver.js';
 import { LocalDriver } from '../../src/sandbox/local.js';
@@ -122,6 +124,21 @@ describe.skipIf(!probe.ok)(`local driver: processes stay in the box (${probe.why
   it("an execution's processes hold no descriptor but their stdio (not the server's handles on the box's namespaces and root)", async () => {
     const box = await driver.start(spec());
     await expectOnlyStdio(box);
+    await box.stop();
+  });
+
+  it.skipIf(!probe.why.includes('cgroup v'))('an execution that cannot be spawned (a NUL in an argument) rejects and leaves no cgroup behind', async () => {
+    const s = spec();
+    const box = await driver.start(s);
+    const own = readFileSync('/proc/self/cgroup', 'utf8').split('\n').map((l) => l.split(':')).find((l) => l[1]?.split(',').includes('pids'))?.[2];
+    const tag = createHash('sha256').update(RUN_DIR).digest('hex').slice(0, 12);
+    const dir = path.join('/sys/fs/cgroup/pids', own ?? '/', `keygate-${tag}`, s.id);
+    const children = () => readdirSync(dir, { withFileTypes: true }).filter((e) => e.isDirectory()).map((e) => e.name);
+    expect(children()).toEqual([]);
+    for (let i = 0; i < 3; i++) await expect(box.exec({ command: ['echo', 'a\0b'], timeoutMs: 10_000 })).rejects.toThrow();
+    expect(children()).toEqual([]);
+    expect((await run(box, ['echo', 'ok'])).stdout).toBe('ok\n');
+    expect(children()).toEqual([]);
     await box.stop();
   });
 
