@@ -218,7 +218,7 @@ describe.each(['local', 'docker'] as const)('hostile API input (%s driver)', (wh
         duplex: 'half',
       } as RequestInit);
       expect(up.status, await up.clone().text()).toBe(201);
-      expect((await up.json()).size).toBe(chunks * (MiB / 4));
+      expect(((await up.json()) as { size: number }).size).toBe(chunks * (MiB / 4));
       // Read back at ~1 MiB/s.
       const down = await fetch(`${server.url}/api/v2/sandboxes/boxes/slow1/files?path=/workspace/slow.bin`, { headers: { 'x-api-key': KEY } });
       expect(down.status).toBe(200);
