@@ -1,6 +1,6 @@
 import type { Statement } from 'better-sqlite3';
 import { AsyncLocalStorage } from 'node:async_hooks';
-import { mkdirSync } from '../builtins/fs.js';
+import { chmodSync, closeSync, mkdirSync, openSync, statSync } from '../builtins/fs.js';
 import path from 'node:path';
 import { CliError } from '../command-error.js';
 
@@ -72,8 +72,28 @@ async function sqliteDriver(): Promise<typeof import('better-sqlite3')> {
   return (await import('better-sqlite3')).default;
 }
 
+/**
+ * The database holds sealed secrets and tokens, API key hashes and every workspace's records:
+ * readable by keygate's user only, whatever the data directory's own mode (an operator's
+ * directory or a volume may be 0755). A new file is created 0600 before SQLite opens it (SQLite
+ * gives its -wal and -shm files the database file's mode); an existing file, and journals left by
+ * an earlier run, lose their group and other bits.
+ */
+function ownerOnly(file: string): void {
+  closeSync(openSync(file, 'a', 0o600));
+  for (const f of [file, `${file}-wal`, `${file}-shm`]) {
+    try {
+      const mode = statSync(f).mode & 0o777;
+      if (mode & 0o077) chmodSync(f, mode & 0o700);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+    }
+  }
+}
+
 export async function openSqlite(file: string): Promise<Db> {
   const Database = await sqliteDriver();
+  if (file !== ':memory:') ownerOnly(file);
   const sqlite = new Database(file);
   // exec, not pragma(): pragma() prepares a statement that is then left to the garbage collector.
   sqlite.exec('PRAGMA journal_mode = WAL; PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000');

@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync } from 'node:fs';
+import { chmodSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -96,6 +96,45 @@ suite('SQLite', async () => {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'keygate-db-'));
   dirs.push(dir);
   return openDb({ dataDir: dir, databaseUrl: '' });
+});
+
+describe('the SQLite file', () => {
+  const modeOf = (f: string) => statSync(f).mode & 0o777;
+
+  it('is readable by its owner only, with its journals, in a data directory others may read', async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'keygate-db-'));
+    dirs.push(dir);
+    chmodSync(dir, 0o755); // an operator's directory or a volume
+    const db = await openDb({ dataDir: dir, databaseUrl: '' });
+    try {
+      await migrate(db, 'items', MIGRATIONS);
+      await db.run('INSERT INTO items (id, n, created_at) VALUES (?, ?, ?)', ['a', 1, nowIso()]);
+      const file = path.join(dir, 'keygate.db');
+      for (const f of [file, `${file}-wal`, `${file}-shm`]) expect([f, modeOf(f)]).toEqual([f, 0o600]);
+    } finally {
+      await db.close();
+    }
+  });
+
+  it('an existing file others could read is made owner-only when opened', async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'keygate-db-'));
+    dirs.push(dir);
+    const first = await openDb({ dataDir: dir, databaseUrl: '' });
+    await migrate(first, 'items', MIGRATIONS);
+    await first.close();
+    const file = path.join(dir, 'keygate.db');
+    chmodSync(file, 0o644);
+    writeFileSync(`${file}-wal`, '');
+    chmodSync(`${file}-wal`, 0o664);
+    const again = await openDb({ dataDir: dir, databaseUrl: '' });
+    try {
+      expect(modeOf(file)).toBe(0o600);
+      expect(modeOf(`${file}-wal`)).toBe(0o600);
+      expect((await again.all('SELECT step FROM schema_migrations WHERE namespace = ?', ['items'])).length).toBe(2);
+    } finally {
+      await again.close();
+    }
+  });
 });
 
 describe.skipIf(!pgAvailable())('PostgreSQL backend', () => {
