@@ -321,11 +321,16 @@ export class ControlPlaneManager {
     const active = dep.active_revision_id ? revs.find((r) => r.id === dep.active_revision_id) : undefined;
     if (active && active.status === 'DEPLOYED') {
       const driver = this.driverFor(active.source);
-      let secrets: Record<string, string> = {};
+      let secrets: Record<string, string>;
       try {
         secrets = this.secretsOf(active);
       } catch {
-        this.log(dep.id, active.id, 'deploy', 'error', 'cannot restore: the secrets cannot be decrypted with the current master key');
+        // Fail closed: an application started without the secrets it was deployed with may fall
+        // back to defaults it should never run with (no auth, a public key). It stays down,
+        // answering 503, until it is redeployed with secrets the current master key opens.
+        this.log(dep.id, active.id, 'deploy', 'error', `cannot restore revision ${active.id}: its secrets cannot be decrypted with the current master key; not started (redeploy it with its secrets)`);
+        this.kick(dep.id);
+        return;
       }
       const artifact = active.source === 'internal_source' ? path.join(revisionDir(this.ctx.dataDir, dep.id, active.id), 'app') : (JSON.parse(active.source_revision_config).image_uri as string);
       const apiKey = replicaApiKey();
