@@ -2,7 +2,9 @@ import { execFileSync } from 'node:child_process';
 import path from 'node:path';
 import { expect } from 'vitest';
 import { startEchoOrigin, type EchoOrigin } from '../../src/sandbox-api/demo-origin.js';
+import { boxImageUnavailableReason } from '../helpers/box-image.js';
 import { runCli } from '../helpers/cli.js';
+import { engineUnavailableReason } from '../helpers/docker-engine.js';
 import { api, tmp, waitFor, type ApiResult } from './helpers.js';
 
 export interface ServeSetup {
@@ -85,4 +87,14 @@ export async function waitStatus(base: string, key: string, box: string, status:
     const r = await api(base, key, 'GET', `/api/v2/sandboxes/boxes/${box}`);
     return r.body?.status === status ? r : undefined;
   }, `box ${box} to be ${status}`, ms);
+}
+
+/**
+ * Why each real driver cannot run boxes here (null: it can), with a warning naming the tests
+ * that are skipped for it.
+ */
+export async function driversUnavailable(tests: string): Promise<{ local: string | null; docker: string | null }> {
+  const why = { local: localBoxesUnavailable(), docker: (await engineUnavailableReason()) ?? boxImageUnavailableReason() };
+  for (const [d, reason] of Object.entries(why)) if (reason) console.warn(`SKIPPED ${tests} (${d} driver): ${reason}`);
+  return why;
 }

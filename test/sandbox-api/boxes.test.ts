@@ -7,10 +7,10 @@ import WebSocket from 'ws';
 import type { EchoOrigin } from '../../src/sandbox-api/demo-origin.js';
 import { findKeytool } from '../../src/certs/env.js';
 import { DockerEngine } from '../../src/docker/engine.js';
-import { boxImageUnavailableReason, ensureBoxImage } from '../helpers/box-image.js';
+import { ensureBoxImage } from '../helpers/box-image.js';
 import { startCli, waitForLine, type RunningCli } from '../helpers/cli.js';
-import { dockerSocket, engineUnavailableReason } from '../helpers/docker-engine.js';
-import { execIn, hostProcesses, localBoxesUnavailable, noProcessesLeft, setUpServe, waitStatus } from './box-helpers.js';
+import { dockerSocket } from '../helpers/docker-engine.js';
+import { execIn, hostProcesses, driversUnavailable, noProcessesLeft, setUpServe, waitStatus } from './box-helpers.js';
 import { api, cleanTmp, tmp, waitFor } from './helpers.js';
 
 // Real boxes behind a real `keygate serve`, on both real drivers (local: bubblewrap; docker: a real
@@ -19,11 +19,7 @@ import { api, cleanTmp, tmp, waitFor } from './helpers.js';
 // that fails when the property is broken. Commands inside are busybox-portable (the docker image
 // has busybox and curl only).
 
-const UNAVAILABLE = {
-  local: localBoxesUnavailable(),
-  docker: (await engineUnavailableReason()) ?? boxImageUnavailableReason(),
-};
-for (const [d, why] of Object.entries(UNAVAILABLE)) if (why) console.warn(`SKIPPED real-box API tests (${d} driver): ${why}`);
+const UNAVAILABLE = await driversUnavailable('real-box API tests');
 const RESOURCES = { memory_mb: 1024, cpus: 1, pids: 512 };
 
 const KEY = 'boxes-test-key-0123456789abcdef';

@@ -5,22 +5,18 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket from 'ws';
 import type { EchoOrigin } from '../../src/sandbox-api/demo-origin.js';
 import { DockerEngine } from '../../src/docker/engine.js';
-import { boxImageUnavailableReason, ensureBoxImage } from '../helpers/box-image.js';
+import { ensureBoxImage } from '../helpers/box-image.js';
 import { startCli, waitForLine, type RunningCli } from '../helpers/cli.js';
-import { dockerSocket, engineUnavailableReason } from '../helpers/docker-engine.js';
+import { dockerSocket } from '../helpers/docker-engine.js';
 import { freshPgDatabase, pgAvailable } from '../helpers/pg.js';
-import { execIn, localBoxesUnavailable, setUpServe } from './box-helpers.js';
+import { execIn, driversUnavailable, setUpServe } from './box-helpers.js';
 import { api, cleanTmp, tmp } from './helpers.js';
 
 // Attacks from inside a real box (both real drivers) on a `keygate serve` deployed as the shipped
 // image runs it: listening on 0.0.0.0 (Dockerfile, docker-compose.yml). The box is the attacker;
 // every test says what it tries and fails when the attack gets through.
 
-const UNAVAILABLE = {
-  local: localBoxesUnavailable(),
-  docker: (await engineUnavailableReason()) ?? boxImageUnavailableReason(),
-};
-for (const [d, why] of Object.entries(UNAVAILABLE)) if (why) console.warn(`SKIPPED hostile API tests (${d} driver): ${why}`);
+const UNAVAILABLE = await driversUnavailable('hostile API tests');
 
 const KEY = 'hostile-test-key-0123456789abcdef';
 const ORIGIN_HOST = 'api.example.test';

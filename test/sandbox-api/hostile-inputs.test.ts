@@ -5,21 +5,17 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket from 'ws';
 import type { EchoOrigin } from '../../src/sandbox-api/demo-origin.js';
 import { DockerEngine } from '../../src/docker/engine.js';
-import { boxImageUnavailableReason, ensureBoxImage } from '../helpers/box-image.js';
+import { ensureBoxImage } from '../helpers/box-image.js';
 import { startCli, waitForLine, type RunningCli } from '../helpers/cli.js';
-import { dockerSocket, engineUnavailableReason } from '../helpers/docker-engine.js';
-import { execIn, localBoxesUnavailable, setUpServe, waitStatus } from './box-helpers.js';
+import { dockerSocket } from '../helpers/docker-engine.js';
+import { execIn, driversUnavailable, setUpServe, waitStatus } from './box-helpers.js';
 import { api, cleanTmp, tmp } from './helpers.js';
 
 // Hostile API input against real boxes behind a real `keygate serve` (both real drivers): requests
 // that the API must refuse in wire.md's shape without starting or leaving anything, and lifecycle
 // operations that must not undo a stop.
 
-const UNAVAILABLE = {
-  local: localBoxesUnavailable(),
-  docker: (await engineUnavailableReason()) ?? boxImageUnavailableReason(),
-};
-for (const [d, why] of Object.entries(UNAVAILABLE)) if (why) console.warn(`SKIPPED hostile input tests (${d} driver): ${why}`);
+const UNAVAILABLE = await driversUnavailable('hostile input tests');
 
 const KEY = 'hostile-inputs-key-0123456789abcdef';
 const ORIGIN_HOST = 'api.example.test';

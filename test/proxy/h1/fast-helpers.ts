@@ -10,6 +10,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { Writable } from 'node:stream';
 import tls from 'node:tls';
+import { expect } from 'vitest';
 import { ensureCa, type Ca } from '../../../src/certs/index.js';
 import { createLogger } from '../../../src/log.js';
 import { startProxy, type ProxyHandle, type ProxyLimits, type RequestRecord } from '../../../src/proxy/server.js';
@@ -87,6 +88,23 @@ export async function startTestProxy(pki: TestPki, opts: { limits?: Partial<Prox
 }
 
 // ---- a scripted origin ---------------------------------------------------------------------------
+
+/** Both exchanges, each routed to the origin: the fast path and the Node path (Node's HTTP server and undici). */
+export async function startBothExchanges(pki: TestPki, originPort: number): Promise<Record<'fast' | 'node', TestProxy>> {
+  const proxies = {} as Record<'fast' | 'node', TestProxy>;
+  for (const name of ['fast', 'node'] as const) {
+    proxies[name] = await startTestProxy(pki, { fastPath: name === 'fast' });
+    proxies[name].route(originPort);
+  }
+  return proxies;
+}
+
+/** Closes what startBothExchanges started and the origin, and checks no log line holds the injected value. */
+export async function closeBothExchanges(proxies: Partial<Record<'fast' | 'node', TestProxy>>, origin: { close(): Promise<void> } | undefined): Promise<void> {
+  for (const p of Object.values(proxies)) await p?.close(500);
+  await origin?.close();
+  for (const p of Object.values(proxies)) expect(p!.log()).not.toContain(INJECTED);
+}
 
 export interface OriginConn {
   id: number;

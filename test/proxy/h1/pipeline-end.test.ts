@@ -9,27 +9,20 @@ import net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPki, type TestPki } from '../../helpers/pki.js';
 import { sleep } from '../hardening-helpers.js';
-import { echo, HOST, INJECTED, Reader, request, startScriptedOrigin, startTestProxy, values, type ScriptedOrigin, type TestProxy } from './fast-helpers.js';
+import { closeBothExchanges, echo, HOST, INJECTED, Reader, request, startBothExchanges, startScriptedOrigin, values, type ScriptedOrigin, type TestProxy } from './fast-helpers.js';
 
 let pki: TestPki;
 let o: ScriptedOrigin;
-const proxies: Record<'fast' | 'node', TestProxy> = {} as never;
+let proxies: Record<'fast' | 'node', TestProxy> = {} as never;
 
 beforeAll(async () => {
   pki = await createTestPki([HOST]);
   // Answers to the `/gone` requests take a moment: a client that leaves meanwhile is noticed.
   o = await startScriptedOrigin(pki, (req, s) => (req.target.startsWith('/gone') ? setTimeout(() => echo(req, s), 10) : echo(req, s)));
-  for (const name of ['fast', 'node'] as const) {
-    proxies[name] = await startTestProxy(pki, { fastPath: name === 'fast' });
-    proxies[name].route(o.port);
-  }
+  proxies = await startBothExchanges(pki, o.port);
 });
 
-afterAll(async () => {
-  for (const p of Object.values(proxies)) await p?.close(500);
-  await o?.close();
-  for (const p of Object.values(proxies)) expect(p.log()).not.toContain(INJECTED);
-});
+afterAll(() => closeBothExchanges(proxies, o));
 
 const N = 200;
 

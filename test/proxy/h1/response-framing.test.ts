@@ -8,11 +8,11 @@
 import type tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPki, type TestPki } from '../../helpers/pki.js';
-import { HOST, INJECTED, Reader, request, startScriptedOrigin, startTestProxy, values, type ScriptedOrigin, type TestProxy } from './fast-helpers.js';
+import { closeBothExchanges, HOST, Reader, request, startBothExchanges, startScriptedOrigin, values, type ScriptedOrigin, type TestProxy } from './fast-helpers.js';
 
 let pki: TestPki;
 let o: ScriptedOrigin;
-const proxies: Record<'fast' | 'node', TestProxy> = {} as never;
+let proxies: Record<'fast' | 'node', TestProxy> = {} as never;
 
 /** The origin's answer for `/case/NAME`; `/next` gets a small 200 naming its connection. */
 const ANSWERS: Record<string, string> = {
@@ -48,17 +48,10 @@ beforeAll(async () => {
       cuts.reduce((from, to, i) => (setTimeout(() => s.write(all.slice(from, to)), i * 20), to), 0);
     } else s.write(ANSWERS[which]);
   });
-  for (const name of ['fast', 'node'] as const) {
-    proxies[name] = await startTestProxy(pki, { fastPath: name === 'fast' });
-    proxies[name].route(o.port);
-  }
+  proxies = await startBothExchanges(pki, o.port);
 });
 
-afterAll(async () => {
-  for (const p of Object.values(proxies)) await p?.close(500);
-  await o?.close();
-  for (const p of Object.values(proxies)) expect(p.log()).not.toContain(INJECTED);
-});
+afterAll(() => closeBothExchanges(proxies, o));
 
 async function twoRequests(name: 'fast' | 'node', path: string, method = 'GET') {
   const c = new Reader(await proxies[name].connect(o.port));
