@@ -81,6 +81,7 @@ export interface CompiledConfig {
   /** Which destinations may be reached at all (access_control plus the built-in denies). */
   readonly egress: EgressPolicy;
   decide(host: string, port: number): Decision;
+  /** The first rule for this request, undefined when none applies or the host is under config-level no_proxy. */
   pickRule(host: string, port: number, path: string): CompiledRule | undefined;
 }
 
@@ -113,6 +114,10 @@ export function compileConfig(resolved: ResolvedProxyConfig): CompiledConfig {
       return 'tunnel';
     },
     pickRule(host, port, path) {
+      // The whole decision again, config-level no_proxy first: a push that puts an intercepted
+      // host under no_proxy reaches the next request on a connection opened before it (decide
+      // ran once, at that connection's CONNECT), and "nothing injected" holds for it too.
+      if (bypass.length !== 0 && bypass.some((p) => p.test(host, port))) return undefined;
       for (const rule of rules) if (rule.matchesHost(host, port) && rule.matchesPath(path)) return rule;
       return undefined;
     },
