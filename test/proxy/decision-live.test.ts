@@ -11,6 +11,7 @@ import path from 'node:path';
 import { Writable } from 'node:stream';
 import { ProxyAgent, request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ConfigHolder } from '../../src/admin/config-holder.js';
 import { ensureCa, type Ca } from '../../src/certs/index.js';
 import { createLogger } from '../../src/log.js';
 import { startProxy, type ProxyHandle, type RequestRecord } from '../../src/proxy/server.js';
@@ -115,5 +116,60 @@ describe('a push applies to the next request on a connection already open', () =
         await p.close(200);
       }
     });
+  });
+});
+
+describe('on a connection already open', () => {
+  it('a push whose egress policy now refuses the host refuses the next request (403), nothing sent', async () => {
+    for (const fastPath of [true, false]) {
+      const { p } = await proxyWith(fastPath);
+      const agent = new ProxyAgent({ uri: p.url, requestTls: { ca: ca.certPem }, connections: 1, pipelining: 1 });
+      try {
+        const get = (pathname: string) => request(`https://${HOST}:${origin.port}${pathname}`, { dispatcher: agent });
+        const first = await get('/e/1');
+        expect(injected((await first.body.json()) as Echo)).toEqual([VALUE]);
+        const before = origin.requests;
+        p.setConfig(compileConfig({ ...intercepting(), access_control: { deny_hosts: [HOST] } }));
+        const second = await get('/e/2');
+        expect(second.statusCode, fastPath ? 'fast path' : 'Node path').toBe(403);
+        await second.body.dump();
+        expect(origin.requests).toBe(before);
+      } finally {
+        await agent.close();
+        await p.close(200);
+      }
+    }
+  });
+
+  it('a push that fails validation, resolution or compilation leaves the configuration in force whole', async () => {
+    const { p } = await proxyWith(true);
+    const holder = new ConfigHolder({ proxy: { setConfig: (c) => p.setConfig(c) } });
+    const good = { no_proxy: [], rules: [{ name: 'live', match_hosts: [HOST], headers: [{ name: 'X-Key', type: 'workspace_secret', value: 'Bearer {K}' }] }] };
+    await holder.apply(good, { source: 'push', secrets: new Map([['K', VALUE]]) });
+    const agent = new ProxyAgent({ uri: p.url, requestTls: { ca: ca.certPem }, connections: 1, pipelining: 1 });
+    const s = await h2Through(p.port, HOST, origin.port, ca.certPem);
+    try {
+      const h1 = async () => injected((await (await request(`https://${HOST}:${origin.port}/v`, { dispatcher: agent })).body.json()) as Echo);
+      const h2 = async () => injected(JSON.parse((await h2Request(s, { ':method': 'GET', ':path': '/v' })).body) as Echo);
+      const want = [`Bearer ${VALUE}`];
+      expect(await h1()).toEqual(want);
+      expect(await h2()).toEqual(want);
+      const bad: [string, unknown, Map<string, string>][] = [
+        // Each would take the host out of the rule (config-level no_proxy) if any part of it applied.
+        ['a bad pattern', { ...good, no_proxy: [HOST, '*.'] }, new Map([['K', 'other']])],
+        ['a missing secret', { ...good, no_proxy: [HOST], rules: [{ ...good.rules[0], headers: [{ name: 'X-Key', type: 'workspace_secret', value: '{MISSING}' }] }] }, new Map()],
+        ['an illegal header value', { ...good, no_proxy: [HOST], rules: [{ ...good.rules[0], headers: [{ name: 'X-Key', type: 'plaintext', value: 'a\r\nb' }] }] }, new Map()],
+        ['a bad path pattern', { ...good, no_proxy: [HOST], rules: [{ ...good.rules[0], match_paths: ['/a/%2f/*'] }] }, new Map([['K', 'other']])],
+      ];
+      for (const [what, config, secrets] of bad) {
+        await expect(holder.apply(config, { source: 'push', secrets }), what).rejects.toThrow();
+        expect(await h1(), what).toEqual(want);
+        expect(await h2(), what).toEqual(want);
+      }
+    } finally {
+      s.close();
+      await agent.close();
+      await p.close(200);
+    }
   });
 });
