@@ -26,6 +26,11 @@ export interface ResolvedProxyConfig {
 
 export type Decision = 'bypass' | 'intercept' | 'tunnel';
 
+/** A lower-case field name as the variable a CGI-style server reads it through (`_` is `-`). */
+export function asVariable(lower: string): string {
+  return lower.includes('_') ? lower.replace(/_/g, '-') : lower;
+}
+
 /**
  * One rule ready for the data path: patterns compiled, header names lower-cased, the injected
  * list pre-built so a request allocates nothing for it. Header values are kept out of JSON and
@@ -36,6 +41,14 @@ export class CompiledRule {
   readonly headerNames: readonly string[];
   /** For deleting client-sent headers of the same names. */
   readonly headerNameSet: ReadonlySet<string>;
+  /**
+   * The same names with every `_` read as `-`: the variable CGI, PHP and WSGI servers (and the
+   * frameworks on them) read a field through, where `X_Key` and `X-Key` are one. A client field
+   * whose name reads so is dropped too (headers.ts), else it is a second value of the injected one.
+   */
+  readonly headerVariableSet: ReadonlySet<string>;
+  /** Some injected name has a `_` (then every client name with a `-` is read as a variable too). */
+  readonly headerNameHasUnderscore: boolean;
   readonly #headers: readonly (readonly [string, string])[];
 
   constructor(
@@ -49,6 +62,8 @@ export class CompiledRule {
     this.#headers = Object.freeze(headers.map((h) => Object.freeze([h.name.toLowerCase(), h.value] as const)));
     this.headerNames = Object.freeze(this.#headers.map((h) => h[0]));
     this.headerNameSet = new Set(this.headerNames);
+    this.headerVariableSet = new Set(this.headerNames.map(asVariable));
+    this.headerNameHasUnderscore = this.headerNames.some((n) => n.includes('_'));
     Object.freeze(this);
   }
 
