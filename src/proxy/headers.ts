@@ -1,4 +1,4 @@
-import type { CompiledRule } from '../rules/compile.js';
+import { asVariable, type CompiledRule } from '../rules/compile.js';
 
 /**
  * Headers that belong to one connection and are never forwarded (RFC 9110 7.6.1), plus the
@@ -41,11 +41,16 @@ export interface RequestHeaderOptions {
  * The header list sent upstream, as a flat `[name, value, ...]` array: hop-by-hop headers and
  * those named in `Connection` removed, `Host` and `Expect` dropped (the client decides neither
  * the destination nor the upstream's framing), every client header that a rule injects removed
- * whatever its case or count, then the rule's headers added once.
+ * whatever its case or count (or its `_` for `-`: one variable to CGI-style servers), then the
+ * rule's headers added once.
  */
 export function upstreamRequestHeaders(raw: string[], opts: RequestHeaderOptions = {}): string[] {
   const listed = connectionListed(raw);
   const injected = opts.rule?.headerNameSet;
+  const variables = opts.rule?.headerVariableSet;
+  // Names read as variables only where one could meet an injected name: a client name with a `_`,
+  // or any name when an injected one has a `_` (most rules have none: nothing more per field).
+  const anyName = opts.rule?.headerNameHasUnderscore === true;
   const out: string[] = [];
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i];
@@ -53,6 +58,8 @@ export function upstreamRequestHeaders(raw: string[], opts: RequestHeaderOptions
     if (HOP_BY_HOP.has(lower) || lower === 'host' || lower === 'expect') continue;
     if (listed?.has(lower) && !(opts.websocket && lower.startsWith('sec-websocket-'))) continue;
     if (injected?.has(lower)) continue;
+    // `X_Key` beside an injected `X-Key` is the same variable to CGI, PHP and WSGI servers.
+    if (variables && (anyName || lower.includes('_')) && variables.has(asVariable(lower))) continue;
     out.push(name, raw[i + 1]);
   }
   if (opts.websocket) out.push('connection', 'Upgrade', 'upgrade', 'websocket');

@@ -14,7 +14,8 @@ import type { ProxyLimits } from './limits.js';
  * renders (errors.ts) and after which it closes the connection (HTTP/1.1) or the stream (HTTP/2).
  *
  * Order: the head against the limits, its framing and expectation, the method, the destination
- * (the egress policy by name, then the authority), the path; then the rule.
+ * (the egress policy by name, then the authority), the path; then the rule (and, under a rule
+ * scoped to some paths, no field naming another path).
  */
 
 /**
@@ -234,7 +235,32 @@ export function planIntercepted(req: RequestFacts, t: TunnelDestination, config:
   if (denied) return new EgressDenied(denied, t.host, t.port);
   const target = tunnelTarget(req, t);
   if (target instanceof ProxyError) return target;
-  return { ...target, rule: config.pickRule(t.host, t.port, target.path) };
+  const rule = config.pickRule(t.host, t.port, target.path);
+  // A rule scoped to some paths gives its headers only to those: a field that has the origin
+  // serve another path than the request line names would carry them anywhere.
+  if (rule !== undefined && rule.paths.length !== 0) {
+    const override = pathOverrideProblem(req);
+    if (override) return override;
+  }
+  return { ...target, rule };
+}
+
+/**
+ * Fields by which servers and frameworks let a request name the path to serve instead of its
+ * request line: `X-Original-URL` and `X-Rewrite-URL` (IIS URL Rewrite, Zend/Laminas, Symfony
+ * before CVE-2018-14773), compared with `_` read as `-` (CGI and PHP map both to one variable).
+ */
+const PATH_OVERRIDE_FIELDS = new Set(['x-original-url', 'x-rewrite-url']);
+
+/** A request naming another path in a field (only asked under a rule with match_paths). */
+export function pathOverrideProblem(req: RequestFacts): ProxyError | undefined {
+  for (let i = 0; i < req.rawHeaders.length; i += 2) {
+    const name = req.rawHeaders[i];
+    if ((name.length === 13 || name.length === 14) && PATH_OVERRIDE_FIELDS.has(name.toLowerCase().replace(/_/g, '-'))) {
+      return malformed(`${name} names another path than the request line; it is not forwarded under a rule scoped to some paths`);
+    }
+  }
+  return undefined;
 }
 
 /**

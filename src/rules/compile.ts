@@ -26,6 +26,11 @@ export interface ResolvedProxyConfig {
 
 export type Decision = 'bypass' | 'intercept' | 'tunnel';
 
+/** A lower-case field name as the variable a CGI-style server reads it through (`_` is `-`). */
+export function asVariable(lower: string): string {
+  return lower.includes('_') ? lower.replace(/_/g, '-') : lower;
+}
+
 /**
  * One rule ready for the data path: patterns compiled, header names lower-cased, the injected
  * list pre-built so a request allocates nothing for it. Header values are kept out of JSON and
@@ -36,6 +41,14 @@ export class CompiledRule {
   readonly headerNames: readonly string[];
   /** For deleting client-sent headers of the same names. */
   readonly headerNameSet: ReadonlySet<string>;
+  /**
+   * The same names with every `_` read as `-`: the variable CGI, PHP and WSGI servers (and the
+   * frameworks on them) read a field through, where `X_Key` and `X-Key` are one. A client field
+   * whose name reads so is dropped too (headers.ts), else it is a second value of the injected one.
+   */
+  readonly headerVariableSet: ReadonlySet<string>;
+  /** Some injected name has a `_` (then every client name with a `-` is read as a variable too). */
+  readonly headerNameHasUnderscore: boolean;
   readonly #headers: readonly (readonly [string, string])[];
 
   constructor(
@@ -49,6 +62,8 @@ export class CompiledRule {
     this.#headers = Object.freeze(headers.map((h) => Object.freeze([h.name.toLowerCase(), h.value] as const)));
     this.headerNames = Object.freeze(this.#headers.map((h) => h[0]));
     this.headerNameSet = new Set(this.headerNames);
+    this.headerVariableSet = new Set(this.headerNames.map(asVariable));
+    this.headerNameHasUnderscore = this.headerNames.some((n) => n.includes('_'));
     Object.freeze(this);
   }
 
@@ -81,6 +96,7 @@ export interface CompiledConfig {
   /** Which destinations may be reached at all (access_control plus the built-in denies). */
   readonly egress: EgressPolicy;
   decide(host: string, port: number): Decision;
+  /** The first rule for this request, undefined when none applies or the host is under config-level no_proxy. */
   pickRule(host: string, port: number, path: string): CompiledRule | undefined;
 }
 
@@ -113,6 +129,10 @@ export function compileConfig(resolved: ResolvedProxyConfig): CompiledConfig {
       return 'tunnel';
     },
     pickRule(host, port, path) {
+      // The whole decision again, config-level no_proxy first: a push that puts an intercepted
+      // host under no_proxy reaches the next request on a connection opened before it (decide
+      // ran once, at that connection's CONNECT), and "nothing injected" holds for it too.
+      if (bypass.length !== 0 && bypass.some((p) => p.test(host, port))) return undefined;
       for (const rule of rules) if (rule.matchesHost(host, port) && rule.matchesPath(path)) return rule;
       return undefined;
     },
