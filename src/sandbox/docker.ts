@@ -145,7 +145,7 @@ export class DockerBoxDriver implements SandboxDriver {
   }
 
   private async removeContainer(containerId: string): Promise<void> {
-    const res = await this.requireEngine().json('DELETE', `/containers/${containerId}?force=1`);
+    const res = await this.requireEngine().json('DELETE', `/containers/${containerId}?force=1&v=1`);
     if (res.status !== 204 && res.status !== 404) throw new Error(`cannot remove a box container: ${engineMessage(res.body, res.status)}`);
   }
 
@@ -436,7 +436,7 @@ class DockerBox implements Box {
   private async doStop(): Promise<void> {
     this.stopped = true;
     try {
-      const res = await this.files.engine.json('DELETE', `/containers/${this.containerId}?force=1`);
+      const res = await this.files.engine.json('DELETE', `/containers/${this.containerId}?force=1&v=1`);
       await this.relay.close().catch(() => undefined);
       if (res.status !== 204 && res.status !== 404) throw new Error(`cannot remove the box container: ${engineMessage(res.body, res.status)}`);
     } finally {

@@ -139,6 +139,10 @@ describe.skipIf(skip)('Docker driver and keygate deploy --build-image against a 
     expect(depId).not.toBe('');
     const dep = (await api(server!.url, KEY).call('GET', `/v2/deployments/${depId}`)).body;
     const [before] = containers(false);
+    // The image declares volumes (the keygate image's /data and /certs): the engine made anonymous
+    // ones for the container, which must go with it.
+    const anonymous = (JSON.parse(docker(['inspect', '-f', '{{json .Mounts}}', before]).stdout) as { Type: string; Name?: string }[]).filter((m) => m.Type === 'volume').map((m) => m.Name!);
+    expect(anonymous.length).toBeGreaterThan(0);
     writeApp('v2: ');
     let stop = false;
     const results: { status: number; reply?: string; error?: string }[] = [];
@@ -170,6 +174,8 @@ describe.skipIf(skip)('Docker driver and keygate deploy --build-image against a 
     for (const until = Date.now() + 30_000; after.length > 1 && Date.now() < until; after = containers()) await new Promise((res) => setTimeout(res, 250));
     expect(after).toHaveLength(1);
     expect(after).not.toContain(before);
+    // Removed with the container, not left on the engine for each replica ever replaced.
+    expect(anonymous.filter((v) => docker(['volume', 'inspect', v], { allowFail: true }).code === 0)).toEqual([]);
   });
 
   it('a graceful stop of serve removes its containers; the next serve brings the deployment back', async () => {

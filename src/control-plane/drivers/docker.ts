@@ -145,7 +145,7 @@ export class DockerDriver implements RuntimeDriver {
     const id = created.body.Id;
     const started = await this.json<{ message?: string }>('POST', `/containers/${id}/start`);
     if (started.status !== 204 && started.status !== 304) {
-      await this.json('DELETE', `/containers/${id}?force=1`).catch(() => undefined);
+      await this.json('DELETE', `/containers/${id}?force=1&v=1`).catch(() => undefined);
       throw new DeployError(`cannot start container: ${started.body?.message ?? started.status}`);
     }
     const info = await this.json<{ NetworkSettings?: { Ports?: Record<string, { HostPort: string }[] | null> } }>('GET', `/containers/${id}/json`);
@@ -203,7 +203,7 @@ export class DockerDriver implements RuntimeDriver {
 
   private async remove(id: string, graceMs: number): Promise<void> {
     await this.json('POST', `/containers/${id}/stop?t=${Math.ceil(graceMs / 1000)}`, undefined, graceMs + 10_000).catch(() => undefined);
-    await this.json('DELETE', `/containers/${id}?force=1`).catch(() => undefined);
+    await this.json('DELETE', `/containers/${id}?force=1&v=1`).catch(() => undefined);
   }
 
   /**
