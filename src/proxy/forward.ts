@@ -6,6 +6,7 @@ import type { ProxyCore, RequestRecord } from './context.js';
 import { finishRecord } from './record.js';
 import { ProxyError, sendError, upstreamError } from './errors.js';
 import { filterRawResponseHeaders, filterResponseHeaderObject, upstreamRequestHeaders } from './headers.js';
+import { bodilessAnswer } from './h1/head.js';
 import { idleCutsExchange } from './limits.js';
 import { upstreamEnding } from './upstream.js';
 import { chunkRelayed } from './buffer-gc.js';
@@ -82,11 +83,6 @@ function codingProblem(raw: Buffer[]): boolean {
     chunked = raw[i + 1].toString('latin1').trim().toLowerCase() === 'chunked';
   }
   return count > 1 || (count === 1 && !chunked);
-}
-
-/** Statuses whose answer has no body whatever its Content-Length says (RFC 9110 6.4.1). */
-function bodiless(method: string | undefined, status: number): boolean {
-  return method === 'HEAD' || status === 204 || status === 304;
 }
 
 const GRPC_STATUS_FIELDS = new Set(['grpc-status', 'grpc-message', 'grpc-status-details-bin']);
@@ -201,7 +197,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         // second head, which fails the whole response.
         if (statusCode < 200) return true;
         rec.status = statusCode;
-        if (!bodiless(req.method, statusCode) && codingProblem(rawHeaders)) {
+        if (!bodilessAnswer(req.method, statusCode) && codingProblem(rawHeaders)) {
           // Finished first: undici reports the abort to onError at once, which would cut the answer.
           finished = true;
           res.off('close', onClose);
@@ -266,7 +262,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         // undici holds a 304 (or 204, or an answer to HEAD) to its Content-Length and fails it
         // when no body follows; such an answer has no body (a 304 names the representation's
         // length, RFC 9110 8.6): it is complete. undici closes that connection, nothing is reused.
-        if ((err as NodeJS.ErrnoException).code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH' && bodiless(req.method, rec.status) && rec.bytes_out === 0 && !res.destroyed) {
+        if ((err as NodeJS.ErrnoException).code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH' && bodilessAnswer(req.method, rec.status) && rec.bytes_out === 0 && !res.destroyed) {
           res.end();
           done();
           return;

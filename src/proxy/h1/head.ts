@@ -208,6 +208,11 @@ function bareLineEnding(buf: Buffer): boolean {
 // ---- responses --------------------------------------------------------------------------
 
 /** How a response body is delimited (RFC 9112 6.3). */
+/** An answer with no body whatever its Content-Length or codings say: to HEAD, or 204 or 304 (RFC 9110 6.4.1). */
+export function bodilessAnswer(method: string | undefined, status: number): boolean {
+  return method === 'HEAD' || status === 204 || status === 304;
+}
+
 export type Framing = { kind: 'none' } | { kind: 'length'; length: number } | { kind: 'chunked' } | { kind: 'close' };
 
 export interface ResponseHead {
@@ -273,7 +278,7 @@ export function parseResponseHead(buf: Buffer, method: string, maxHeaderBytes: n
   if (lengths > 1) return { error: 'conflicting upstream Content-Length' };
   // A coding other than chunked cannot be re-framed, unless there is no body at all (HEAD, 204,
   // 304: RFC 9112 6.1 lets such an answer name the codings a GET's would have had).
-  const bodiless = method === 'HEAD' || status === 204 || status === 304;
+  const bodiless = bodilessAnswer(method, status);
   if (tes > 0 && (lengths > 0 || (!bodiless && (tes > 1 || te!.toLowerCase() !== 'chunked')))) return { error: 'upstream framing not accepted (Transfer-Encoding)' };
   // RFC 9112 6.1: Transfer-Encoding in an HTTP/1.0 message is faulty framing.
   if (tes > 0 && http10) return { error: 'upstream framing not accepted (Transfer-Encoding in HTTP/1.0)' };
@@ -282,7 +287,7 @@ export function parseResponseHead(buf: Buffer, method: string, maxHeaderBytes: n
     return { status, rawHeaders: raw, framing: { kind: 'none' }, reusable: true, headBytes: fields.end };
   }
   let framing: Framing;
-  if (method === 'HEAD' || status === 204 || status === 304) framing = { kind: 'none' };
+  if (bodiless) framing = { kind: 'none' };
   else if (tes) framing = { kind: 'chunked' };
   else if (length !== undefined) framing = { kind: 'length', length };
   else framing = { kind: 'close' };
