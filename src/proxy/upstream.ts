@@ -387,13 +387,17 @@ export class Upstream {
     return this.resolveMap.get(formatAuthority(host, port)) ?? this.resolveMap.get(`${host}:${port}`) ?? host;
   }
 
-  /** A plain TCP connection (blind tunnels) to `address` (from dialAddress). */
-  connectTcp(host: string, port: number, address = this.address(host, port), onread?: net.OnReadOpts): net.Socket {
+  /**
+   * A plain TCP connection (blind tunnels) to `address`, which must come from dialAddress: an
+   * address, never a name (net.connect would look a name up again, past the egress policy and
+   * with the resolver's search list).
+   */
+  connectTcp(_host: string, port: number, address: string, onread?: net.OnReadOpts): net.Socket {
     return net.connect({ host: address, port, onread });
   }
 
-  /** A verified TLS connection (WebSocket upgrades) to `address`, SNI and certificate checked for `host`. */
-  connectTls(host: string, port: number, address = this.address(host, port)): tls.TLSSocket {
+  /** A verified TLS connection (WebSocket upgrades) to `address` (from dialAddress, as above), SNI and certificate checked for `host`. */
+  connectTls(host: string, port: number, address: string): tls.TLSSocket {
     return tls.connect({
       host: address,
       port,

@@ -1,0 +1,106 @@
+/**
+ * deny_hosts against the system resolver's own ways of reaching another name than the one the
+ * decision was made on: the resolv.conf search list (`secret` -> `secret.corp.internal`) and
+ * CNAMEs. The real resolver, a real DNS server: netns-resolver.child.mjs runs them in a private
+ * network and mount namespace (`unshare -mn`, root only), so every packet stays on a loopback of
+ * its own. Needs `npm run build`. The policy-level parts run everywhere.
+ */
+import { execFileSync } from 'node:child_process';
+import path from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { EgressDenied, etcHostsNames, resolveAllowed } from '../../src/proxy/egress.js';
+import { compileEgress } from '../../src/rules/egress.js';
+import { REPO_ROOT } from '../helpers/proxy.js';
+
+function canUnshare(): boolean {
+  try {
+    execFileSync('unshare', ['-mn', 'true'], { stdio: 'ignore', timeout: 5000 });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+type Result = Record<string, { status: number; reached: boolean }>;
+function throughNamespace(config: unknown, names: string[]): Result {
+  const out = execFileSync('unshare', ['-mn', process.execPath, path.join(REPO_ROOT, 'test/proxy/netns-resolver.child.mjs'), REPO_ROOT, JSON.stringify(config), ...names], { timeout: 60_000, encoding: 'utf8' });
+  return JSON.parse(out.trim().split('\n').pop()!) as Result;
+}
+
+describe.skipIf(!canUnshare())('deny_hosts with the real system resolver (private namespace)', () => {
+  it('a short name the search list would expand, or a CNAME, does not reach a denied name; ordinary names, /etc/hosts names still work', () => {
+    // search corp.internal; secret.corp.internal A 127.0.0.1; alias.example.net CNAME secret.corp.internal.
+    const r = throughNamespace({ access_control: { deny_hosts: ['secret.corp.internal'] } }, ['secret.corp.internal', 'secret', 'alias.example.net', 'open.example.net', 'hostsonly.example', 'localhost', 'nothere']);
+    expect(r['secret.corp.internal']).toEqual({ status: 403, reached: false });
+    // The proxy asks for `secret.` exactly: no such name.
+    expect(r.secret).toEqual({ status: 502, reached: false });
+    expect(r['alias.example.net']).toEqual({ status: 403, reached: false });
+    expect(r['open.example.net']).toEqual({ status: 200, reached: true });
+    expect(r['hostsonly.example']).toEqual({ status: 200, reached: true });
+    expect(r.localhost).toEqual({ status: 200, reached: true });
+    expect(r.nothere).toEqual({ status: 502, reached: false });
+  }, 90_000);
+
+  it('without a name in deny_hosts the alias is reachable (only the addresses are policy then)', () => {
+    const r = throughNamespace({ access_control: { deny_hosts: ['10.9.9.9'] } }, ['alias.example.net', 'secret']);
+    expect(r['alias.example.net']).toEqual({ status: 200, reached: true });
+    expect(r.secret).toEqual({ status: 502, reached: false });
+  }, 90_000);
+});
+
+describe('deny_hosts and aliases, policy level', () => {
+  const policy = compileEgress({ deny_hosts: ['secret.corp.internal', '*.vault.internal'], allow_hosts: ['*.example.net'] });
+  const lookupAll = async () => ['127.0.0.1'];
+  const chain: Record<string, string[]> = { 'a.example.net': ['b.example.net'], 'b.example.net': ['secret.corp.internal.'], 'c.example.net': ['x.vault.internal'], 'loop.example.net': ['loop2.example.net'], 'loop2.example.net': ['loop.example.net'] };
+  const cnames = async (n: string) => {
+    if (chain[n]) return chain[n];
+    throw Object.assign(new Error('no'), { code: n.startsWith('fail') ? 'ETIMEOUT' : 'ENODATA' });
+  };
+
+  it('a CNAME chain reaching a denied name is refused (any hop, wildcards too); allow_hosts is not asked of aliases', async () => {
+    expect(policy.deniesNames).toBe(true);
+    for (const host of ['a.example.net', 'c.example.net']) {
+      const err = await resolveAllowed(host, 443, { policy, lookupAll, cnames }).catch((e: unknown) => e);
+      expect(err, host).toBeInstanceOf(EgressDenied);
+      expect((err as EgressDenied).refusal.kind).toBe('host_denied');
+      expect((err as EgressDenied).reason).toMatch(/is an alias of/);
+    }
+    expect(await resolveAllowed('plain.example.net', 443, { policy, lookupAll, cnames })).toBe('127.0.0.1');
+    expect(policy.checkAlias('plain.example.net', 443, 'cdn.fastly.net')).toBeUndefined();
+  });
+
+  it('a looping chain or a failed CNAME query refuses rather than passing the check over', async () => {
+    await expect(resolveAllowed('loop.example.net', 443, { policy, lookupAll, cnames })).rejects.toThrow(/too long or looping/);
+    await expect(resolveAllowed('fail.example.net', 443, { policy, lookupAll, cnames })).rejects.toThrow(/deny_hosts failed/);
+  });
+
+  it('no CNAME query without a name in deny_hosts, for a pinned target or an address', async () => {
+    let asked = 0;
+    const counting = async (n: string) => {
+      asked++;
+      return cnames(n);
+    };
+    const addrOnly = compileEgress({ deny_hosts: ['10.0.0.1', '[fd00::1]:443', '10.0.0.2:80'] });
+    expect(addrOnly.deniesNames).toBe(false);
+    expect(await resolveAllowed('a.example.net', 443, { policy: addrOnly, lookupAll, cnames: counting })).toBe('127.0.0.1');
+    expect(await resolveAllowed('a.example.net', 443, { policy, lookupAll, cnames: counting, pinned: '127.0.0.2' })).toBe('127.0.0.2');
+    expect(await resolveAllowed('127.0.0.3', 443, { policy, lookupAll, cnames: counting })).toBe('127.0.0.3');
+    expect(asked).toBe(0);
+  });
+
+  it('/etc/hosts names: comments, aliases, case and a trailing dot', () => {
+    expect([...etcHostsNames('127.0.0.1 localhost\n# 10.0.0.1 commented\n10.0.0.2  Box.Local. box # comment\n\n::1 ip6-localhost')]).toEqual(['localhost', 'box.local', 'box', 'ip6-localhost']);
+  });
+});
+
+describe('a --resolve pin that names a host', () => {
+  it('is resolved and its addresses checked like any others (never dialled as a name unchecked)', async () => {
+    const policy = compileEgress({});
+    const lookupAll = async (n: string) => (n === 'meta.pin' ? ['169.254.169.254'] : n === 'ok.pin' ? ['127.0.0.9'] : []);
+    const err = await resolveAllowed('api.example.net', 443, { policy, lookupAll, pinned: 'meta.pin' }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(EgressDenied);
+    expect((err as EgressDenied).address).toBe('169.254.169.254');
+    expect(await resolveAllowed('api.example.net', 443, { policy, lookupAll, pinned: 'ok.pin' })).toBe('127.0.0.9');
+    expect(await resolveAllowed('api.example.net', 443, { policy, lookupAll, pinned: '127.0.0.8' })).toBe('127.0.0.8');
+  });
+});
