@@ -104,6 +104,52 @@ function guardPausedParserOnEnd(socket: net.Socket): void {
   });
 }
 
+/**
+ * undici 7 decides whether to keep an upstream connection from the response head alone. A
+ * `Connection: close` in the trailer section (after a chunked body) is missed: undici puts the
+ * connection back in the pool, while its own parser (llhttp) has seen the close and fails
+ * whatever arrives next on it ("Data after `Connection: close`"), so the next request, already
+ * sent, ends as a 502. The parser's onMessageComplete is wrapped, once for all parsers (their
+ * class is not exported: it is reached through the first connection's parser), to mark such a
+ * connection for reset first: undici then closes it after this answer and the next request goes
+ * on a new connection. `connection` holds every Connection value of the message, trailers
+ * included (undici clears it when the message completes). Remove when undici reads it itself.
+ */
+interface H1Parser {
+  socket: net.Socket;
+  connection: string;
+  onMessageComplete(): number;
+}
+let trailerClosePatched = false;
+const CLOSE_TOKEN = /(?:^|[\s,])close(?:[\s,]|$)/i;
+
+function guardTrailerClose(socket: net.Socket, tries = 3): void {
+  if (trailerClosePatched || (socket as tls.TLSSocket).alpnProtocol === 'h2') return;
+  // undici attaches its parser a few promise turns after the connector's callback: looked for
+  // after them (no listener on the socket: a 'readable' listener added before undici's would
+  // keep undici's from being told of data already buffered).
+  setImmediate(() => {
+    if (trailerClosePatched) return;
+    const sym = Object.getOwnPropertySymbols(socket).find((x) => x.description === 'parser');
+    const parser = sym ? ((socket as unknown as Record<symbol, H1Parser | null>)[sym] ?? undefined) : undefined;
+    if (!parser) {
+      if (tries > 1 && !socket.destroyed) guardTrailerClose(socket, tries - 1);
+      return;
+    }
+    trailerClosePatched = true;
+    const proto = Object.getPrototypeOf(parser) as H1Parser;
+    const complete = proto.onMessageComplete;
+    if (typeof complete !== 'function') return;
+    proto.onMessageComplete = function (this: H1Parser) {
+      if (this.connection && CLOSE_TOKEN.test(this.connection)) {
+        const reset = Object.getOwnPropertySymbols(this.socket).find((x) => x.description === 'reset');
+        if (reset) (this.socket as unknown as Record<symbol, boolean>)[reset] = true;
+      }
+      return complete.call(this);
+    };
+  });
+}
+
 export interface ProxyTimeouts {
   /** TCP + TLS connect to an upstream. */
   connectMs: number;
@@ -210,7 +256,11 @@ export class Upstream {
       const warm = this.takeWarm(`${o.protocol}//${o.host}`);
       if (!warm) return this.dial(o, cb);
       // Never synchronously: undici's connect() is not re-entrant (a request would never be written).
-      if (warm.socket) return process.nextTick(cb, null, warm.socket);
+      if (warm.socket) {
+        // Dialled before anyone asked: the look for undici's parser starts now (see guardTrailerClose).
+        guardTrailerClose(warm.socket);
+        return process.nextTick(cb, null, warm.socket);
+      }
       if (warm.error) return process.nextTick(cb, warm.error, null);
       warm.waiter = cb;
     };
@@ -254,6 +304,7 @@ export class Upstream {
           base({ ...o, hostname: address }, (err, socket) => {
             if (err || !socket) return cb(err ?? new Error('upstream connection failed'), null);
             guardPausedParserOnEnd(socket);
+            guardTrailerClose(socket);
             this.count(`${o.protocol}//${o.host}`, socket);
             cb(null, socket);
           }),

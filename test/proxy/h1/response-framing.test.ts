@@ -28,6 +28,11 @@ const ANSWERS: Record<string, string> = {
     'Proxy-Authenticate: Basic\r\nX-Listed: 1\r\nX-Named: 2\r\nUpgrade: h2c\r\n\r\n',
   // Framing fields and a line that is no field: undici (the Node path) fails the whole answer.
   framingTrailers: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Checksum: abc\r\nTransfer-Encoding: chunked\r\nContent-Length: 99\r\nnot a field\r\n\r\n',
+  // `Connection: close` in the trailer section, the origin then closing: the next request must
+  // reach the origin on a fresh connection, never be sent on (or fail with) this one.
+  closeTrailer: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nConnection: close\r\n\r\n',
+  // The same, with the origin keeping its side open after all.
+  closeTrailerOpen: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nConnection: close\r\n\r\n',
   headCoded: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nETag: "h"\r\n\r\n',
   notModifiedCoded: 'HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: gzip, chunked\r\nETag: "v2"\r\n\r\n',
   twoFields: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
@@ -46,7 +51,8 @@ beforeAll(async () => {
       const all = ANSWERS.trailers;
       const cuts = [all.indexOf('0\r\n') + 1, all.indexOf('Keep-Alive') + 4, all.indexOf('X-Named') + 2, all.length];
       cuts.reduce((from, to, i) => (setTimeout(() => s.write(all.slice(from, to)), i * 20), to), 0);
-    } else s.write(ANSWERS[which]);
+    } else if (which === 'closeTrailer') s.end(ANSWERS[which]);
+    else s.write(ANSWERS[which]);
   });
   proxies = await startBothExchanges(pki, o.port);
 });
@@ -116,6 +122,12 @@ describe.each(['fast', 'node'] as const)('the %s exchange', (name) => {
     // The Node path relays no trailers to HTTP/1.1 clients; the fast path relays the allowed ones.
     expect(first.trailers).toEqual(name === 'fast' ? ['X-Checksum: abc'] : []);
     expect(next.body.toString()).toBe('next');
+  });
+
+  it.each(['closeTrailer', 'closeTrailerOpen'])('%s: Connection: close in the trailers; the next request is answered by the origin', async (which) => {
+    const { first, next } = await twoRequests(name, `/case/${which}`);
+    expect([first.status, first.body.toString()]).toEqual([200, 'hello']);
+    expect([next.status, next.body.toString()]).toEqual([200, 'next']);
   });
 
   it('the same trailer section arriving in pieces: filtered the same', async () => {
