@@ -105,48 +105,62 @@ function guardPausedParserOnEnd(socket: net.Socket): void {
 }
 
 /**
- * undici 7 decides whether to keep an upstream connection from the response head alone. A
- * `Connection: close` in the trailer section (after a chunked body) is missed: undici puts the
- * connection back in the pool, while its own parser (llhttp) has seen the close and fails
- * whatever arrives next on it ("Data after `Connection: close`"), so the next request, already
- * sent, ends as a 502. The parser's onMessageComplete is wrapped, once for all parsers (their
- * class is not exported: it is reached through the first connection's parser), to mark such a
- * connection for reset first: undici then closes it after this answer and the next request goes
- * on a new connection. `connection` holds every Connection value of the message, trailers
- * included (undici clears it when the message completes). Remove when undici reads it itself.
+ * Two answers undici 7's HTTP/1 parser gets wrong, both turned into a 502 the fast path does not
+ * give (src/proxy/h1 relays both answers as RFC 9110/9112 say):
+ * - A `Connection: close` in the trailer section (after a chunked body): undici decides whether
+ *   to keep a connection from the response head alone, so it pools the connection while its own
+ *   parser (llhttp) has seen the close and fails whatever arrives next on it ("Data after
+ *   `Connection: close`"): the next request, already sent, ends as a 502. Such a connection is
+ *   marked for reset before undici completes the message, so undici closes it after this answer
+ *   and the next request goes on a new connection. `connection` holds every Connection value of
+ *   the message, trailers included (undici clears it when the message completes).
+ * - A `100 Continue` the request did not ask for (RFC 9110 15.2: a client must be able to parse
+ *   one and ignore it): undici destroys the connection ("bad response"). It is handed on as an
+ *   interim answer like any other 1xx (102), which undici skips and the handlers ignore (they
+ *   relay no interim answers), and the final answer follows.
+ * The parser class is not exported: its prototype is reached through the first connection's
+ * parser and wrapped once for all parsers. Remove when undici handles both itself.
  */
 interface H1Parser {
   socket: net.Socket;
   connection: string;
   onMessageComplete(): number;
+  onHeadersComplete(statusCode: number, upgrade: boolean, shouldKeepAlive: boolean): number;
 }
-let trailerClosePatched = false;
+let parserPatched = false;
 const CLOSE_TOKEN = /(?:^|[\s,])close(?:[\s,]|$)/i;
 
-function guardTrailerClose(socket: net.Socket, tries = 3): void {
-  if (trailerClosePatched || (socket as tls.TLSSocket).alpnProtocol === 'h2') return;
+function patchParserClass(proto: H1Parser): void {
+  const complete = proto.onMessageComplete;
+  const headers = proto.onHeadersComplete;
+  if (typeof complete !== 'function' || typeof headers !== 'function') return;
+  proto.onMessageComplete = function (this: H1Parser) {
+    if (this.connection && CLOSE_TOKEN.test(this.connection)) {
+      const reset = Object.getOwnPropertySymbols(this.socket).find((x) => x.description === 'reset');
+      if (reset) (this.socket as unknown as Record<symbol, boolean>)[reset] = true;
+    }
+    return complete.call(this);
+  };
+  proto.onHeadersComplete = function (this: H1Parser, statusCode: number, upgrade: boolean, shouldKeepAlive: boolean) {
+    return headers.call(this, statusCode === 100 ? 102 : statusCode, upgrade, shouldKeepAlive);
+  };
+}
+
+function guardParser(socket: net.Socket, tries = 3): void {
+  if (parserPatched || (socket as tls.TLSSocket).alpnProtocol === 'h2') return;
   // undici attaches its parser a few promise turns after the connector's callback: looked for
   // after them (no listener on the socket: a 'readable' listener added before undici's would
   // keep undici's from being told of data already buffered).
   setImmediate(() => {
-    if (trailerClosePatched) return;
+    if (parserPatched) return;
     const sym = Object.getOwnPropertySymbols(socket).find((x) => x.description === 'parser');
     const parser = sym ? ((socket as unknown as Record<symbol, H1Parser | null>)[sym] ?? undefined) : undefined;
     if (!parser) {
-      if (tries > 1 && !socket.destroyed) guardTrailerClose(socket, tries - 1);
+      if (tries > 1 && !socket.destroyed) guardParser(socket, tries - 1);
       return;
     }
-    trailerClosePatched = true;
-    const proto = Object.getPrototypeOf(parser) as H1Parser;
-    const complete = proto.onMessageComplete;
-    if (typeof complete !== 'function') return;
-    proto.onMessageComplete = function (this: H1Parser) {
-      if (this.connection && CLOSE_TOKEN.test(this.connection)) {
-        const reset = Object.getOwnPropertySymbols(this.socket).find((x) => x.description === 'reset');
-        if (reset) (this.socket as unknown as Record<symbol, boolean>)[reset] = true;
-      }
-      return complete.call(this);
-    };
+    parserPatched = true;
+    patchParserClass(Object.getPrototypeOf(parser) as H1Parser);
   });
 }
 
@@ -257,8 +271,8 @@ export class Upstream {
       if (!warm) return this.dial(o, cb);
       // Never synchronously: undici's connect() is not re-entrant (a request would never be written).
       if (warm.socket) {
-        // Dialled before anyone asked: the look for undici's parser starts now (see guardTrailerClose).
-        guardTrailerClose(warm.socket);
+        // Dialled before anyone asked: the look for undici's parser starts now (see guardParser).
+        guardParser(warm.socket);
         return process.nextTick(cb, null, warm.socket);
       }
       if (warm.error) return process.nextTick(cb, warm.error, null);
@@ -304,7 +318,7 @@ export class Upstream {
           base({ ...o, hostname: address }, (err, socket) => {
             if (err || !socket) return cb(err ?? new Error('upstream connection failed'), null);
             guardPausedParserOnEnd(socket);
-            guardTrailerClose(socket);
+            guardParser(socket);
             this.count(`${o.protocol}//${o.host}`, socket);
             cb(null, socket);
           }),

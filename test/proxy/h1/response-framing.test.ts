@@ -17,6 +17,10 @@ let proxies: Record<'fast' | 'node', TestProxy> = {} as never;
 /** The origin's answer for `/case/NAME`; `/next` gets a small 200 naming its connection. */
 const ANSWERS: Record<string, string> = {
   early103: 'HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok',
+  // A 100 Continue the request did not ask for (no Expect), then the answer: RFC 9110 15.2 lets
+  // an origin send it; the client must see only the 200.
+  continue100: 'HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok',
+  continue100then103: 'HTTP/1.1 100 Continue\r\nX-A: 1\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok',
   two1xx: 'HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok',
   notModifiedWithLength: 'HTTP/1.1 304 Not Modified\r\nETag: "v1"\r\nContent-Length: 1234\r\n\r\n',
   noContentWithLength: 'HTTP/1.1 204 No Content\r\nContent-Length: 4\r\n\r\n',
@@ -69,7 +73,7 @@ async function twoRequests(name: 'fast' | 'node', path: string, method = 'GET') 
 }
 
 describe.each(['fast', 'node'] as const)('the %s exchange', (name) => {
-  it.each(['early103', 'two1xx'])('%s: informational answers are not relayed; the final answer is, whole', async (which) => {
+  it.each(['early103', 'two1xx', 'continue100', 'continue100then103'])('%s: informational answers are not relayed; the final answer is, whole', async (which) => {
     const { first, next } = await twoRequests(name, `/case/${which}`);
     expect(first.status).toBe(200);
     expect(first.body.toString()).toBe('ok');
