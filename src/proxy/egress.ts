@@ -34,7 +34,7 @@ export interface ResolveAllowedOptions {
 
 /**
  * The names /etc/hosts lists (lower-case, one trailing dot removed), re-read at most once a
- * second: a name listed there is the one name the system resolver answers from the file.
+ * second: a name listed there is answered from the file, as written.
  */
 let hostsFile: { at: number; names: Set<string> } | undefined;
 export function etcHostsNames(text = readFileOrEmpty('/etc/hosts')): Set<string> {
@@ -51,18 +51,79 @@ function listedInEtcHosts(host: string): boolean {
   return hostsFile.names.has(host);
 }
 
+/** What of resolv.conf decides which names a short name stands for: the search list and ndots. */
+export interface SearchConf {
+  search: string[];
+  ndots: number;
+}
+
 /**
- * The system resolver, asked for exactly `host`: as an absolute name (`host.`), so the search
- * list of resolv.conf (or LOCALDOMAIN) never expands it. Without the root dot, a sandbox could
- * CONNECT to `secret` and reach `secret.corp.internal` (search `corp.internal`) past a deny_hosts
- * entry for that name: the decision was made on one name and the connection went to another.
- * A name /etc/hosts lists is asked for as written: glibc's files backend does not match `name.`,
- * and with the usual `hosts: files dns` the file answers it before any search is tried.
+ * resolv.conf's `search` (or `domain`: the last of the two wins, as in glibc), `options ndots:N`,
+ * with the LOCALDOMAIN and RES_OPTIONS variables over them, as the system resolver reads them.
  */
-async function systemLookup(host: string): Promise<string[]> {
-  const name = host.endsWith('.') || listedInEtcHosts(host) ? host : `${host}.`;
-  const answers = await lookup(name, { all: true, verbatim: true });
-  return answers.map((a) => a.address);
+export function parseResolvConf(text: string, env: NodeJS.ProcessEnv = process.env): SearchConf {
+  let search: string[] = [];
+  let ndots = 1;
+  const options = (words: string[]) => {
+    for (const w of words) {
+      const m = /^ndots:([0-9]+)$/.exec(w);
+      if (m) ndots = Math.min(Number(m[1]), 15);
+    }
+  };
+  for (const line of text.split('\n')) {
+    const [key, ...words] = line.replace(/[#;].*/, '').trim().split(/\s+/);
+    if (key === 'search') search = words;
+    else if (key === 'domain') search = words.slice(0, 1);
+    else if (key === 'options') options(words);
+  }
+  if (env.LOCALDOMAIN !== undefined) search = env.LOCALDOMAIN.trim().split(/\s+/).filter(Boolean);
+  if (env.RES_OPTIONS) options(env.RES_OPTIONS.trim().split(/\s+/));
+  const clean = search.map((d) => d.toLowerCase().replace(/^\.+|\.+$/g, '')).filter((d) => d !== '');
+  return { search: [...new Set(clean)], ndots };
+}
+
+let searchConf: { at: number; conf: SearchConf } | undefined;
+function currentSearchConf(): SearchConf {
+  const now = Date.now();
+  if (!searchConf || now - searchConf.at > 1000) searchConf = { at: now, conf: parseResolvConf(readFileOrEmpty('/etc/resolv.conf')) };
+  return searchConf.conf;
+}
+
+/**
+ * The fully qualified names `host` stands for, in the order the system resolver tries them: the
+ * name itself first when it has at least ndots dots, else the search domains first.
+ */
+export function searchCandidates(host: string, conf: SearchConf): string[] {
+  if (conf.search.length === 0) return [host];
+  const expanded = conf.search.map((d) => `${host}.${d}`);
+  const dots = host.split('.').length - 1;
+  return dots >= conf.ndots ? [host, ...expanded] : [...expanded, host];
+}
+
+/** Answers that mean "not this name, try the next one" (NXDOMAIN, no address records). */
+const NO_SUCH_NAME = new Set(['ENOTFOUND', 'ENODATA', 'EAI_NONAME', 'EAI_NODATA']);
+
+/**
+ * The system resolver for `host`, with the search list applied here rather than by the
+ * resolver: each candidate is asked for as an absolute name (`name.`, no search list behind it),
+ * so the proxy knows which fully qualified name it reached and checks that one too. Left to the
+ * resolver, `secret` (search `corp.internal`) reached `secret.corp.internal` past a deny_hosts
+ * entry for that name: the decision was made on one name and the connection went to another.
+ * Short names keep working (a Kubernetes service name, `my-svc`, through its search list). A
+ * name /etc/hosts lists is asked for as written: glibc's files backend does not match `name.`.
+ */
+async function systemLookup(host: string): Promise<{ addresses: string[]; name: string }> {
+  let last: unknown;
+  for (const name of searchCandidates(host, currentSearchConf())) {
+    try {
+      const answers = await lookup(listedInEtcHosts(name) ? name : `${name}.`, { all: true, verbatim: true });
+      if (answers.length) return { addresses: answers.map((a) => a.address), name };
+    } catch (err) {
+      if (!NO_SUCH_NAME.has((err as NodeJS.ErrnoException).code ?? '')) throw err;
+      last = err;
+    }
+  }
+  throw last ?? Object.assign(new Error(`no address for ${host}`), { code: 'ENOTFOUND' });
 }
 
 function withTimeout<T>(p: Promise<T>, ms: number | undefined, host: string): Promise<T> {
@@ -83,23 +144,37 @@ function withTimeout<T>(p: Promise<T>, ms: number | undefined, host: string): Pr
  */
 export async function resolveAllowed(host: string, port: number, opts: ResolveAllowedOptions): Promise<string> {
   const byName = !opts.pinned && !isIP(host);
+  const policy = opts.policy;
   // The alias walk runs beside the lookup (it adds no round trip), only when a deny_hosts entry
   // names a host: the addresses themselves are checked below whatever the names were.
-  const aliases = byName && opts.policy?.deniesNames ? withTimeout(aliasesOf(host, opts.cnames ?? dnsCnames), opts.timeoutMs, host) : undefined;
+  const walk = (name: string) => withTimeout(aliasesOf(name, opts.cnames ?? dnsCnames), opts.timeoutMs, host);
+  const aliases = byName && policy?.deniesNames ? walk(host) : undefined;
   aliases?.catch(() => undefined);
   // A pin may name a host itself (`--resolve api.test:443:localhost`): its addresses are looked
   // up and checked like any others, so the connection never goes to an address nobody checked.
-  const name = opts.pinned ?? host;
-  const addresses = isIP(name) ? [name] : await withTimeout((opts.lookupAll ?? systemLookup)(name), opts.timeoutMs, name);
+  const target = opts.pinned ?? host;
+  let addresses: string[];
+  let reached = host;
+  if (isIP(target)) addresses = [target];
+  else if (opts.lookupAll) addresses = await withTimeout(opts.lookupAll(target), opts.timeoutMs, target);
+  else {
+    const r = await withTimeout(systemLookup(target), opts.timeoutMs, target);
+    addresses = r.addresses;
+    if (byName) reached = r.name;
+  }
   if (addresses.length === 0) throw Object.assign(new Error(`no address for ${host}`), { code: 'ENOTFOUND' });
-  if (aliases) {
-    for (const alias of await aliases) {
-      const refusal = opts.policy!.checkAlias(host, port, alias);
+  if (policy && byName) {
+    // The name the search list made of `host` is the name connected to: deny_hosts applies to it.
+    const names = reached === host ? [] : [reached];
+    if (aliases) names.push(...(await aliases));
+    if (aliases && reached !== host) names.push(...(await walk(reached)));
+    for (const alias of names) {
+      const refusal = policy.checkAlias(host, port, alias);
       if (refusal) throw new EgressDenied(refusal, host, port);
     }
   }
   for (const address of addresses) {
-    const refusal = opts.policy?.checkAddress(host, port, address);
+    const refusal = policy?.checkAddress(host, port, address);
     if (refusal) throw new EgressDenied(refusal, host, port, address);
     if (opts.isSelf?.(address, port)) throw new EgressDenied({ kind: 'address_denied', type: 'destination_ip_prohibited', reason: SELF_REASON }, host, port, address);
   }

@@ -90,7 +90,10 @@ export interface EgressPolicy {
   checkAddress(host: string, port: number, address: string): EgressRefusal | undefined;
   /** Some deny_hosts entry names a host (not an address): the names a target is an alias of must be checked too. */
   readonly deniesNames: boolean;
-  /** A name the target is an alias of in DNS (a CNAME on the way to its addresses): deny_hosts only. */
+  /**
+   * A name the target stands for in DNS (the search list's expansion of a short name, or a CNAME
+   * on the way to its addresses): deny_hosts only.
+   */
   checkAlias(host: string, port: number, alias: string): EgressRefusal | undefined;
 }
 
@@ -168,7 +171,7 @@ export function compileEgress(ac: AccessControl | undefined): EgressPolicy {
       // allow_hosts is not asked: it speaks of the name the client gave (a CDN's alias of an
       // allowed name is not in it), only a denied name must not be reachable through an alias.
       const d = firstMatch(deny, alias, port);
-      if (d) return { kind: 'host_denied', type: 'http_request_denied', reason: `egress refused: ${shown(host, port)} is an alias of ${alias}, which matches access_control.deny_hosts entry '${d.source}'. ${RETRY}` };
+      if (d) return { kind: 'host_denied', type: 'http_request_denied', reason: `egress refused: ${shown(host, port)} stands for ${alias} in DNS, which matches access_control.deny_hosts entry '${d.source}'. ${RETRY}` };
       return undefined;
     },
   });

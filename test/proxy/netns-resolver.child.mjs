@@ -29,11 +29,11 @@ const bind = (file, content) => {
   writeFileSync(f, content);
   execFileSync('mount', ['--bind', f, file]);
 };
-bind('/etc/resolv.conf', 'nameserver 127.0.0.1\nsearch corp.internal\noptions timeout:1 attempts:1\n');
+bind('/etc/resolv.conf', 'nameserver 127.0.0.1\nsearch corp.internal\noptions ndots:1 timeout:1 attempts:1\n');
 bind('/etc/hosts', `${readFileSync('/etc/hosts', 'utf8')}\n127.0.0.1 hostsonly.example\n`);
 
-// The zone: one A record, one CNAME to it. Anything else: NXDOMAIN. AAAA: no data.
-const A = new Map([['secret.corp.internal', '127.0.0.1'], ['open.example.net', '127.0.0.1']]);
+// The zone: a few A records under the search domain and outside it, one CNAME to a denied name. Anything else: NXDOMAIN. AAAA: no data.
+const A = new Map([['secret.corp.internal', '127.0.0.1'], ['open.example.net', '127.0.0.1'], ['svc.corp.internal', '127.0.0.1'], ['deep.sub.corp.internal', '127.0.0.1'], ['hidden.sub.corp.internal', '127.0.0.1']]);
 const CNAME = new Map([['alias.example.net', 'secret.corp.internal']]);
 const encodeName = (n) => Buffer.concat([...n.split('.').map((l) => Buffer.concat([Buffer.from([l.length]), Buffer.from(l)])), Buffer.from([0])]);
 function answer(q) {

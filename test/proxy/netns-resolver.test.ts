@@ -8,7 +8,7 @@
 import { execFileSync } from 'node:child_process';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { EgressDenied, etcHostsNames, resolveAllowed } from '../../src/proxy/egress.js';
+import { EgressDenied, etcHostsNames, parseResolvConf, resolveAllowed, searchCandidates } from '../../src/proxy/egress.js';
 import { compileEgress } from '../../src/rules/egress.js';
 import { REPO_ROOT } from '../helpers/proxy.js';
 
@@ -28,24 +28,58 @@ function throughNamespace(config: unknown, names: string[]): Result {
 }
 
 describe.skipIf(!canUnshare())('deny_hosts with the real system resolver (private namespace)', () => {
-  it('a short name the search list would expand, or a CNAME, does not reach a denied name; ordinary names, /etc/hosts names still work', () => {
-    // search corp.internal; secret.corp.internal A 127.0.0.1; alias.example.net CNAME secret.corp.internal.
-    const r = throughNamespace({ access_control: { deny_hosts: ['secret.corp.internal'] } }, ['secret.corp.internal', 'secret', 'alias.example.net', 'open.example.net', 'hostsonly.example', 'localhost', 'nothere']);
+  it('a short name the search list expands to a denied name, or a CNAME to one, is refused; short names otherwise work, as do /etc/hosts names', () => {
+    // search corp.internal (ndots 1); A records: secret, svc, deep.sub, hidden.sub (all .corp.internal),
+    // open.example.net; alias.example.net CNAME secret.corp.internal; /etc/hosts: hostsonly.example.
+    const r = throughNamespace({ access_control: { deny_hosts: ['secret.corp.internal', 'hidden.sub.corp.internal'] } }, [
+      'secret.corp.internal',
+      'secret',
+      'alias.example.net',
+      'hidden.sub',
+      'svc',
+      'deep.sub',
+      'open.example.net',
+      'hostsonly.example',
+      'localhost',
+      'nothere',
+    ]);
     expect(r['secret.corp.internal']).toEqual({ status: 403, reached: false });
-    // The proxy asks for `secret.` exactly: no such name.
-    expect(r.secret).toEqual({ status: 502, reached: false });
+    // The search list makes `secret` secret.corp.internal: the proxy knows, and refuses.
+    expect(r.secret).toEqual({ status: 403, reached: false });
     expect(r['alias.example.net']).toEqual({ status: 403, reached: false });
+    // A name with a dot is tried as is first (ndots 1), then with the search list: still checked.
+    expect(r['hidden.sub']).toEqual({ status: 403, reached: false });
+    expect(r.svc).toEqual({ status: 200, reached: true });
+    expect(r['deep.sub']).toEqual({ status: 200, reached: true });
     expect(r['open.example.net']).toEqual({ status: 200, reached: true });
     expect(r['hostsonly.example']).toEqual({ status: 200, reached: true });
     expect(r.localhost).toEqual({ status: 200, reached: true });
     expect(r.nothere).toEqual({ status: 502, reached: false });
   }, 90_000);
 
-  it('without a name in deny_hosts the alias is reachable (only the addresses are policy then)', () => {
+  it('without a name in deny_hosts, aliases and short names reach their addresses (only the addresses are policy then)', () => {
     const r = throughNamespace({ access_control: { deny_hosts: ['10.9.9.9'] } }, ['alias.example.net', 'secret']);
     expect(r['alias.example.net']).toEqual({ status: 200, reached: true });
-    expect(r.secret).toEqual({ status: 502, reached: false });
+    expect(r.secret).toEqual({ status: 200, reached: true });
   }, 90_000);
+});
+
+describe('the search list, as the system resolver reads it', () => {
+  it('search or domain (the last wins), ndots, LOCALDOMAIN and RES_OPTIONS over the file', () => {
+    expect(parseResolvConf('nameserver 1.1.1.1\nsearch a.test B.test.\noptions ndots:2 timeout:1\n', {})).toEqual({ search: ['a.test', 'b.test'], ndots: 2 });
+    expect(parseResolvConf('search a.test\ndomain c.test\n', {})).toEqual({ search: ['c.test'], ndots: 1 });
+    expect(parseResolvConf('# search x.test\nsearch a.test # b.test\n', {})).toEqual({ search: ['a.test'], ndots: 1 });
+    expect(parseResolvConf('search a.test\n', { LOCALDOMAIN: 'l.test  m.test', RES_OPTIONS: 'ndots:5' })).toEqual({ search: ['l.test', 'm.test'], ndots: 5 });
+    expect(parseResolvConf('search a.test\n', { LOCALDOMAIN: '' })).toEqual({ search: [], ndots: 1 });
+  });
+
+  it('candidates in the order the resolver tries them', () => {
+    const conf = { search: ['ns.svc.cluster.local', 'svc.cluster.local'], ndots: 5 };
+    expect(searchCandidates('my-svc', conf)).toEqual(['my-svc.ns.svc.cluster.local', 'my-svc.svc.cluster.local', 'my-svc']);
+    expect(searchCandidates('a.b.c.d.e.f', conf)[0]).toBe('a.b.c.d.e.f');
+    expect(searchCandidates('api.example.com', { search: [], ndots: 1 })).toEqual(['api.example.com']);
+    expect(searchCandidates('api.example.com', { search: ['corp'], ndots: 1 })).toEqual(['api.example.com', 'api.example.com.corp']);
+  });
 });
 
 describe('deny_hosts and aliases, policy level', () => {
@@ -63,7 +97,7 @@ describe('deny_hosts and aliases, policy level', () => {
       const err = await resolveAllowed(host, 443, { policy, lookupAll, cnames }).catch((e: unknown) => e);
       expect(err, host).toBeInstanceOf(EgressDenied);
       expect((err as EgressDenied).refusal.kind).toBe('host_denied');
-      expect((err as EgressDenied).reason).toMatch(/is an alias of/);
+      expect((err as EgressDenied).reason).toMatch(/stands for .* in DNS/);
     }
     expect(await resolveAllowed('plain.example.net', 443, { policy, lookupAll, cnames })).toBe('127.0.0.1');
     expect(policy.checkAlias('plain.example.net', 443, 'cdn.fastly.net')).toBeUndefined();
