@@ -1,6 +1,6 @@
 import { lookup, Resolver } from 'node:dns/promises';
 import { isIP } from 'node:net';
-import { readFileOrEmpty } from '../builtins/fs.js';
+import { readFileOrEmpty, statSync } from '../builtins/fs.js';
 import type { EgressPolicy, EgressRefusal } from '../rules/egress.js';
 import { ProxyError } from './errors.js';
 
@@ -33,11 +33,34 @@ export interface ResolveAllowedOptions {
 }
 
 /**
- * The names /etc/hosts lists (lower-case, one trailing dot removed), re-read at most once a
- * second: a name listed there is answered from the file, as written.
+ * A system file's parsed form, looked at (stat) at most once a second and parsed again only when
+ * it changed: /etc/hosts can be a large block list, and a lookup happens per new connection.
  */
-let hostsFile: { at: number; names: Set<string> } | undefined;
-export function etcHostsNames(text = readFileOrEmpty('/etc/hosts')): Set<string> {
+function watchedFile<T>(file: string, parse: (text: string) => T): () => T {
+  let at = 0;
+  let stamp = '';
+  let value: T | undefined;
+  return () => {
+    const now = Date.now();
+    if (value !== undefined && now - at < 1000) return value;
+    at = now;
+    let next = 'missing';
+    try {
+      const st = statSync(file);
+      next = `${st.mtimeMs}:${st.size}:${st.ino}`;
+    } catch {
+      // Gone: parsed as empty.
+    }
+    if (value === undefined || next !== stamp) {
+      stamp = next;
+      value = parse(readFileOrEmpty(file));
+    }
+    return value;
+  };
+}
+
+/** The names /etc/hosts lists (lower-case, one trailing dot removed): answered from the file, as written. */
+export function etcHostsNames(text: string): Set<string> {
   const names = new Set<string>();
   for (const line of text.split('\n')) {
     const fields = line.replace(/#.*/, '').trim().split(/\s+/);
@@ -45,11 +68,8 @@ export function etcHostsNames(text = readFileOrEmpty('/etc/hosts')): Set<string>
   }
   return names;
 }
-function listedInEtcHosts(host: string): boolean {
-  const now = Date.now();
-  if (!hostsFile || now - hostsFile.at > 1000) hostsFile = { at: now, names: etcHostsNames() };
-  return hostsFile.names.has(host);
-}
+const hostsNames = watchedFile('/etc/hosts', etcHostsNames);
+const listedInEtcHosts = (host: string) => hostsNames().has(host);
 
 /** What of resolv.conf decides which names a short name stands for: the search list and ndots. */
 export interface SearchConf {
@@ -82,12 +102,7 @@ export function parseResolvConf(text: string, env: NodeJS.ProcessEnv = process.e
   return { search: [...new Set(clean)], ndots };
 }
 
-let searchConf: { at: number; conf: SearchConf } | undefined;
-function currentSearchConf(): SearchConf {
-  const now = Date.now();
-  if (!searchConf || now - searchConf.at > 1000) searchConf = { at: now, conf: parseResolvConf(readFileOrEmpty('/etc/resolv.conf')) };
-  return searchConf.conf;
-}
+const currentSearchConf = watchedFile('/etc/resolv.conf', (text) => parseResolvConf(text));
 
 /**
  * The fully qualified names `host` stands for, in the order the system resolver tries them: the
