@@ -128,10 +128,16 @@ const NO_SUCH_NAME = new Set(['ENOTFOUND', 'ENODATA', 'EAI_NONAME', 'EAI_NODATA'
  * name /etc/hosts lists is asked for as written: glibc's files backend does not match `name.`.
  */
 async function systemLookup(host: string): Promise<{ addresses: string[]; name: string }> {
+  // As glibc's `hosts: files dns`: the file answers the name as given, before any search domain
+  // (only the DNS backend applies the search list, and the file never sees the expansions).
+  if (listedInEtcHosts(host)) {
+    const answers = await lookup(host, { all: true, verbatim: true });
+    return { addresses: answers.map((a) => a.address), name: host };
+  }
   let last: unknown;
   for (const name of searchCandidates(host, currentSearchConf())) {
     try {
-      const answers = await lookup(listedInEtcHosts(name) ? name : `${name}.`, { all: true, verbatim: true });
+      const answers = await lookup(`${name}.`, { all: true, verbatim: true });
       if (answers.length) return { addresses: answers.map((a) => a.address), name };
     } catch (err) {
       if (!NO_SUCH_NAME.has((err as NodeJS.ErrnoException).code ?? '')) throw err;
@@ -223,9 +229,9 @@ async function aliasesOf(host: string, cnames: (name: string) => Promise<string[
   }
 }
 
-let resolver: Resolver | undefined;
+/** c-ares reads the servers of resolv.conf when a resolver is made: a new one when the file changes. */
+const cnameResolver = watchedFile('/etc/resolv.conf', () => new Resolver({ timeout: 2000, tries: 2 }));
 /** The CNAME records of `name`, asked as an absolute name (no search list) of the resolv.conf servers. */
 function dnsCnames(name: string): Promise<string[]> {
-  resolver ??= new Resolver({ timeout: 2000, tries: 2 });
-  return resolver.resolveCname(`${name}.`);
+  return cnameResolver().resolveCname(`${name}.`);
 }

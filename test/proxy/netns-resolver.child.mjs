@@ -4,7 +4,8 @@
  * for the proxy to live with: /etc/resolv.conf with a search list and a DNS server on
  * 127.0.0.1:53 (this script), and an /etc/hosts entry. Then runs the built proxy
  * (`dist/cli/main.js proxy`) and CONNECTs through it to each name given, printing one JSON line:
- * `{ name: { status, reached } }` (reached: the bytes came from the loopback origin).
+ * `{ name: { status, reached, at } }` (reached: the bytes came from the loopback origin; at: the
+ * loopback address it was reached at).
  *
  * argv: REPO_ROOT CONFIG_JSON NAME...
  * Used by netns-resolver.test.ts.
@@ -30,10 +31,10 @@ const bind = (file, content) => {
   execFileSync('mount', ['--bind', f, file]);
 };
 bind('/etc/resolv.conf', 'nameserver 127.0.0.1\nsearch corp.internal\noptions ndots:1 timeout:1 attempts:1\n');
-bind('/etc/hosts', `${readFileSync('/etc/hosts', 'utf8')}\n127.0.0.1 hostsonly.example\n`);
+bind('/etc/hosts', `${readFileSync('/etc/hosts', 'utf8')}\n127.0.0.1 hostsonly.example\n127.0.0.2 filesfirst\n`);
 
 // The zone: a few A records under the search domain and outside it, one CNAME to a denied name. Anything else: NXDOMAIN. AAAA: no data.
-const A = new Map([['secret.corp.internal', '127.0.0.1'], ['open.example.net', '127.0.0.1'], ['svc.corp.internal', '127.0.0.1'], ['deep.sub.corp.internal', '127.0.0.1'], ['hidden.sub.corp.internal', '127.0.0.1']]);
+const A = new Map([['secret.corp.internal', '127.0.0.1'], ['open.example.net', '127.0.0.1'], ['svc.corp.internal', '127.0.0.1'], ['deep.sub.corp.internal', '127.0.0.1'], ['hidden.sub.corp.internal', '127.0.0.1'], ['filesfirst.corp.internal', '127.0.0.3']]);
 const CNAME = new Map([['alias.example.net', 'secret.corp.internal']]);
 const encodeName = (n) => Buffer.concat([...n.split('.').map((l) => Buffer.concat([Buffer.from([l.length]), Buffer.from(l)])), Buffer.from([0])]);
 function answer(q) {
@@ -73,8 +74,9 @@ const dns = dgram.createSocket('udp4');
 dns.on('message', (msg, rinfo) => dns.send(answer(msg), rinfo.port, rinfo.address));
 await new Promise((r) => dns.bind(53, '127.0.0.1', r));
 
-const origin = net.createServer((s) => s.end('ORIGIN\n'));
-await new Promise((r) => origin.listen(0, '127.0.0.1', r));
+// On every loopback address (the namespace has no other interface): it says which one was dialled.
+const origin = net.createServer((s) => s.end(`ORIGIN ${s.localAddress}\n`));
+await new Promise((r) => origin.listen(0, '0.0.0.0', r));
 const originPort = origin.address().port;
 
 const configPath = path.join(dir, 'config.json');
@@ -103,7 +105,7 @@ function connectThrough(name) {
     let got = '';
     s.on('data', (d) => (got += d));
     s.on('error', () => undefined);
-    s.on('close', () => resolve({ status: Number(/^HTTP\/1\.1 (\d{3})/.exec(got)?.[1] ?? 0), reached: got.includes('ORIGIN') }));
+    s.on('close', () => resolve({ status: Number(/^HTTP\/1\.1 (\d{3})/.exec(got)?.[1] ?? 0), reached: got.includes('ORIGIN'), ...(/ORIGIN (\S+)/.test(got) ? { at: /ORIGIN (\S+)/.exec(got)[1].replace(/^::ffff:/, '') } : {}) }));
     s.setTimeout(8000, () => s.destroy());
   });
 }

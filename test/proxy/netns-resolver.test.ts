@@ -21,7 +21,7 @@ function canUnshare(): boolean {
   }
 }
 
-type Result = Record<string, { status: number; reached: boolean }>;
+type Result = Record<string, { status: number; reached: boolean; at?: string }>;
 function throughNamespace(config: unknown, names: string[]): Result {
   const out = execFileSync('unshare', ['-mn', process.execPath, path.join(REPO_ROOT, 'test/proxy/netns-resolver.child.mjs'), REPO_ROOT, JSON.stringify(config), ...names], { timeout: 60_000, encoding: 'utf8' });
   return JSON.parse(out.trim().split('\n').pop()!) as Result;
@@ -40,27 +40,30 @@ describe.skipIf(!canUnshare())('deny_hosts with the real system resolver (privat
       'deep.sub',
       'open.example.net',
       'hostsonly.example',
+      'filesfirst',
       'localhost',
       'nothere',
     ]);
-    expect(r['secret.corp.internal']).toEqual({ status: 403, reached: false });
+    expect(r['secret.corp.internal']).toMatchObject({ status: 403, reached: false });
     // The search list makes `secret` secret.corp.internal: the proxy knows, and refuses.
-    expect(r.secret).toEqual({ status: 403, reached: false });
-    expect(r['alias.example.net']).toEqual({ status: 403, reached: false });
+    expect(r.secret).toMatchObject({ status: 403, reached: false });
+    expect(r['alias.example.net']).toMatchObject({ status: 403, reached: false });
     // A name with a dot is tried as is first (ndots 1), then with the search list: still checked.
-    expect(r['hidden.sub']).toEqual({ status: 403, reached: false });
-    expect(r.svc).toEqual({ status: 200, reached: true });
-    expect(r['deep.sub']).toEqual({ status: 200, reached: true });
-    expect(r['open.example.net']).toEqual({ status: 200, reached: true });
-    expect(r['hostsonly.example']).toEqual({ status: 200, reached: true });
-    expect(r.localhost).toEqual({ status: 200, reached: true });
-    expect(r.nothere).toEqual({ status: 502, reached: false });
+    expect(r['hidden.sub']).toMatchObject({ status: 403, reached: false });
+    expect(r.svc).toMatchObject({ status: 200, reached: true });
+    expect(r['deep.sub']).toMatchObject({ status: 200, reached: true });
+    expect(r['open.example.net']).toMatchObject({ status: 200, reached: true });
+    expect(r['hostsonly.example']).toMatchObject({ status: 200, reached: true });
+    // /etc/hosts answers a name as given before any search domain (filesfirst.corp.internal is 127.0.0.3).
+    expect(r.filesfirst).toEqual({ status: 200, reached: true, at: '127.0.0.2' });
+    expect(r.localhost).toMatchObject({ status: 200, reached: true });
+    expect(r.nothere).toMatchObject({ status: 502, reached: false });
   }, 90_000);
 
   it('without a name in deny_hosts, aliases and short names reach their addresses (only the addresses are policy then)', () => {
     const r = throughNamespace({ access_control: { deny_hosts: ['10.9.9.9'] } }, ['alias.example.net', 'secret']);
-    expect(r['alias.example.net']).toEqual({ status: 200, reached: true });
-    expect(r.secret).toEqual({ status: 200, reached: true });
+    expect(r['alias.example.net']).toMatchObject({ status: 200, reached: true });
+    expect(r.secret).toMatchObject({ status: 200, reached: true });
   }, 90_000);
 });
 
