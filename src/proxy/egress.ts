@@ -220,11 +220,12 @@ async function aliasesOf(host: string, cnames: (name: string) => Promise<string[
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code;
       if (code === 'ENODATA' || code === 'ENOTFOUND') return seen;
-      throw Object.assign(new Error(`checking the DNS aliases of ${host} against access_control.deny_hosts failed (${code ?? (err as Error).message})`), { code });
+      // A ProxyError: its reason reaches the sandbox as is (not "request failed (ETIMEOUT)").
+      throw new ProxyError(502, 'dns_error', `cannot check the DNS aliases of ${host} against access_control.deny_hosts (${code ?? 'DNS error'}): not connected`);
     }
     if (next.length === 0) return seen;
     name = next[0].toLowerCase().replace(/\.$/, '');
-    if (seen.includes(name) || seen.length >= MAX_ALIASES) throw Object.assign(new Error(`${host} has a CNAME chain too long or looping to check against access_control.deny_hosts`), { code: 'ELOOP' });
+    if (seen.includes(name) || seen.length >= MAX_ALIASES) throw new ProxyError(502, 'dns_error', `${host} has a CNAME chain too long or looping to check against access_control.deny_hosts: not connected`);
     seen.push(name);
   }
 }
