@@ -146,22 +146,38 @@ function patchParserClass(proto: H1Parser): void {
   };
 }
 
-function guardParser(socket: net.Socket, tries = 3): void {
-  if (parserPatched || (socket as tls.TLSSocket).alpnProtocol === 'h2') return;
-  // undici attaches its parser a few promise turns after the connector's callback: looked for
-  // after them (no listener on the socket: a 'readable' listener added before undici's would
-  // keep undici's from being told of data already buffered).
-  setImmediate(() => {
-    if (parserPatched) return;
+/** A look for undici's parser is under way, or it gave up (undici's internals are not what this expects). */
+let parserLookup: 'idle' | 'polling' | 'gave-up' = 'idle';
+
+/**
+ * Patches undici's parser class through `socket`, a connection just handed to undici. undici
+ * attaches its parser after the connector's callback: a few promise turns later, or, on the
+ * first connection of the process, once its llhttp WebAssembly is compiled. So the socket is
+ * looked at on every turn of the event loop (setImmediate, before any answer to the request
+ * written meanwhile can be read) until the parser is there, the socket is gone, or 2 s passed.
+ * No listener on the socket: a 'readable' listener added before undici's would keep undici's
+ * from being told of data already buffered. One look at a time; once patched, never again.
+ */
+function guardParser(socket: net.Socket): void {
+  if (parserPatched || parserLookup !== 'idle' || (socket as tls.TLSSocket).alpnProtocol === 'h2') return;
+  parserLookup = 'polling';
+  const until = Date.now() + 2000;
+  const look = () => {
     const sym = Object.getOwnPropertySymbols(socket).find((x) => x.description === 'parser');
     const parser = sym ? ((socket as unknown as Record<symbol, H1Parser | null>)[sym] ?? undefined) : undefined;
-    if (!parser) {
-      if (tries > 1 && !socket.destroyed) guardParser(socket, tries - 1);
-      return;
+    if (parser) {
+      parserPatched = true;
+      parserLookup = 'idle';
+      patchParserClass(Object.getPrototypeOf(parser) as H1Parser);
+    } else if (socket.destroyed) {
+      parserLookup = 'idle'; // the next connection looks again
+    } else if (Date.now() > until) {
+      parserLookup = 'gave-up';
+    } else {
+      setImmediate(look);
     }
-    parserPatched = true;
-    patchParserClass(Object.getPrototypeOf(parser) as H1Parser);
-  });
+  };
+  setImmediate(look);
 }
 
 export interface ProxyTimeouts {
@@ -270,11 +286,7 @@ export class Upstream {
       const warm = this.takeWarm(`${o.protocol}//${o.host}`);
       if (!warm) return this.dial(o, cb);
       // Never synchronously: undici's connect() is not re-entrant (a request would never be written).
-      if (warm.socket) {
-        // Dialled before anyone asked: the look for undici's parser starts now (see guardParser).
-        guardParser(warm.socket);
-        return process.nextTick(cb, null, warm.socket);
-      }
+      if (warm.socket) return process.nextTick(cb, null, warm.socket);
       if (warm.error) return process.nextTick(cb, warm.error, null);
       warm.waiter = cb;
     };
@@ -318,7 +330,6 @@ export class Upstream {
           base({ ...o, hostname: address }, (err, socket) => {
             if (err || !socket) return cb(err ?? new Error('upstream connection failed'), null);
             guardPausedParserOnEnd(socket);
-            guardParser(socket);
             this.count(`${o.protocol}//${o.host}`, socket);
             cb(null, socket);
           }),
@@ -401,8 +412,15 @@ export class Upstream {
   private newAgent(h2: boolean): Agent {
     const opts = this.opts;
     const Agent = loadAgent();
+    const dial = h2 ? (o: ConnectOptions, cb: ConnectCallback) => this.dialH2(o, cb) : this.connector;
     return new Agent({
-      connect: h2 ? (o, cb) => this.dialH2(o, cb) : this.connector,
+      // Only connections undici gets: the fast path's (same connector, src/proxy/h1) have no parser.
+      connect: (o, cb) =>
+        dial(o, (err, socket) => {
+          if (err || !socket) return cb(err ?? new Error('upstream connection failed'), null);
+          guardParser(socket);
+          cb(null, socket);
+        }),
       allowH2: h2,
       keepAliveTimeout: opts.timeouts.keepAliveMs,
       keepAliveMaxTimeout: 10 * 60_000,
