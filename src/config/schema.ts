@@ -65,7 +65,7 @@ const accessControlSchema = {
     'Egress policy applied to every destination (tunnels, intercepted and plain HTTP), after DNS resolution. Link-local and cloud metadata addresses and the proxy\'s own listeners are always refused.',
   properties: {
     allow_hosts: { ...hostPatternList, description: 'When present, only targets whose name matches an entry are reachable.' },
-    deny_hosts: { ...hostPatternList, description: 'Targets refused; IP entries also refuse names resolving to that address.' },
+    deny_hosts: { ...hostPatternList, description: 'Targets refused: the name as given, the name the resolv.conf search list makes of it, and its CNAME chain; IP entries also refuse names resolving to that address. To refuse a destination by any name, deny its addresses (deny_addresses).' },
     allow_ports: { ...portList, description: 'When present, only these ports (443 or "8000-8999").' },
     deny_ports: { ...portList, description: 'Ports refused (443 or "8000-8999").' },
     deny_addresses: {

@@ -104,6 +104,82 @@ function guardPausedParserOnEnd(socket: net.Socket): void {
   });
 }
 
+/**
+ * Two answers undici 7's HTTP/1 parser gets wrong, both turned into a 502 the fast path does not
+ * give (src/proxy/h1 relays both answers as RFC 9110/9112 say):
+ * - A `Connection: close` in the trailer section (after a chunked body): undici decides whether
+ *   to keep a connection from the response head alone, so it pools the connection while its own
+ *   parser (llhttp) has seen the close and fails whatever arrives next on it ("Data after
+ *   `Connection: close`"): the next request, already sent, ends as a 502. Such a connection is
+ *   marked for reset before undici completes the message, so undici closes it after this answer
+ *   and the next request goes on a new connection. `connection` holds every Connection value of
+ *   the message, trailers included (undici clears it when the message completes).
+ * - A `100 Continue` the request did not ask for (RFC 9110 15.2: a client must be able to parse
+ *   one and ignore it): undici destroys the connection ("bad response"). It is handed on as an
+ *   interim answer like any other 1xx (102), which undici skips and the handlers ignore (they
+ *   relay no interim answers), and the final answer follows.
+ * The parser class is not exported: its prototype is reached through the first connection's
+ * parser and wrapped once for all parsers. Remove when undici handles both itself.
+ */
+interface H1Parser {
+  socket: net.Socket;
+  connection: string;
+  onMessageComplete(): number;
+  onHeadersComplete(statusCode: number, upgrade: boolean, shouldKeepAlive: boolean): number;
+}
+let parserPatched = false;
+const CLOSE_TOKEN = /(?:^|[\s,])close(?:[\s,]|$)/i;
+
+function patchParserClass(proto: H1Parser): void {
+  const complete = proto.onMessageComplete;
+  const headers = proto.onHeadersComplete;
+  if (typeof complete !== 'function' || typeof headers !== 'function') return;
+  proto.onMessageComplete = function (this: H1Parser) {
+    if (this.connection && CLOSE_TOKEN.test(this.connection)) {
+      const reset = Object.getOwnPropertySymbols(this.socket).find((x) => x.description === 'reset');
+      if (reset) (this.socket as unknown as Record<symbol, boolean>)[reset] = true;
+    }
+    return complete.call(this);
+  };
+  proto.onHeadersComplete = function (this: H1Parser, statusCode: number, upgrade: boolean, shouldKeepAlive: boolean) {
+    return headers.call(this, statusCode === 100 ? 102 : statusCode, upgrade, shouldKeepAlive);
+  };
+}
+
+/** A look for undici's parser is under way, or it gave up (undici's internals are not what this expects). */
+let parserLookup: 'idle' | 'polling' | 'gave-up' = 'idle';
+
+/**
+ * Patches undici's parser class through `socket`, a connection just handed to undici. undici
+ * attaches its parser after the connector's callback: a few promise turns later, or, on the
+ * first connection of the process, once its llhttp WebAssembly is compiled. So the socket is
+ * looked at on every turn of the event loop (setImmediate, before any answer to the request
+ * written meanwhile can be read) until the parser is there, the socket is gone, or 2 s passed.
+ * No listener on the socket: a 'readable' listener added before undici's would keep undici's
+ * from being told of data already buffered. One look at a time; once patched, never again.
+ */
+function guardParser(socket: net.Socket): void {
+  if (parserPatched || parserLookup !== 'idle' || (socket as tls.TLSSocket).alpnProtocol === 'h2') return;
+  parserLookup = 'polling';
+  const until = Date.now() + 2000;
+  const look = () => {
+    const sym = Object.getOwnPropertySymbols(socket).find((x) => x.description === 'parser');
+    const parser = sym ? ((socket as unknown as Record<symbol, H1Parser | null>)[sym] ?? undefined) : undefined;
+    if (parser) {
+      parserPatched = true;
+      parserLookup = 'idle';
+      patchParserClass(Object.getPrototypeOf(parser) as H1Parser);
+    } else if (socket.destroyed) {
+      parserLookup = 'idle'; // the next connection looks again
+    } else if (Date.now() > until) {
+      parserLookup = 'gave-up';
+    } else {
+      setImmediate(look);
+    }
+  };
+  setImmediate(look);
+}
+
 export interface ProxyTimeouts {
   /** TCP + TLS connect to an upstream. */
   connectMs: number;
@@ -336,8 +412,15 @@ export class Upstream {
   private newAgent(h2: boolean): Agent {
     const opts = this.opts;
     const Agent = loadAgent();
+    const dial = h2 ? (o: ConnectOptions, cb: ConnectCallback) => this.dialH2(o, cb) : this.connector;
     return new Agent({
-      connect: h2 ? (o, cb) => this.dialH2(o, cb) : this.connector,
+      // Only connections undici gets: the fast path's (same connector, src/proxy/h1) have no parser.
+      connect: (o, cb) =>
+        dial(o, (err, socket) => {
+          if (err || !socket) return cb(err ?? new Error('upstream connection failed'), null);
+          guardParser(socket);
+          cb(null, socket);
+        }),
       allowH2: h2,
       keepAliveTimeout: opts.timeouts.keepAliveMs,
       keepAliveMaxTimeout: 10 * 60_000,
@@ -387,13 +470,17 @@ export class Upstream {
     return this.resolveMap.get(formatAuthority(host, port)) ?? this.resolveMap.get(`${host}:${port}`) ?? host;
   }
 
-  /** A plain TCP connection (blind tunnels) to `address` (from dialAddress). */
-  connectTcp(host: string, port: number, address = this.address(host, port), onread?: net.OnReadOpts): net.Socket {
+  /**
+   * A plain TCP connection (blind tunnels) to `address`, which must come from dialAddress: an
+   * address, never a name (net.connect would look a name up again, past the egress policy and
+   * with the resolver's search list).
+   */
+  connectTcp(_host: string, port: number, address: string, onread?: net.OnReadOpts): net.Socket {
     return net.connect({ host: address, port, onread });
   }
 
-  /** A verified TLS connection (WebSocket upgrades) to `address`, SNI and certificate checked for `host`. */
-  connectTls(host: string, port: number, address = this.address(host, port)): tls.TLSSocket {
+  /** A verified TLS connection (WebSocket upgrades) to `address` (from dialAddress, as above), SNI and certificate checked for `host`. */
+  connectTls(host: string, port: number, address: string): tls.TLSSocket {
     return tls.connect({
       host: address,
       port,

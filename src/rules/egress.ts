@@ -88,6 +88,13 @@ export interface EgressPolicy {
   checkName(host: string, port: number): EgressRefusal | undefined;
   /** One address the target resolved to (or the --resolve pin), before connecting to it. */
   checkAddress(host: string, port: number, address: string): EgressRefusal | undefined;
+  /** Some deny_hosts entry names a host (not an address): the names a target is an alias of must be checked too. */
+  readonly deniesNames: boolean;
+  /**
+   * A name the target stands for in DNS (the search list's expansion of a short name, or a CNAME
+   * on the way to its addresses): deny_hosts only.
+   */
+  checkAlias(host: string, port: number, alias: string): EgressRefusal | undefined;
 }
 
 const builtinList = new BlockList();
@@ -130,6 +137,7 @@ export function compileEgress(ac: AccessControl | undefined): EgressPolicy {
   const inRanges = (ranges: [number, number][], p: number) => ranges.some(([lo, hi]) => p >= lo && p <= hi);
   const firstMatch = (list: readonly HostPattern[], h: string, p: number) => list.find((x) => x.test(h, p));
   const key = JSON.stringify(ac ?? {});
+  const deniesNames = (ac?.deny_hosts ?? []).some((p) => !mayBeAddress(p.replace(/:[0-9]+$/, '').replace(/^\[|\]$/g, '')));
 
   const addressRefusal = (host: string, port: number, address: string): EgressRefusal | undefined => {
     const ip = unwrapAddress(address);
@@ -158,6 +166,14 @@ export function compileEgress(ac: AccessControl | undefined): EgressPolicy {
       return mayBeAddress(host) ? addressRefusal(host, port, host) : undefined;
     },
     checkAddress: addressRefusal,
+    deniesNames,
+    checkAlias(host: string, port: number, alias: string): EgressRefusal | undefined {
+      // allow_hosts is not asked: it speaks of the name the client gave (a CDN's alias of an
+      // allowed name is not in it), only a denied name must not be reachable through an alias.
+      const d = firstMatch(deny, alias, port);
+      if (d) return { kind: 'host_denied', type: 'http_request_denied', reason: `egress refused: ${shown(host, port)} stands for ${alias} in DNS, which matches access_control.deny_hosts entry '${d.source}'. ${RETRY}` };
+      return undefined;
+    },
   });
 }
 

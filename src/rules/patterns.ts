@@ -114,9 +114,22 @@ export function compilePathPattern(raw: string): PathPattern {
   if (typeof raw !== 'string' || !raw.startsWith('/')) throw new PatternError('a path pattern must start with /');
   const q = raw.indexOf('?');
   if (q >= 0) throw new PatternError('a path pattern cannot contain a query string');
+  // The wildcards go through normalisation as escapes (dot segments resolve around them the same
+  // as around any segment), twice, as two different escapes: where the results differ is a
+  // wildcard. Escapes the pattern itself holds (`%2A`, an encoded asterisk) stay literal: a
+  // request path keeps `%2A` as `%2A` (an asterisk is not unreserved), and `/files/%2A` must
+  // match only that, never every name under /files/.
   const normalised = normalisePath(raw.replace(/\*/g, '%2A'));
   if (isPathRefusal(normalised)) throw new PatternError(normalised.error);
-  const pattern = normalised.path.replace(/%2A/g, '*');
+  const twin = normalisePath(raw.replace(/\*/g, '%2B'));
+  if (isPathRefusal(twin) || twin.path.length !== normalised.path.length) throw new PatternError('a wildcard cannot stand there');
+  let pattern = '';
+  for (let i = 0; i < normalised.path.length; i++) {
+    if (normalised.path.startsWith('%2A', i) && twin.path.startsWith('%2B', i)) {
+      pattern += '*';
+      i += 2;
+    } else pattern += normalised.path[i];
+  }
   const source = raw;
   if (!pattern.includes('*')) return { source, test: (p) => p === pattern };
 

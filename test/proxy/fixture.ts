@@ -1,13 +1,21 @@
 /**
  * Shared set-up for the end-to-end proxy tests: a trusted test origin, an untrusted one, a
  * configuration exercising every rule feature, and a proxy child process reaching them via
- * --resolve and --upstream-ca.
+ * --resolve and --upstream-ca. useProxyPair: the in-process fast-path and Node-path proxies that
+ * tests running each case on both exchanges share.
  */
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
+import { Writable } from 'node:stream';
 import { ProxyAgent } from 'undici';
 import { afterAll, beforeAll, expect } from 'vitest';
+import { ensureCa, type Ca } from '../../src/certs/index.js';
+import { createLogger } from '../../src/log.js';
+import { startProxy, type ProxyHandle } from '../../src/proxy/server.js';
+import type { ResolvedRule } from '../../src/rules/compile.js';
+import { compileConfig } from '../../src/rules/index.js';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { startOrigin, type TestOrigin } from '../helpers/origin.js';
 import { spawnProxy, type SpawnedProxy } from '../helpers/proxy.js';
@@ -94,6 +102,52 @@ export function useProxyFixture(): { readonly f: Fixture; readonly agent: ProxyA
     const output = state.f?.proxy.output() ?? '';
     await state.f?.close();
     for (const value of [SECRET, OPAQUE, 'plain-value', 'kgUNUSED']) expect(output).not.toContain(value);
+  });
+  return state;
+}
+
+/** What useProxyPair sets up: an HTTPS origin, one proxy CA, and two in-process proxies sharing them. */
+export interface ProxyPair {
+  ca: Ca;
+  origin: TestOrigin;
+  /** [fast path, Node path]: the same configuration, `fastPath` true then false. */
+  proxies: [ProxyHandle, ProxyHandle];
+}
+
+/**
+ * The in-process set-up of tests that run every case on both HTTP/1.1 exchanges: a local HTTPS
+ * origin whose certificate names `names` (test CA trusted upstream), and two proxies (the fast
+ * path, then the Node path) with the given rules, each name pinned to 127.0.0.1 at the origin's
+ * port. Started once for the file; the CA directory is removed on teardown.
+ */
+export function useProxyPair(opts: { names: string[]; rules: ResolvedRule[]; tmpPrefix: string }): ProxyPair {
+  const state = {} as ProxyPair;
+  const dir = mkdtempSync(path.join(os.tmpdir(), opts.tmpPrefix));
+  beforeAll(async () => {
+    const pki = await createTestPki(opts.names);
+    state.origin = await startOrigin(pki);
+    state.ca = await ensureCa(path.join(dir, 'certs'));
+    const pins = new Map(opts.names.filter((n) => !net.isIP(n)).map((n): [string, string] => [`${n}:${state.origin.port}`, '127.0.0.1']));
+    const proxies: ProxyHandle[] = [];
+    for (const fastPath of [true, false]) {
+      proxies.push(
+        await startProxy({
+          listen: { host: '127.0.0.1', port: 0 },
+          ca: state.ca,
+          config: compileConfig({ no_proxy: [], rules: opts.rules }),
+          logger: createLogger({ destination: new Writable({ write: (_c, _e, cb) => cb() }) }),
+          fastPath,
+          resolve: pins,
+          upstreamCa: [pki.caPem],
+        }),
+      );
+    }
+    state.proxies = proxies as [ProxyHandle, ProxyHandle];
+  });
+  afterAll(async () => {
+    for (const p of state.proxies ?? []) await p.close(200);
+    await state.origin?.close();
+    rmSync(dir, { recursive: true, force: true });
   });
   return state;
 }

@@ -7,25 +7,12 @@
  * name is an injected one with `_` for `-` (or the other way round) is dropped like the same name.
  * Real proxy in-process (both HTTP/1.1 paths, h2), a local HTTPS origin echoing what it received.
  */
-import { mkdtempSync, rmSync } from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
-import { Writable } from 'node:stream';
 import { ProxyAgent, request } from 'undici';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ensureCa, type Ca } from '../../src/certs/index.js';
-import { createLogger } from '../../src/log.js';
-import { startProxy, type ProxyHandle } from '../../src/proxy/server.js';
-import { compileConfig } from '../../src/rules/index.js';
-import { startOrigin, type TestOrigin } from '../helpers/origin.js';
-import { createTestPki } from '../helpers/pki.js';
+import { describe, expect, it } from 'vitest';
 import { h2Request, h2Through } from './h2-helpers.js';
+import { useProxyPair } from './fixture.js';
 
 const HOST = 'names.test.local';
-const dir = mkdtempSync(path.join(os.tmpdir(), 'kg-names-'));
-let ca: Ca;
-let origin: TestOrigin;
-const proxies: ProxyHandle[] = [];
 const RULE_HEADERS = [
   { name: 'X-Key', value: 'kgNAMES-dash' },
   { name: 'X_Api_Token', value: 'kgNAMES-underscore' },
@@ -42,29 +29,7 @@ const CLIENT: [string, string][] = [
 ];
 const cgi = (n: string) => n.toLowerCase().replace(/_/g, '-');
 
-beforeAll(async () => {
-  const pki = await createTestPki([HOST]);
-  origin = await startOrigin(pki);
-  ca = await ensureCa(path.join(dir, 'certs'));
-  for (const fastPath of [true, false]) {
-    proxies.push(
-      await startProxy({
-        listen: { host: '127.0.0.1', port: 0 },
-        ca,
-        config: compileConfig({ no_proxy: [], rules: [{ name: 'names', match_hosts: [HOST], headers: RULE_HEADERS }] }),
-        logger: createLogger({ destination: new Writable({ write: (_c, _e, cb) => cb() }) }),
-        fastPath,
-        resolve: new Map([[`${HOST}:${origin.port}`, '127.0.0.1']]),
-        upstreamCa: [pki.caPem],
-      }),
-    );
-  }
-});
-afterAll(async () => {
-  for (const p of proxies) await p.close(200);
-  await origin?.close();
-  rmSync(dir, { recursive: true, force: true });
-});
+const pair = useProxyPair({ names: [HOST], tmpPrefix: 'kg-names-', rules: [{ name: 'names', match_hosts: [HOST], headers: RULE_HEADERS }] });
 
 /** Every field the origin received whose CGI variable is an injected header's, and the kept ones. */
 function check(headers: [string, string][]): void {
@@ -80,9 +45,9 @@ describe('a client field named like an injected one with _ for - never reaches t
     ['Node path', 1],
   ] as const) {
     it(name, async () => {
-      const agent = new ProxyAgent({ uri: proxies[i].url, requestTls: { ca: ca.certPem } });
+      const agent = new ProxyAgent({ uri: pair.proxies[i].url, requestTls: { ca: pair.ca.certPem } });
       try {
-        const res = await request(`https://${HOST}:${origin.port}/n`, { dispatcher: agent, headers: CLIENT.flat() });
+        const res = await request(`https://${HOST}:${pair.origin.port}/n`, { dispatcher: agent, headers: CLIENT.flat() });
         check(((await res.body.json()) as { headers: [string, string][] }).headers);
       } finally {
         await agent.close();
@@ -91,7 +56,7 @@ describe('a client field named like an injected one with _ for - never reaches t
   }
 
   it('HTTP/2', async () => {
-    const s = await h2Through(proxies[0].port, HOST, origin.port, ca.certPem);
+    const s = await h2Through(pair.proxies[0].port, HOST, pair.origin.port, pair.ca.certPem);
     try {
       const fields: Record<string, string> = { ':method': 'GET', ':path': '/n' };
       for (const [k, v] of CLIENT) fields[k.toLowerCase()] = v;

@@ -184,6 +184,24 @@ describe('path patterns', () => {
     expect(m('/a/./b', '/a/b')).toBe(true);
     expect(m('/%7Euser', '/~user')).toBe(true);
   });
+  it('an encoded asterisk (%2A, %2a) in a pattern is that literal byte sequence, never a wildcard', () => {
+    const norm = (raw: string) => (normalisePath(raw) as { path: string }).path;
+    // Requests keep `%2A` as `%2A` (an asterisk is not unreserved): the pattern matches exactly that.
+    expect(m('/files/%2A', norm('/files/%2a'))).toBe(true);
+    expect(m('/files/%2A', '/files/secret')).toBe(false);
+    expect(m('/files/%2a', '/files/x')).toBe(false);
+    expect(m('/files/%2A', '/files/*')).toBe(false);
+    expect(m('/a%2Ab/*', '/a%2Ab/c')).toBe(true);
+    expect(m('/a%2Ab/*', '/axb/c')).toBe(false);
+    expect(m('/a/*/%2A', '/a/x/%2A')).toBe(true);
+    expect(m('/a/*/%2A', '/a/x/y')).toBe(false);
+    // A `/%2A` at the end is not the "everything below" form either.
+    expect(m('/repos/%2A', '/repos/a/b')).toBe(false);
+    // Real wildcards next to encoded ones still are wildcards, dot segments resolved as before.
+    expect(m('/a/%2A*', '/a/%2Axyz')).toBe(true);
+    expect(m('/a/%2A*', '/a/xyz')).toBe(false);
+    expect(m('/a/*/../b/*', '/a/b/c')).toBe(true);
+  });
   it.each(['repos', '/a?b', '/a%2fb', '/..', '/a/**'])('refuses %j', (p) => expect(() => compilePathPattern(p)).toThrow(PatternError));
   it('hostile request paths cannot sneak past a path rule', () => {
     const n = (raw: string) => normalisePath(raw);

@@ -17,6 +17,10 @@ let proxies: Record<'fast' | 'node', TestProxy> = {} as never;
 /** The origin's answer for `/case/NAME`; `/next` gets a small 200 naming its connection. */
 const ANSWERS: Record<string, string> = {
   early103: 'HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok',
+  // A 100 Continue the request did not ask for (no Expect), then the answer: RFC 9110 15.2 lets
+  // an origin send it; the client must see only the 200.
+  continue100: 'HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok',
+  continue100then103: 'HTTP/1.1 100 Continue\r\nX-A: 1\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok',
   two1xx: 'HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok',
   notModifiedWithLength: 'HTTP/1.1 304 Not Modified\r\nETag: "v1"\r\nContent-Length: 1234\r\n\r\n',
   noContentWithLength: 'HTTP/1.1 204 No Content\r\nContent-Length: 4\r\n\r\n',
@@ -28,6 +32,11 @@ const ANSWERS: Record<string, string> = {
     'Proxy-Authenticate: Basic\r\nX-Listed: 1\r\nX-Named: 2\r\nUpgrade: h2c\r\n\r\n',
   // Framing fields and a line that is no field: undici (the Node path) fails the whole answer.
   framingTrailers: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Checksum: abc\r\nTransfer-Encoding: chunked\r\nContent-Length: 99\r\nnot a field\r\n\r\n',
+  // `Connection: close` in the trailer section, the origin then closing: the next request must
+  // reach the origin on a fresh connection, never be sent on (or fail with) this one.
+  closeTrailer: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nConnection: close\r\n\r\n',
+  // The same, with the origin keeping its side open after all.
+  closeTrailerOpen: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nConnection: close\r\n\r\n',
   headCoded: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nETag: "h"\r\n\r\n',
   notModifiedCoded: 'HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: gzip, chunked\r\nETag: "v2"\r\n\r\n',
   twoFields: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
@@ -46,7 +55,8 @@ beforeAll(async () => {
       const all = ANSWERS.trailers;
       const cuts = [all.indexOf('0\r\n') + 1, all.indexOf('Keep-Alive') + 4, all.indexOf('X-Named') + 2, all.length];
       cuts.reduce((from, to, i) => (setTimeout(() => s.write(all.slice(from, to)), i * 20), to), 0);
-    } else s.write(ANSWERS[which]);
+    } else if (which === 'closeTrailer') s.end(ANSWERS[which]);
+    else s.write(ANSWERS[which]);
   });
   proxies = await startBothExchanges(pki, o.port);
 });
@@ -63,7 +73,7 @@ async function twoRequests(name: 'fast' | 'node', path: string, method = 'GET') 
 }
 
 describe.each(['fast', 'node'] as const)('the %s exchange', (name) => {
-  it.each(['early103', 'two1xx'])('%s: informational answers are not relayed; the final answer is, whole', async (which) => {
+  it.each(['early103', 'two1xx', 'continue100', 'continue100then103'])('%s: informational answers are not relayed; the final answer is, whole', async (which) => {
     const { first, next } = await twoRequests(name, `/case/${which}`);
     expect(first.status).toBe(200);
     expect(first.body.toString()).toBe('ok');
@@ -116,6 +126,12 @@ describe.each(['fast', 'node'] as const)('the %s exchange', (name) => {
     // The Node path relays no trailers to HTTP/1.1 clients; the fast path relays the allowed ones.
     expect(first.trailers).toEqual(name === 'fast' ? ['X-Checksum: abc'] : []);
     expect(next.body.toString()).toBe('next');
+  });
+
+  it.each(['closeTrailer', 'closeTrailerOpen'])('%s: Connection: close in the trailers; the next request is answered by the origin', async (which) => {
+    const { first, next } = await twoRequests(name, `/case/${which}`);
+    expect([first.status, first.body.toString()]).toEqual([200, 'hello']);
+    expect([next.status, next.body.toString()]).toEqual([200, 'next']);
   });
 
   it('the same trailer section arriving in pieces: filtered the same', async () => {
