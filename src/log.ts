@@ -51,6 +51,11 @@ export interface LogOptions {
    * as it comes. Default: KEYGATE_LOG_FLUSH_MS, else 100.
    */
   flushMs?: number;
+  /**
+   * Applied to every finished line before it is written: removes known secret values wherever
+   * they are in it (the message, any field, an error's text), which path-based redaction cannot.
+   */
+  redact?: (line: string) => string;
 }
 
 /** Bytes gathered before a write whatever the clock says. */
@@ -170,6 +175,7 @@ export function createLogger(opts: LogOptions = {}): Logger {
     redact: { paths: REDACT_PATHS, censor: '[redacted]' },
     base: opts.name ? { name: opts.name } : { pid: process.pid },
     timestamp: isoTime,
+    ...(opts.redact ? { hooks: { streamWrite: opts.redact } } : {}),
   };
   if (opts.destination) return pino(options, opts.destination);
   const flushMs = opts.flushMs ?? flushMsFromEnv();
