@@ -41,6 +41,54 @@ export const REDACT_PATHS: string[] = [
   'req.headers.cookie',
 ];
 
+/**
+ * An error's message fit for a log line. Our own messages never carry a value; Node's argument
+ * checks do: ERR_INVALID_ARG_VALUE, ERR_INVALID_ARG_TYPE, ERR_OUT_OF_RANGE and their kin end with
+ * `Received <the value, inspected>` (a spawn refusing an argument quotes the whole command line or
+ * environment value it was given). That tail is dropped; the code and the sentence before it stay.
+ */
+export function loggableMessage(err: unknown): string {
+  const e = err as { message?: unknown; code?: unknown } | null | undefined;
+  const message = typeof e?.message === 'string' ? e.message : String(err);
+  if (typeof e?.code !== 'string' || !e.code.startsWith('ERR_')) return message;
+  return message.replace(/\.?\s*Received\b[\s\S]*$/, '. Received: [not logged]');
+}
+
+/** An error's stack with its message made loggable ({@link loggableMessage}) in it. */
+export function loggableStack(err: unknown): string {
+  const e = err as { message?: unknown; stack?: unknown } | null | undefined;
+  const stack = typeof e?.stack === 'string' ? e.stack : loggableMessage(err);
+  const message = typeof e?.message === 'string' ? e.message : '';
+  return message ? stack.split(message).join(loggableMessage(err)) : stack;
+}
+
+/**
+ * The `err` field of every log line. pino's standard serializer treats any object with a message
+ * as an error and sets `type` to its constructor's name, so `{ err: { type, code, message } }`
+ * came out as `type: "Object"`, losing the class keygate put there; and it copies a real Error's
+ * message and stack verbatim, quoted values included. Here a plain object is kept as given (its
+ * `name` becomes `type` when it has none), and an Error becomes its class, its code and its
+ * loggable message and stack.
+ */
+export function serializeErr(err: unknown): unknown {
+  if (err instanceof Error) {
+    const e = err as Error & { code?: unknown };
+    const out: Record<string, unknown> = { type: e.name || e.constructor?.name || 'Error', message: loggableMessage(e) };
+    if (typeof e.code === 'string' || typeof e.code === 'number') out.code = e.code;
+    out.stack = loggableStack(e);
+    return out;
+  }
+  if (err && typeof err === 'object' && !Array.isArray(err)) {
+    const o = err as Record<string, unknown>;
+    if (o.type === undefined && typeof o.name === 'string') {
+      const { name, ...rest } = o;
+      return { type: name, ...rest };
+    }
+    return o;
+  }
+  return err;
+}
+
 export interface LogOptions {
   level?: string;
   name?: string;
@@ -173,6 +221,7 @@ export function createLogger(opts: LogOptions = {}): Logger {
   const options: LoggerOptions = {
     level: opts.level ?? process.env.KEYGATE_LOG_LEVEL ?? 'info',
     redact: { paths: REDACT_PATHS, censor: '[redacted]' },
+    serializers: { err: serializeErr },
     base: opts.name ? { name: opts.name } : { pid: process.pid },
     timestamp: isoTime,
     ...(opts.redact ? { hooks: { streamWrite: opts.redact } } : {}),
