@@ -185,36 +185,54 @@ function toPg(sql: string): string {
   return out;
 }
 
-/** DATABASE_URL as it may be shown: without its password, and not at all when it does not parse. */
-function shownDatabaseUrl(url: string): string {
+/**
+ * Query parameters of a connection URL that hold a credential: the driver takes every parameter of
+ * the query string as a connection setting, `?password=` and `?sslpassword=` included.
+ */
+const SECRET_PARAM = /pass|secret|token/i;
+
+/** DATABASE_URL as it may be shown: without its password (userinfo or query), and not at all when it does not parse. */
+export function shownDatabaseUrl(url: string): string {
   try {
     const u = new URL(url);
     if (u.password) u.password = '***';
+    for (const k of [...u.searchParams.keys()]) if (SECRET_PARAM.test(k)) u.searchParams.set(k, '***');
     return ` (${u.toString()})`;
   } catch {
     return ' (not a valid URL)';
   }
 }
 
+/** The driver's sentence when the server asks for a password and none was given (it says so in its own terms). */
+const NO_PASSWORD = /client password must be a string/;
+
 export async function openPostgres(url: string): Promise<Db> {
   const { default: pg } = await import('pg');
   // BIGINT (int8) comes back as a string by default; keygate's counters fit in a JS number.
   pg.types.setTypeParser(20, (v: string) => Number(v));
-  let pool: InstanceType<typeof pg.Pool> | undefined;
+  // The first connection is a lone client, ended whatever happens: a pool that fails to connect
+  // leaves the socket of a login refused half-way (the server asked for a password the URL does
+  // not have) open until the server's authentication timeout, a minute during which the failed
+  // command cannot exit.
+  let probe: InstanceType<typeof pg.Client> | undefined;
   try {
-    pool = new pg.Pool({ connectionString: url, max: 10 });
-    await pool.query('SELECT 1');
+    probe = new pg.Client({ connectionString: url });
+    await probe.connect();
+    await probe.query('SELECT 1');
   } catch (err) {
-    await pool?.end().catch(() => undefined);
     // An operator's mistake (a typo in the URL, a database that is not up or refuses the login),
     // not a bug: one line with the cause (the server's and the network's messages never hold the
     // password; the URL parser's refusal is named, not quoted) and the URL without its password.
     const e = err as { code?: unknown; message?: unknown };
     const code = typeof e.code === 'string' ? e.code : undefined;
-    const message = code === 'ERR_INVALID_URL' ? 'the URL does not parse' : typeof e.message === 'string' ? e.message.split('\n')[0] : 'unknown error';
+    const raw = typeof e.message === 'string' ? e.message.split('\n')[0] : 'unknown error';
+    const message = code === 'ERR_INVALID_URL' ? 'the URL does not parse' : NO_PASSWORD.test(raw) ? 'the server asks for a password and DATABASE_URL gives none' : raw;
     const why = code && !message.includes(code) ? `${message} (${code})` : message;
     throw new CliError(`cannot open the database of DATABASE_URL${shownDatabaseUrl(url)}: ${why}`);
+  } finally {
+    await probe?.end().catch(() => undefined);
   }
+  const pool = new pg.Pool({ connectionString: url, max: 10 });
 
   type Queryable = { query: (sql: string, params?: unknown[]) => Promise<{ rows: unknown[]; rowCount: number | null }> };
   const make = (q: Queryable, inTx: boolean): Db => {
