@@ -4,7 +4,6 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import http from '../node-http.js';
 import type { AddressInfo } from 'node:net';
 import { createLogger, type Logger } from '../log.js';
-import { redactDeep } from '../secrets/redact.js';
 import { HttpError, HttpValidationError, loggableMessage } from '../server/errors.js';
 import { answerParserErrors, sendError } from '../server/http-errors.js';
 import { bodyMissing, checkUrlLength, readJsonBody, sendJson } from '../server/http-json.js';
@@ -13,7 +12,7 @@ import { createProxyFetch } from './fetch.js';
 import { assistantView, graphView, searchAssistants } from './langgraph.js';
 import { parseRunRequest, type RunRequest } from './request.js';
 import { executeRun, RunCancelledError, type RunOutcome } from './run.js';
-import { formatEventJson, SseStream } from './sse.js';
+import { formatEvent, SseStream } from './sse.js';
 
 export interface AppServerOptions {
   app: LoadedApp;
@@ -32,8 +31,11 @@ export interface AppServerOptions {
   /** The fetch handed to assistants (default: proxy-aware, from the environment at start). */
   fetch?: typeof globalThis.fetch;
   /**
-   * Removes secret values (deployment secrets, the API key) from every event and error the server
-   * sends; pass the same function to the logger (createLogger's `redact`) for its lines.
+   * Removes secret values (deployment secrets, the API key) from the errors the server reports
+   * (a run's `error` event, `/runs/wait`'s `__error__`): their text comes from an exception, which
+   * the app did not choose to send. Data events are the app's own output and are left as they
+   * are (an app may show a secret it was given on purpose). Pass the same function to the
+   * logger (createLogger's `redact`) for its lines.
    */
   redact?: (s: string) => string;
 }
@@ -71,16 +73,6 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
   const { app } = opts;
   const redact = opts.redact;
   const logger = opts.logger ?? createLogger({ name: 'keygate-app', redact });
-  /**
-   * An event's data as JSON, secret values removed. The serialised text is only searched; when it
-   * holds a secret, the strings of the data are redacted and it is serialised again (redacting
-   * the text itself could cut through its syntax). Throws on data that cannot be serialised.
-   */
-  const eventJson = (data: unknown): string => {
-    const json = JSON.stringify(data === undefined ? null : data);
-    if (!redact || redact(json) === json) return json;
-    return JSON.stringify(redactDeep(JSON.parse(json), redact));
-  };
   const heartbeatMs = opts.heartbeatMs ?? 4000;
   const maxBody = opts.maxBodyBytes ?? 10 * 1024 * 1024;
   const assistantFetch = opts.fetch ?? createProxyFetch();
@@ -186,7 +178,7 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
       request,
       assistant,
       (runId) => sse.open({ 'Content-Location': `/runs/${runId}` }),
-      (event, data) => sse.write(formatEventJson(event, eventJson(data))),
+      (event, data) => sse.write(formatEvent(event, data)),
     );
     sse.end();
   }
@@ -219,8 +211,8 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
       },
       (event, data) => {
         // Serialised now, as the stream does, so state that cannot be serialised fails the run.
-        if (event === 'values') last = eventJson(data ?? null);
-        else if (event === 'error') failure = `{"__error__":${eventJson(data)}}`;
+        if (event === 'values') last = JSON.stringify(data ?? null);
+        else if (event === 'error') failure = JSON.stringify({ __error__: data });
       },
     );
     clearInterval(beat);

@@ -5,12 +5,8 @@ import type { ServerResponse } from 'node:http';
  * the data is always a single `data:` line. Throws (TypeError) on data that cannot be serialised.
  */
 export function formatEvent(event: string, data: unknown, id?: number): string {
-  return formatEventJson(event, JSON.stringify(data === undefined ? null : data), id);
-}
-
-/** {@link formatEvent} for data already serialised (one line of JSON). */
-export function formatEventJson(event: string, json: string, id?: number): string {
   if (/[\r\n]/.test(event)) throw new TypeError('event name must not contain line breaks');
+  const json = JSON.stringify(data === undefined ? null : data);
   return `${id !== undefined ? `id: ${id}\n` : ''}event: ${event}\ndata: ${json}\n\n`;
 }
 

@@ -49,36 +49,6 @@ export function makeRedactor(values: string[]): (s: string) => string {
 }
 
 /**
- * `value` with `redact` applied to every string in it (object keys included), for data that is
- * serialised afterwards: redacting the serialised text instead could cut through its syntax.
- * Returns `value` itself when nothing changed.
- */
-export function redactDeep(value: unknown, redact: (s: string) => string, depth = 0): unknown {
-  if (typeof value === 'string') return redact(value);
-  if (value === null || typeof value !== 'object' || depth > 64) return value;
-  if (Array.isArray(value)) {
-    let changed = false;
-    const out = value.map((v) => {
-      const r = redactDeep(v, redact, depth + 1);
-      if (r !== v) changed = true;
-      return r;
-    });
-    return changed ? out : value;
-  }
-  // Objects with their own toJSON (Dates and the like) serialise to what they decide; leave them.
-  if (typeof (value as { toJSON?: unknown }).toJSON === 'function') return value;
-  let changed = false;
-  const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(value)) {
-    const rk = redact(k);
-    const rv = redactDeep(v, redact, depth + 1);
-    if (rk !== k || rv !== v) changed = true;
-    out[rk] = rv;
-  }
-  return changed ? out : value;
-}
-
-/**
  * The environment variable through which the control plane tells a replica which of its variables
  * are deployment secrets (their names, comma-separated; never values): the runtime redacts their
  * values, and its own API key, from what it sends and logs.
