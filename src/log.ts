@@ -42,24 +42,15 @@ export const REDACT_PATHS: string[] = [
 ];
 
 /**
- * An error's message fit for a log line. Our own messages never carry a value; Node's argument
- * checks do: ERR_INVALID_ARG_VALUE, ERR_INVALID_ARG_TYPE, ERR_OUT_OF_RANGE and their kin end with
- * `Received <the value, inspected>` (a spawn refusing an argument quotes the whole command line or
- * environment value it was given). That tail is dropped; the code and the sentence before it stay.
+ * An Error's message without the value Node's argument checks quote (`... Received <value>`).
+ * The same rule as loggableMessage in src/server/errors.ts, which the servers use; repeated here
+ * rather than imported: one more import edge in the proxy's start-up was enough to make path
+ * normalisation hot for TurboFan before the optimizer is released (test/cli/v8-flags.test.ts).
  */
-export function loggableMessage(err: unknown): string {
-  const e = err as { message?: unknown; code?: unknown } | null | undefined;
-  const message = typeof e?.message === 'string' ? e.message : String(err);
-  if (typeof e?.code !== 'string' || !e.code.startsWith('ERR_')) return message;
+function messageForLog(e: Error & { code?: unknown }): string {
+  const message = typeof e.message === 'string' ? e.message : String(e);
+  if (typeof e.code !== 'string' || !e.code.startsWith('ERR_')) return message;
   return message.replace(/\.?\s*Received\b[\s\S]*$/, '. Received: [not logged]');
-}
-
-/** An error's stack with its message made loggable ({@link loggableMessage}) in it. */
-export function loggableStack(err: unknown): string {
-  const e = err as { message?: unknown; stack?: unknown } | null | undefined;
-  const stack = typeof e?.stack === 'string' ? e.stack : loggableMessage(err);
-  const message = typeof e?.message === 'string' ? e.message : '';
-  return message ? stack.split(message).join(loggableMessage(err)) : stack;
 }
 
 /**
@@ -73,9 +64,10 @@ export function loggableStack(err: unknown): string {
 export function serializeErr(err: unknown): unknown {
   if (err instanceof Error) {
     const e = err as Error & { code?: unknown };
-    const out: Record<string, unknown> = { type: e.name || e.constructor?.name || 'Error', message: loggableMessage(e) };
+    const message = messageForLog(e);
+    const out: Record<string, unknown> = { type: e.name || e.constructor?.name || 'Error', message };
     if (typeof e.code === 'string' || typeof e.code === 'number') out.code = e.code;
-    out.stack = loggableStack(e);
+    if (typeof e.stack === 'string') out.stack = e.message ? e.stack.split(e.message).join(message) : e.stack;
     return out;
   }
   if (err && typeof err === 'object' && !Array.isArray(err)) {

@@ -175,5 +175,23 @@ export function frameworkStatuses(route: { method: string; authenticated: boolea
   return out;
 }
 
-// Defined with the logger (src/log.ts, whose err serializer applies them to every logged error).
-export { loggableMessage, loggableStack } from '../log.js';
+/**
+ * An error's message fit for a log line. Our own messages never carry a value; Node's argument
+ * checks do: ERR_INVALID_ARG_VALUE, ERR_INVALID_ARG_TYPE, ERR_OUT_OF_RANGE and their kin end with
+ * `Received <the value, inspected>` (a spawn refusing an argument quotes the whole command line or
+ * environment value it was given). That tail is dropped; the code and the sentence before it stay.
+ */
+export function loggableMessage(err: unknown): string {
+  const e = err as { message?: unknown; code?: unknown } | null | undefined;
+  const message = typeof e?.message === 'string' ? e.message : String(err);
+  if (typeof e?.code !== 'string' || !e.code.startsWith('ERR_')) return message;
+  return message.replace(/\.?\s*Received\b[\s\S]*$/, '. Received: [not logged]');
+}
+
+/** An error's stack with its message made loggable ({@link loggableMessage}) in it. */
+export function loggableStack(err: unknown): string {
+  const e = err as { message?: unknown; stack?: unknown } | null | undefined;
+  const stack = typeof e?.stack === 'string' ? e.stack : loggableMessage(err);
+  const message = typeof e?.message === 'string' ? e.message : '';
+  return message ? stack.split(message).join(loggableMessage(err)) : stack;
+}
