@@ -26,6 +26,12 @@ export interface OpenDbOptions {
   dataDir: string;
   /** `postgres://...`; defaults to `DATABASE_URL`. */
   databaseUrl?: string;
+  /**
+   * Told when PostgreSQL ends a pooled connection that was idle (a restart, an administrator,
+   * idle_session_timeout): the pool drops it and the next query opens a new one. A line for the
+   * operator; the server's message names no password.
+   */
+  onConnectionLost?: (reason: string) => void;
 }
 
 export function nowIso(): string {
@@ -34,7 +40,7 @@ export function nowIso(): string {
 
 export async function openDb(opts: OpenDbOptions): Promise<Db> {
   const url = opts.databaseUrl ?? process.env.DATABASE_URL;
-  if (url) return openPostgres(url);
+  if (url) return openPostgres(url, opts.onConnectionLost);
   mkdirSync(opts.dataDir, { recursive: true, mode: 0o700 });
   return openSqlite(path.join(opts.dataDir, 'keygate.db'));
 }
@@ -206,7 +212,7 @@ export function shownDatabaseUrl(url: string): string {
 /** The driver's sentence when the server asks for a password and none was given (it says so in its own terms). */
 const NO_PASSWORD = /client password must be a string/;
 
-export async function openPostgres(url: string): Promise<Db> {
+export async function openPostgres(url: string, onConnectionLost: (reason: string) => void = () => undefined): Promise<Db> {
   const { default: pg } = await import('pg');
   // BIGINT (int8) comes back as a string by default; keygate's counters fit in a JS number.
   pg.types.setTypeParser(20, (v: string) => Number(v));
@@ -233,6 +239,11 @@ export async function openPostgres(url: string): Promise<Db> {
     await probe?.end().catch(() => undefined);
   }
   const pool = new pg.Pool({ connectionString: url, max: 10 });
+  // Without a listener, the pool's 'error' for an idle client the server ended is an unhandled
+  // 'error' event: the whole process went down with it.
+  pool.on('error', (err: Error & { code?: unknown }) => {
+    onConnectionLost(`${String(err.message ?? '').split('\n')[0]}${typeof err.code === 'string' ? ` (${err.code})` : ''}`);
+  });
 
   type Queryable = { query: (sql: string, params?: unknown[]) => Promise<{ rows: unknown[]; rowCount: number | null }> };
   const make = (q: Queryable, inTx: boolean): Db => {

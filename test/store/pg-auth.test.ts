@@ -7,7 +7,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDb } from '../../src/store/db.js';
-import { runCli } from '../helpers/cli.js';
+import pg from 'pg';
+import { runCli, startCli } from '../helpers/cli.js';
 import { startScramCluster, type ScramCluster } from '../helpers/pg-scram.js';
 
 const RIGHT = 'Right-Pw-' + 'r7'.repeat(8);
@@ -79,5 +80,36 @@ describe('DATABASE_URL against a server that checks passwords', () => {
     expect(r.stderr.trim().split('\n')).toHaveLength(1);
     expect(r.stderr).toMatch(/^keygate: cannot open the database of DATABASE_URL \(postgres:\/\/keygate@[^)]*\): the server asks for a password and DATABASE_URL gives none\n$/);
     expect(r.stderr).not.toContain(RIGHT);
+  });
+});
+
+describe('a PostgreSQL connection that the server ends while keygate serve holds it idle', () => {
+  it('does not bring keygate serve down; the next request is answered on a new connection', async (ctx) => {
+    if (skip) ctx.skip();
+    const KEY = 'kg_pg_terminate_test_key_0123456789';
+    const server = await startCli(['serve', '--listen', '127.0.0.1:0', '--data', tmp(), '--sandbox-driver', 'none'], { env: { DATABASE_URL: url(`keygate:${RIGHT}`), KEYGATE_API_KEY: KEY, DOCKER_HOST: 'unix:///nonexistent/docker.sock' }, timeoutMs: 60_000 });
+    try {
+      const list = () => fetch(`${server.url}/v2/deployments`, { headers: { 'x-api-key': KEY } });
+      expect((await list()).status).toBe(200);
+      // The server ends every other session (an administrator, a restart, idle_session_timeout).
+      const admin = new pg.Client({ connectionString: url(`keygate:${RIGHT}`) });
+      await admin.connect();
+      let ended = 0;
+      try {
+        const r = await admin.query('SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND datname = current_database() AND backend_type = $1', ['client backend']);
+        ended = r.rows.filter((x) => x.ok).length;
+      } finally {
+        await admin.end();
+      }
+      expect(ended).toBeGreaterThan(0);
+      await new Promise((r) => setTimeout(r, 500));
+      expect(server.proc.exitCode, server.output()).toBeNull();
+      expect((await list()).status).toBe(200);
+      expect(server.proc.exitCode).toBeNull();
+      expect(server.output()).toContain('database connection lost');
+      expect(server.output()).not.toContain(RIGHT);
+    } finally {
+      await server.stop();
+    }
   });
 });
