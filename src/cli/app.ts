@@ -68,8 +68,9 @@ async function serve(argv: string[]): Promise<number> {
   }
 
   // The control plane names the variables that hold deployment secrets; their values and the API
-  // key are removed from every event, error and log line this server sends. Read before the app's
-  // env is applied (set variables win anyway), the list itself hidden from the app.
+  // key are removed from the errors this server reports (run `error` events) and from its log
+  // lines. Read before the app's env is applied (set variables win anyway); the list itself is
+  // hidden from the app.
   const secretNames = (process.env[SECRET_NAMES_ENV] ?? '').split(',').filter((n) => n !== '');
   delete process.env[SECRET_NAMES_ENV];
   const secretValues = secretNames.map((n) => process.env[n]).filter((v): v is string => typeof v === 'string' && v !== '');

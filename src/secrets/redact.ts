@@ -1,7 +1,7 @@
 import { inspect } from 'node:util';
 
 /**
- * Removing known secret values from text on its way out (logs, error messages, events). Shared by
+ * Removing known secret values from text on its way out (logs, error messages). Shared by
  * the control plane (replica output, revision status messages) and the application runtime (its
  * error events and log lines), so both remove the same forms.
  */
@@ -51,6 +51,6 @@ export function makeRedactor(values: string[]): (s: string) => string {
 /**
  * The environment variable through which the control plane tells a replica which of its variables
  * are deployment secrets (their names, comma-separated; never values): the runtime redacts their
- * values, and its own API key, from what it sends and logs.
+ * values, and its own API key, from the errors it reports and from its log lines.
  */
 export const SECRET_NAMES_ENV = 'KEYGATE_SECRET_NAMES';
