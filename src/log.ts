@@ -41,6 +41,46 @@ export const REDACT_PATHS: string[] = [
   'req.headers.cookie',
 ];
 
+/**
+ * An Error's message without the value Node's argument checks quote (`... Received <value>`).
+ * The same rule as loggableMessage in src/server/errors.ts, which the servers use; repeated here
+ * rather than imported: one more import edge in the proxy's start-up was enough to make path
+ * normalisation hot for TurboFan before the optimizer is released (test/cli/v8-flags.test.ts).
+ */
+function messageForLog(e: Error & { code?: unknown }): string {
+  const message = typeof e.message === 'string' ? e.message : String(e);
+  if (typeof e.code !== 'string' || !e.code.startsWith('ERR_')) return message;
+  return message.replace(/\.?\s*Received\b[\s\S]*$/, '. Received: [not logged]');
+}
+
+/**
+ * The `err` field of every log line. pino's standard serializer treats any object with a message
+ * as an error and sets `type` to its constructor's name, so `{ err: { type, code, message } }`
+ * came out as `type: "Object"`, losing the class keygate put there; and it copies a real Error's
+ * message and stack verbatim, quoted values included. Here a plain object is kept as given (its
+ * `name` becomes `type` when it has none), and an Error becomes its class, its code and its
+ * loggable message and stack.
+ */
+export function serializeErr(err: unknown): unknown {
+  if (err instanceof Error) {
+    const e = err as Error & { code?: unknown };
+    const message = messageForLog(e);
+    const out: Record<string, unknown> = { type: e.name || e.constructor?.name || 'Error', message };
+    if (typeof e.code === 'string' || typeof e.code === 'number') out.code = e.code;
+    if (typeof e.stack === 'string') out.stack = e.message ? e.stack.split(e.message).join(message) : e.stack;
+    return out;
+  }
+  if (err && typeof err === 'object' && !Array.isArray(err)) {
+    const o = err as Record<string, unknown>;
+    if (o.type === undefined && typeof o.name === 'string') {
+      const { name, ...rest } = o;
+      return { type: name, ...rest };
+    }
+    return o;
+  }
+  return err;
+}
+
 export interface LogOptions {
   level?: string;
   name?: string;
@@ -51,6 +91,11 @@ export interface LogOptions {
    * as it comes. Default: KEYGATE_LOG_FLUSH_MS, else 100.
    */
   flushMs?: number;
+  /**
+   * Applied to every finished line before it is written: removes known secret values wherever
+   * they are in it (the message, any field, an error's text), which path-based redaction cannot.
+   */
+  redact?: (line: string) => string;
 }
 
 /** Bytes gathered before a write whatever the clock says. */
@@ -168,8 +213,10 @@ export function createLogger(opts: LogOptions = {}): Logger {
   const options: LoggerOptions = {
     level: opts.level ?? process.env.KEYGATE_LOG_LEVEL ?? 'info',
     redact: { paths: REDACT_PATHS, censor: '[redacted]' },
+    serializers: { err: serializeErr },
     base: opts.name ? { name: opts.name } : { pid: process.pid },
     timestamp: isoTime,
+    ...(opts.redact ? { hooks: { streamWrite: opts.redact } } : {}),
   };
   if (opts.destination) return pino(options, opts.destination);
   const flushMs = opts.flushMs ?? flushMsFromEnv();

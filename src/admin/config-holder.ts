@@ -152,6 +152,11 @@ export class ConfigHolder {
 /**
  * Splits a `PUT /config` body: either a proxy_config object, or
  * `{"proxy_config": {...}, "secrets": {"KEY": "value"}}`. Issues are located under `body`.
+ *
+ * A secret's name is a map key, so its issue's `loc` names it (as FastAPI locates a dict entry):
+ * names are not secret (the APIs list them; messages about templates name them), and only the
+ * caller sees its own request's names (this answer is not logged). Values never appear: an issue
+ * about one says what is wrong with it at its `loc`, never what it is.
  */
 export function parseConfigPush(body: unknown): { config: unknown; secrets?: Map<string, string>; locPrefix: (string | number)[] } {
   if (!body || typeof body !== 'object' || Array.isArray(body)) {

@@ -1,5 +1,6 @@
 import { parseArgs } from 'node:util';
 import { createLogger } from '../log.js';
+import { makeRedactor, SECRET_NAMES_ENV } from '../secrets/redact.js';
 import { AppConfigError, loadApp } from '../runtime/app.js';
 import { startAppServer } from '../runtime/server.js';
 import { CliError } from './errors.js';
@@ -66,7 +67,16 @@ async function serve(argv: string[]): Promise<number> {
     throw new CliError(values['api-key'] !== undefined ? '--api-key must not be empty' : 'KEYGATE_API_KEY is set but empty');
   }
 
-  const logger = createLogger({ name: 'keygate-app' });
+  // The control plane names the variables that hold deployment secrets; their values and the API
+  // key are removed from the errors this server reports (run `error` events) and from its log
+  // lines. Read before the app's env is applied (set variables win anyway); the list itself is
+  // hidden from the app.
+  const secretNames = (process.env[SECRET_NAMES_ENV] ?? '').split(',').filter((n) => n !== '');
+  delete process.env[SECRET_NAMES_ENV];
+  const secretValues = secretNames.map((n) => process.env[n]).filter((v): v is string => typeof v === 'string' && v !== '');
+  const redact = makeRedactor(apiKey !== undefined ? [...secretValues, apiKey] : secretValues);
+
+  const logger = createLogger({ name: 'keygate-app', redact });
   const app = await load(values.app);
   for (const w of app.warnings) logger.warn({ app: app.name }, w);
   if (apiKey === undefined) {
@@ -75,7 +85,7 @@ async function serve(argv: string[]): Promise<number> {
 
   let handle;
   try {
-    handle = await startAppServer({ app, host: listen.host, port: listen.port, apiKey, heartbeatMs, logger });
+    handle = await startAppServer({ app, host: listen.host, port: listen.port, apiKey, heartbeatMs, logger, redact });
   } catch (err) {
     const e = err as NodeJS.ErrnoException;
     throw new CliError(`cannot listen on ${values.listen}: ${e.code ?? e.message}`);

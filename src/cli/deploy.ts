@@ -29,7 +29,8 @@ sent as the deployment's secrets (names shown, values never).
                             with --platform linux/amd64, the control plane's platform), push it when
                             TAG names a registry (registry.example.com/team/app:1; a tag without one
                             is deployed as is, for an engine on this host), then deploy it like
-                            --image. DIR's .env files must be excluded by its .dockerignore.
+                            --image. DIR's .env files (at any depth) and the env file keygate.json
+                            names must be excluded by its .dockerignore (e.g. **/.env*).
                             Needs a running container runtime (docker, or KEYGATE_DOCKER).
 
 Configuration: KEYGATE_API_KEY and KEYGATE_URL (default http://127.0.0.1:8080), from the environment

@@ -177,14 +177,19 @@ async function ls(c: SandboxClient, argv: string[]): Promise<number> {
   return 0;
 }
 
+function ordinal(n: number): string {
+  return n % 10 === 1 && n % 100 !== 11 ? 'st' : n % 10 === 2 && n % 100 !== 12 ? 'nd' : n % 10 === 3 && n % 100 !== 13 ? 'rd' : 'th';
+}
+
 function parseEnv(list: string[] | undefined): Record<string, string> | undefined {
   if (!list?.length) return undefined;
   const out: Record<string, string> = {};
-  for (const kv of list) {
+  list.forEach((kv, n) => {
     const i = kv.indexOf('=');
-    if (i <= 0) throw new CliError(`--env expects KEY=VALUE, got '${kv}'`, 2);
+    // Not echoed: an argument without its KEY may be the value alone (a token pasted on its own).
+    if (i <= 0) throw new CliError(`--env expects KEY=VALUE: the ${n + 1}${ordinal(n + 1)} --env has ${i === 0 ? 'nothing before "="' : 'no "="'} (its text is not shown)`, 2);
     out[kv.slice(0, i)] = kv.slice(i + 1);
-  }
+  });
   return out;
 }
 

@@ -1,5 +1,4 @@
 import { StringDecoder } from 'node:string_decoder';
-import { inspect } from 'node:util';
 import type { Db } from '../store/db.js';
 import type { LogEntry, LogLevel, LogType } from './types.js';
 
@@ -47,45 +46,8 @@ export function parseSince(since: string, nowMs = Date.now()): string | null {
   return Number.isNaN(micros) ? null : microsToIso(micros);
 }
 
-/** Shortest piece of a multi-line secret redacted on its own (a lone `{` or `-----` is not worth it). */
-const MIN_LINE_PIECE = 4;
-
-/**
- * The forms in which a secret value shows up in text: the value itself; trimmed (a value read from
- * a file usually ends in a newline the app's `console.log` does not repeat); each line of a
- * multi-line value (a PEM key or a JSON credential: logs are cut into lines before they are
- * redacted, so the whole value never meets the redactor in one piece); JSON-escaped (an app that
- * logs JSON) and util.inspect-escaped (Node's own error messages quote values that way).
- */
-export function secretForms(value: string): string[] {
-  const forms = new Set<string>();
-  if (!value) return [];
-  forms.add(value);
-  const trimmed = value.trim();
-  if (trimmed) forms.add(trimmed);
-  const lines = value.split(/\r?\n|\r/);
-  if (lines.length > 1) for (const l of lines) if (l.trim().length >= MIN_LINE_PIECE) forms.add(l.trim());
-  for (const v of [value, trimmed]) {
-    if (!v) continue;
-    forms.add(JSON.stringify(v).slice(1, -1));
-    forms.add(inspect(v, { maxStringLength: Infinity, breakLength: Infinity }).slice(1, -1));
-  }
-  return [...forms].filter((f) => f.length > 0);
-}
-
-/**
- * Replaces every occurrence of a secret value, in any of the forms {@link secretForms} lists, with
- * `[redacted]`. Longest forms first, so a secret that contains another is removed whole.
- */
-export function makeRedactor(values: string[]): (s: string) => string {
-  const vals = [...new Set(values.flatMap(secretForms))].sort((a, b) => b.length - a.length);
-  if (vals.length === 0) return (s) => s;
-  return (s) => {
-    let out = s;
-    for (const v of vals) if (out.includes(v)) out = out.split(v).join('[redacted]');
-    return out;
-  };
-}
+// The redactor lives with the secrets (the runtime uses it too); re-exported for the control plane's users.
+export { makeRedactor, secretForms } from '../secrets/redact.js';
 
 /**
  * Turns a byte stream into lines (UTF-8 safe across chunk boundaries). An over-long line is

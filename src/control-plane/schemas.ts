@@ -1,4 +1,5 @@
 import { DEPLOYMENT_STATUSES, DEPLOYMENT_TYPES, LOG_TYPES, REVISION_STATUSES, SOURCES } from './types.js';
+import { MAX_OFFSET } from '../validation/json.js';
 
 const TAGS = ['Deployments (v2)'];
 const nullableString = { type: ['string', 'null'] } as const;
@@ -112,7 +113,7 @@ export const schemas = {
       type: 'object',
       properties: {
         limit: { type: 'integer', minimum: 1, maximum: 100, default: 20 },
-        offset: { type: 'integer', minimum: 0, default: 0 },
+        offset: { type: 'integer', minimum: 0, maximum: MAX_OFFSET, default: 0 },
         name_contains: { type: 'string', maxLength: 63 },
         status: { type: 'string', enum: DEPLOYMENT_STATUSES },
         deployment_type: { type: 'string', enum: DEPLOYMENT_TYPES },
@@ -129,7 +130,7 @@ export const schemas = {
     params: depParams,
     querystring: {
       type: 'object',
-      properties: { limit: { type: 'integer', minimum: 1, maximum: 100, default: 20 }, offset: { type: 'integer', minimum: 0, default: 0 } },
+      properties: { limit: { type: 'integer', minimum: 1, maximum: 100, default: 20 }, offset: { type: 'integer', minimum: 0, maximum: MAX_OFFSET, default: 0 } },
     },
     response: { 200: { type: 'object', properties: { resources: { type: 'array', items: revisionOut }, offset: { type: 'integer' } } }, 404: detail },
   },

@@ -1,8 +1,8 @@
 import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, statSync, type Dirent } from 'node:fs';
 import path from 'node:path';
-import ignore from 'ignore';
 import { CliError } from '../command-error.js';
+import { DockerIgnore } from './dockerignore.js';
 
 /** The platform images must be built for: the control plane's hosts are x86-64. */
 export const TARGET_PLATFORM = 'linux/amd64';
@@ -144,29 +144,73 @@ export async function pushImage(o: DockerRunOptions & { tag: string; registry: s
   if (r.code !== 0) throw new CliError(`pushing ${o.tag} failed: docker push ${exitText(r)} (its output is above; are you logged in? docker login ${o.registry})`);
 }
 
-/** Local env files docker would send with the build context, where a `COPY . .` bakes them into the image. */
+/** Env files, by name: never packed by plain deploy (files.ts alwaysExcluded), at any depth. */
 const ENV_FILE = /^\.env(\..+)?$/;
 
+/** Directories plain deploy never packs and the walk does not enter (dependencies, version control). */
+const NOT_WALKED = new Set(['node_modules', '.git']);
+
 /**
- * Prerequisites of an image build in `dir`: a Dockerfile, and no local env file (it holds the API key
- * and the app's secrets) left in the build context. `.dockerignore` is read with gitignore rules,
- * which agree with docker's for files at the root of the context, the only ones checked here.
+ * The env file keygate.json names, relative to `dir` (slash-separated), when there is one inside
+ * it: plain deploy never packs it (its values travel as the deployment's write-only secrets).
+ */
+function namedEnvFile(dir: string): string | undefined {
+  const file = path.join(dir, 'keygate.json');
+  if (!existsSync(file)) return undefined;
+  let cfg: unknown;
+  try {
+    cfg = JSON.parse(readFileSync(file, 'utf8'));
+  } catch {
+    return undefined; // an image build does not need keygate.json; a broken one names nothing
+  }
+  const env = (cfg as { env?: unknown } | null)?.env;
+  if (typeof env !== 'string' || env === '') return undefined;
+  const rel = path.relative(dir, path.resolve(dir, env));
+  if (rel === '' || rel.startsWith('..') || path.isAbsolute(rel)) return undefined;
+  return rel.split(path.sep).join('/');
+}
+
+/**
+ * Prerequisites of an image build in `dir`: a Dockerfile, and no local secret file left in the
+ * build context: a `.env` or `.env.*` at any depth (it holds the API key and the app's secrets) or
+ * the env file keygate.json names, which plain deploy never packs. Files `.dockerignore` excludes
+ * (read as docker reads it, see dockerignore.ts) are fine; the check names the others, never
+ * their content.
  */
 export function checkBuildContext(dir: string): { dockerfile: string } {
   if (!existsSync(dir) || !statSync(dir).isDirectory()) throw new CliError(`build directory ${dir} does not exist or is not a directory`);
   const dockerfile = path.join(dir, 'Dockerfile');
   if (!existsSync(dockerfile) || !statSync(dockerfile).isFile()) throw new CliError(`${dockerfile} not found: --build-image builds the Dockerfile in DIR`);
-  const envFiles = readdirSync(dir).filter((n) => ENV_FILE.test(n));
-  if (envFiles.length) {
-    const ig = ignore();
-    const rules = path.join(dir, '.dockerignore');
-    if (existsSync(rules)) ig.add(readFileSync(rules, 'utf8'));
-    const exposed = envFiles.filter((n) => !ig.ignores(n));
-    if (exposed.length) {
-      throw new CliError(
-        `refusing to build: ${exposed.join(', ')} would be sent to docker with the build context (and could be copied into the image); add '.env*' to ${rules}`,
-      );
+  const rules = path.join(dir, '.dockerignore');
+  const ig = new DockerIgnore(existsSync(rules) ? readFileSync(rules, 'utf8') : '');
+  const named = namedEnvFile(dir);
+  const exposed: string[] = [];
+  const walk = (abs: string, rel: string) => {
+    let entries: Dirent[];
+    try {
+      entries = readdirSync(abs, { withFileTypes: true });
+    } catch {
+      return; // unreadable: docker would fail on it itself
     }
+    entries.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+    for (const e of entries) {
+      const r = rel ? `${rel}/${e.name}` : e.name;
+      if (e.isDirectory()) {
+        if (NOT_WALKED.has(e.name)) continue;
+        // Without a `!` pattern nothing under an excluded directory can be sent.
+        if (!ig.hasExclusions && ig.ignores(r)) continue;
+        walk(path.join(abs, e.name), r);
+      } else if ((ENV_FILE.test(e.name) || r === named) && !ig.ignores(r)) {
+        exposed.push(r);
+      }
+    }
+  };
+  walk(dir, '');
+  if (exposed.length) {
+    // What to add: docker's pattern for the env files (root-only when they all are at the root), and the named file as it is.
+    const envNamed = exposed.filter((r) => ENV_FILE.test(path.posix.basename(r)));
+    const add = [...(envNamed.length ? [envNamed.every((r) => !r.includes('/')) ? "'.env*'" : "'**/.env*'"] : []), ...exposed.filter((r) => !envNamed.includes(r)).map((r) => `'${r}'`)].join(' and ');
+    throw new CliError(`refusing to build: ${exposed.join(', ')} would be sent to docker with the build context (and could be copied into the image); add ${add} to ${rules}`);
   }
   return { dockerfile };
 }

@@ -32,20 +32,29 @@ export interface ExecuteRunOptions {
    * an assistant that ignores its signal.
    */
   abandonAfterMs?: number;
+  /**
+   * Removes secret values (the deployment's secrets, the replica's API key) from text. The error
+   * payload goes through it before it is cut or sent: an app's exception often quotes what it was
+   * given (an upstream's answer echoing the key it was sent).
+   */
+  redact?: (s: string) => string;
 }
 
 const MAX_ERROR_MESSAGE = 4000;
 
-/** The `error` event payload: name and message, never a stack. */
-export function errorPayload(err: unknown): { error: string; message: string } {
+/**
+ * The `error` event payload: name and message, never a stack. Redacted before it is cut, so a cut
+ * cannot leave part of a secret behind the redactor's back.
+ */
+export function errorPayload(err: unknown, redact: (s: string) => string = (s) => s): { error: string; message: string } {
   if (err instanceof Error) {
     let message = String(err.message ?? '');
     // undici's "fetch failed" says nothing by itself; the reason is in its cause.
     const cause = (err as { cause?: unknown }).cause;
     if (cause instanceof Error && cause.message) message += ` (${cause.name}: ${cause.message})`;
-    return { error: err.name || 'Error', message: message.slice(0, MAX_ERROR_MESSAGE) };
+    return { error: redact(String(err.name || 'Error')).slice(0, 200), message: redact(message).slice(0, MAX_ERROR_MESSAGE) };
   }
-  return { error: 'Error', message: String(err).slice(0, MAX_ERROR_MESSAGE) };
+  return { error: 'Error', message: redact(String(err)).slice(0, MAX_ERROR_MESSAGE) };
 }
 
 /**
@@ -184,7 +193,7 @@ export async function executeRun(opts: ExecuteRunOptions): Promise<RunOutcome> {
   } catch (err) {
     outcome = signal.aborted ? 'cancelled' : 'error';
     // A cancelled run reports why it was cancelled, not the AbortError its fetch happened to throw.
-    const payload = signal.aborted ? errorPayload(signal.reason) : errorPayload(err);
+    const payload = errorPayload(signal.aborted ? signal.reason : err, opts.redact);
     if (outcome === 'error') log.warn({ error: payload.error, message: payload.message }, 'run failed');
     try {
       emit('error', payload);

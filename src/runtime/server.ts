@@ -30,6 +30,14 @@ export interface AppServerOptions {
   logger?: Logger;
   /** The fetch handed to assistants (default: proxy-aware, from the environment at start). */
   fetch?: typeof globalThis.fetch;
+  /**
+   * Removes secret values (deployment secrets, the API key) from the errors the server reports
+   * (a run's `error` event, `/runs/wait`'s `__error__`): their text comes from an exception, which
+   * the app did not choose to send. Data events are the app's own output and are left as they
+   * are (an app may show a secret it was given on purpose). Pass the same function to the
+   * logger (createLogger's `redact`) for its lines.
+   */
+  redact?: (s: string) => string;
 }
 
 export interface AppServerHandle {
@@ -63,7 +71,8 @@ function digest(s: string): Buffer {
  */
 export async function startAppServer(opts: AppServerOptions): Promise<AppServerHandle> {
   const { app } = opts;
-  const logger = opts.logger ?? createLogger({ name: 'keygate-app' });
+  const redact = opts.redact;
+  const logger = opts.logger ?? createLogger({ name: 'keygate-app', redact });
   const heartbeatMs = opts.heartbeatMs ?? 4000;
   const maxBody = opts.maxBodyBytes ?? 10 * 1024 * 1024;
   const assistantFetch = opts.fetch ?? createProxyFetch();
@@ -134,6 +143,7 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
       env: process.env,
       logger,
       abandonAfterMs: opts.abandonAfterMs,
+      redact,
     });
     const entry: ActiveRun = { controller, done };
     active.add(entry);

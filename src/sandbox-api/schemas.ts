@@ -5,6 +5,7 @@ import { SANDBOX_NAME_PATTERN } from './service.js';
 import { DRIVER_NAMES } from '../sandbox/driver.js';
 import { OUTPUT_CAP_BYTES } from './output.js';
 import { resourcesSchema, templateSchema } from './templates.js';
+import { MAX_OFFSET } from '../validation/json.js';
 
 // Request and response schemas of the sandbox API: fastify validates with them and /openapi.json
 // is built from them, so the document is the behaviour.
@@ -103,7 +104,7 @@ export const listQuery = {
   additionalProperties: false,
   properties: {
     limit: { type: 'integer', minimum: 1, maximum: 100, default: 20 },
-    offset: { type: 'integer', minimum: 0, default: 0 },
+    offset: { type: 'integer', minimum: 0, maximum: MAX_OFFSET, default: 0 },
   },
 } as const;
 

@@ -86,7 +86,11 @@ function requestForLog(req: { method?: string; url?: string; host?: string; ip?:
 
 export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer> {
   const env = opts.env ?? process.env;
-  const db: Db = await openDb({ dataDir: opts.dataDir, databaseUrl: opts.databaseUrl ?? env.DATABASE_URL });
+  const db: Db = await openDb({
+    dataDir: opts.dataDir,
+    databaseUrl: opts.databaseUrl ?? env.DATABASE_URL,
+    onConnectionLost: (reason) => opts.logger.warn({ reason }, 'database connection lost; the next query opens a new one'),
+  });
   // Fail at start on a bad KEYGATE_MASTER_KEY; afterwards key material is re-read on every use so
   // that `keygate secrets rotate-key` run by another process takes effect here at once.
   loadKeyring(opts.dataDir, env);

@@ -26,6 +26,12 @@ export interface OpenDbOptions {
   dataDir: string;
   /** `postgres://...`; defaults to `DATABASE_URL`. */
   databaseUrl?: string;
+  /**
+   * Told when PostgreSQL ends a pooled connection that was idle (a restart, an administrator,
+   * idle_session_timeout): the pool drops it and the next query opens a new one. A line for the
+   * operator; the server's message names no password.
+   */
+  onConnectionLost?: (reason: string) => void;
 }
 
 export function nowIso(): string {
@@ -34,7 +40,7 @@ export function nowIso(): string {
 
 export async function openDb(opts: OpenDbOptions): Promise<Db> {
   const url = opts.databaseUrl ?? process.env.DATABASE_URL;
-  if (url) return openPostgres(url);
+  if (url) return openPostgres(url, opts.onConnectionLost);
   mkdirSync(opts.dataDir, { recursive: true, mode: 0o700 });
   return openSqlite(path.join(opts.dataDir, 'keygate.db'));
 }
@@ -185,36 +191,59 @@ function toPg(sql: string): string {
   return out;
 }
 
-/** DATABASE_URL as it may be shown: without its password, and not at all when it does not parse. */
-function shownDatabaseUrl(url: string): string {
+/**
+ * Query parameters of a connection URL that hold a credential: the driver takes every parameter of
+ * the query string as a connection setting, `?password=` and `?sslpassword=` included.
+ */
+const SECRET_PARAM = /pass|secret|token/i;
+
+/** DATABASE_URL as it may be shown: without its password (userinfo or query), and not at all when it does not parse. */
+export function shownDatabaseUrl(url: string): string {
   try {
     const u = new URL(url);
     if (u.password) u.password = '***';
+    for (const k of [...u.searchParams.keys()]) if (SECRET_PARAM.test(k)) u.searchParams.set(k, '***');
     return ` (${u.toString()})`;
   } catch {
     return ' (not a valid URL)';
   }
 }
 
-export async function openPostgres(url: string): Promise<Db> {
+/** The driver's sentence when the server asks for a password and none was given (it says so in its own terms). */
+const NO_PASSWORD = /client password must be a string/;
+
+export async function openPostgres(url: string, onConnectionLost: (reason: string) => void = () => undefined): Promise<Db> {
   const { default: pg } = await import('pg');
   // BIGINT (int8) comes back as a string by default; keygate's counters fit in a JS number.
   pg.types.setTypeParser(20, (v: string) => Number(v));
-  let pool: InstanceType<typeof pg.Pool> | undefined;
+  // The first connection is a lone client, ended whatever happens: a pool that fails to connect
+  // leaves the socket of a login refused half-way (the server asked for a password the URL does
+  // not have) open until the server's authentication timeout, a minute during which the failed
+  // command cannot exit.
+  let probe: InstanceType<typeof pg.Client> | undefined;
   try {
-    pool = new pg.Pool({ connectionString: url, max: 10 });
-    await pool.query('SELECT 1');
+    probe = new pg.Client({ connectionString: url });
+    await probe.connect();
+    await probe.query('SELECT 1');
   } catch (err) {
-    await pool?.end().catch(() => undefined);
     // An operator's mistake (a typo in the URL, a database that is not up or refuses the login),
     // not a bug: one line with the cause (the server's and the network's messages never hold the
     // password; the URL parser's refusal is named, not quoted) and the URL without its password.
     const e = err as { code?: unknown; message?: unknown };
     const code = typeof e.code === 'string' ? e.code : undefined;
-    const message = code === 'ERR_INVALID_URL' ? 'the URL does not parse' : typeof e.message === 'string' ? e.message.split('\n')[0] : 'unknown error';
+    const raw = typeof e.message === 'string' ? e.message.split('\n')[0] : 'unknown error';
+    const message = code === 'ERR_INVALID_URL' ? 'the URL does not parse' : NO_PASSWORD.test(raw) ? 'the server asks for a password and DATABASE_URL gives none' : raw;
     const why = code && !message.includes(code) ? `${message} (${code})` : message;
     throw new CliError(`cannot open the database of DATABASE_URL${shownDatabaseUrl(url)}: ${why}`);
+  } finally {
+    await probe?.end().catch(() => undefined);
   }
+  const pool = new pg.Pool({ connectionString: url, max: 10 });
+  // Without a listener, the pool's 'error' for an idle client the server ended is an unhandled
+  // 'error' event: the whole process went down with it.
+  pool.on('error', (err: Error & { code?: unknown }) => {
+    onConnectionLost(`${String(err.message ?? '').split('\n')[0]}${typeof err.code === 'string' ? ` (${err.code})` : ''}`);
+  });
 
   type Queryable = { query: (sql: string, params?: unknown[]) => Promise<{ rows: unknown[]; rowCount: number | null }> };
   const make = (q: Queryable, inTx: boolean): Db => {

@@ -27,3 +27,11 @@ export function parseJsonSafely(text: string): unknown {
     throw new SyntaxError(`invalid JSON at ${jsonErrorLocation(text, err)}`);
   }
 }
+
+/**
+ * The largest page offset a list route accepts: the largest integer a JSON number holds exactly.
+ * A bigger one (coerced from the query string: `1e400` is Infinity) would reach the database as
+ * a value it refuses (SQLite's "datatype mismatch", PostgreSQL's bigint range): a 500 for what
+ * is the client's mistake, so the schema refuses it with a 422 at `query.offset` first.
+ */
+export const MAX_OFFSET = Number.MAX_SAFE_INTEGER;

@@ -43,6 +43,18 @@ describe('keygate sandbox create --proxy-config with a broken file', () => {
   });
 });
 
+describe('keygate sandbox exec --env without a KEY', () => {
+  it('refuses it without printing the argument (it may be the value alone, a token)', async () => {
+    const port = await closedPort();
+    for (const arg of ['=ghp_envvalue_Zq6' + 'm1'.repeat(8), 'ghp_envvalue_Zq6' + 'm1'.repeat(8)]) {
+      const r = runCli(['sandbox', 'exec', 'b1', '--env', arg, 'ls'], { cwd: tmp(), env: { KEYGATE_API_KEY: 'kg_cli_leak_test_key', KEYGATE_URL: `http://127.0.0.1:${port}` } });
+      expect(r.status).toBe(2);
+      expect(r.stderr).toMatch(/--env expects KEY=VALUE/);
+      expect(r.stderr + r.stdout).not.toContain('ghp_envvalue');
+    }
+  });
+});
+
 describe('a KEYGATE_URL that does not parse', () => {
   it('is named without the credentials it carries (environment and .env alike)', () => {
     const cwd = tmp();

@@ -6,7 +6,7 @@ import { existsSync, readFileSync, renameSync, rmSync, writeFileSync } from 'nod
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startCli, type RunningCli } from '../helpers/cli.js';
-import { api, cleanupTmp, echoVariant, packDir, tmpDir, waitRevision, type Api } from './helpers.js';
+import { api, cleanupTmp, echoVariant, packDir, runStream, tmpDir, waitRevision, type Api } from './helpers.js';
 
 const KEY = 'kg_test_control_plane_key_leaks';
 afterAll(cleanupTmp);
@@ -127,6 +127,64 @@ describe('deployment secrets never leak (SQLite, local driver)', () => {
     expect(text).toContain('KEYGATE_API_KEY=');
     expect(text).not.toMatch(/kgi_[A-Za-z0-9_-]{16}/);
     expect(server.output()).not.toMatch(/kgi_[A-Za-z0-9_-]{16}/);
+    expect((await a.call('DELETE', `/v2/deployments/${created.body.id}`)).status).toBe(204);
+  });
+
+  it("keeps secret values and the replica's API key out of a failed run's error event (stream and wait) and the logs", async () => {
+    const plain = 'thrown-secret-' + 'h7'.repeat(10);
+    const pemLines = ['-----BEGIN RUN KEY-----', 'runkeyline1' + 'Z9'.repeat(12), 'runkeyline2' + 'Q4'.repeat(12), '-----END RUN KEY-----'];
+    const pem = pemLines.join('\n') + '\n';
+    // The app quotes the secrets in its exception (a common mistake: an upstream's error that
+    // echoes the request's key), a multi-line one JSON-escaped, and the replica's own key read
+    // from /proc (process.env no longer has it), also in the error's cause.
+    const thrower = echoVariant({
+      'src/agent.js': `import { readFileSync } from 'node:fs';
+const replicaKey = readFileSync('/proc/self/environ', 'latin1').split('\\0').find((v) => v.startsWith('KEYGATE_API_KEY=')).slice('KEYGATE_API_KEY='.length);
+export default {
+  async run(input, ctx) {
+    ctx.log.error({ detail: 'upstream said ' + ctx.env.PLAIN_SECRET }, 'calling with ' + replicaKey);
+    throw new Error('upstream refused key ' + ctx.env.PLAIN_SECRET + ' pem ' + JSON.stringify(ctx.env.PEM_SECRET) + ' raw ' + ctx.env.PEM_SECRET, { cause: new Error('replica key ' + replicaKey) });
+  },
+};
+`,
+    });
+    const up = await a.upload(await packDir(thrower));
+    const created = await a.call('POST', '/v2/deployments', {
+      name: 'thrower',
+      source: 'internal_source',
+      source_revision_config: { source_tarball_path: up.body.source_tarball_path },
+      secrets: [
+        { name: 'PLAIN_SECRET', value: plain },
+        { name: 'PEM_SECRET', value: pem },
+      ],
+    });
+    expect(created.status, created.text).toBe(201);
+    expect((await waitRevision(a, created.body.id, created.body.latest_revision_id)).status).toBe('DEPLOYED');
+    const url = (await a.call('GET', `/v2/deployments/${created.body.id}`)).body.url;
+    const streamed = await runStream(url, KEY, 'hi');
+    expect(streamed.status).toBe(200);
+    const error = streamed.events.find((e) => e.event === 'error');
+    expect(error, streamed.text).toBeDefined();
+    const payload = JSON.parse(error!.data);
+    // The sentence stays useful: only the secret parts are gone.
+    expect(payload.error).toBe('Error');
+    expect(payload.message).toContain('upstream refused key [redacted]');
+    expect(payload.message).toContain('replica key [redacted]');
+    const waited = await fetch(`${url}/runs/wait`, { method: 'POST', headers: { 'x-api-key': KEY, 'content-type': 'application/json' }, body: JSON.stringify({ assistant_id: 'agent', input: {} }) });
+    const waitText = await waited.text();
+    expect(waitText).toContain('__error__');
+    let logs = '';
+    const deadline = Date.now() + 10_000;
+    while (Date.now() < deadline && !logs.includes('run failed')) {
+      logs = await everythingAbout(a, created.body.id);
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    expect(logs).toContain('run failed');
+    for (const seen of [streamed.text, waitText, logs, server.output()]) {
+      expect(seen).not.toContain(plain);
+      for (const l of pemLines.slice(1, 3)) expect(seen).not.toContain(l);
+      expect(seen).not.toMatch(/kgi_[A-Za-z0-9_-]{16}/);
+    }
     expect((await a.call('DELETE', `/v2/deployments/${created.body.id}`)).status).toBe(204);
   });
 

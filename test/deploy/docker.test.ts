@@ -1,11 +1,12 @@
 // Image builds for `keygate deploy --build-image`: tag parsing, the build context check, and the
 // docker runs themselves against a stand-in docker CLI (a real process that records its arguments).
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CliError } from '../../src/cli/errors.js';
 import { buildArgs, buildImage, checkBuildContext, checkContainerRuntime, dockerEnv, localImagePlatform, pushImage, runDocker } from '../../src/deploy/docker.js';
+import { DockerIgnore } from '../../src/deploy/dockerignore.js';
 import { parseImageTag } from '../../src/deploy/image-ref.js';
 import { announceSkip, engineUnavailableReason } from '../helpers/docker-engine.js';
 import { DEBIAN_IMAGE, docker, ensureBaseImages, uniqueName } from '../helpers/docker-images.js';
@@ -88,6 +89,62 @@ describe('the build context', () => {
     // A later negation brings it back into the context: refused again.
     writeFileSync(path.join(d, '.dockerignore'), '.env*\n!.env\n');
     expect(() => checkBuildContext(d)).toThrow(/refusing to build: \.env would be sent/);
+  });
+});
+
+describe('the build context: secret-bearing files at any depth', () => {
+  const refusal = (d: string): string => {
+    try {
+      checkBuildContext(d);
+      return '';
+    } catch (e) {
+      return (e as Error).message;
+    }
+  };
+
+  it('refuses a nested .env or .env.* (the packer never packs them at any depth) unless .dockerignore excludes it the way docker reads it', () => {
+    const d = tmp();
+    writeFileSync(path.join(d, 'Dockerfile'), 'FROM scratch\nCOPY . .\n');
+    mkdirSync(path.join(d, 'config'));
+    mkdirSync(path.join(d, 'packages/api'), { recursive: true });
+    writeFileSync(path.join(d, 'config/.env'), 'OPENAI_API_KEY=sk-nested-secret\n');
+    writeFileSync(path.join(d, 'packages/api/.env.production'), 'X=1\n');
+    writeFileSync(path.join(d, 'packages/api/env.ts'), 'export {};\n');
+    const msg = refusal(d);
+    expect(msg).toBe(`refusing to build: config/.env, packages/api/.env.production would be sent to docker with the build context (and could be copied into the image); add '**/.env*' to ${path.join(d, '.dockerignore')}`);
+    expect(msg).not.toContain('sk-nested-secret');
+    // docker anchors a pattern at the context root: '.env*' does not reach config/.env.
+    writeFileSync(path.join(d, '.dockerignore'), '.env*\n');
+    expect(refusal(d)).toMatch(/^refusing to build: config\/\.env, packages\/api\/\.env\.production would be sent/);
+    writeFileSync(path.join(d, '.dockerignore'), '**/.env*\n');
+    expect(refusal(d)).toBe('');
+    // An excluded directory takes its files along; a negation brings one back.
+    writeFileSync(path.join(d, '.dockerignore'), 'config\npackages/*/.env*\n');
+    expect(refusal(d)).toBe('');
+    writeFileSync(path.join(d, '.dockerignore'), 'config\n**/.env*\n!packages/api/.env.production\n');
+    expect(refusal(d)).toMatch(/^refusing to build: packages\/api\/\.env\.production would be sent/);
+  });
+
+  it("refuses the env file keygate.json names, wherever it is and whatever its name, as plain deploy never packs it", () => {
+    const d = tmp();
+    writeFileSync(path.join(d, 'Dockerfile'), 'FROM scratch\nCOPY . .\n');
+    mkdirSync(path.join(d, 'secrets'));
+    writeFileSync(path.join(d, 'secrets/app.vars'), 'TOKEN=abc\n');
+    writeFileSync(path.join(d, 'keygate.json'), JSON.stringify({ assistants: { a: './a.js' }, env: './secrets/app.vars' }));
+    expect(refusal(d)).toMatch(/^refusing to build: secrets\/app\.vars would be sent to docker with the build context/);
+    writeFileSync(path.join(d, '.dockerignore'), 'secrets/\n');
+    expect(refusal(d)).toBe('');
+  });
+
+  it('does not walk node_modules or .git (never packed) and leaves files that only look alike', () => {
+    const d = tmp();
+    writeFileSync(path.join(d, 'Dockerfile'), 'FROM scratch\n');
+    mkdirSync(path.join(d, 'node_modules/pkg'), { recursive: true });
+    writeFileSync(path.join(d, 'node_modules/pkg/.env'), 'X=1\n');
+    mkdirSync(path.join(d, 'src'));
+    writeFileSync(path.join(d, 'src/.envrc.md'), 'docs\n');
+    writeFileSync(path.join(d, 'src/environment.ts'), 'x\n');
+    expect(refusal(d)).toBe('');
   });
 });
 
@@ -191,6 +248,29 @@ describe.skipIf(noEngine)('docker build on a real engine', () => {
     expect(lines.some((l) => l.includes('built-marker-42'))).toBe(true);
     expect(localImagePlatform(tag)).toBe('linux/amd64');
     expect(localImagePlatform(`${uniqueName('absent')}:never`)).toBeUndefined();
+  });
+
+  it("reads .dockerignore as docker does: the files docker sends are exactly those the matcher keeps", async () => {
+    const d = tmp();
+    const files = ['.env', 'config/.env', 'config/app.json', 'packages/api/.env.production', 'packages/web/.env', 'a/b/.env.x', 'a/keep.txt', 'keep', 'sub/.env.local'];
+    for (const f of files) {
+      mkdirSync(path.dirname(path.join(d, f)), { recursive: true });
+      writeFileSync(path.join(d, f), 'x\n');
+    }
+    const rules = '# comment\n.env*\nconfig\n**/.env.x\n!config/.env\npackages/*/.env*\n!packages/web/.env\n/sub/../sub/.env.local\n';
+    writeFileSync(path.join(d, '.dockerignore'), rules);
+    writeFileSync(path.join(d, 'Dockerfile'), 'FROM scratch\nCOPY . /ctx/\n');
+    await buildImage({ tag, dir: d, onLine: () => undefined });
+    // The image's files, read without running it (scratch has nothing to run).
+    const id = docker(['create', tag, '/none']).stdout.trim();
+    let listed: string;
+    try {
+      listed = docker(['export', id], { timeoutMs: 60_000 }).stdout;
+    } finally {
+      docker(['rm', '-f', id], { allowFail: true });
+    }
+    const ig = new DockerIgnore(rules);
+    for (const f of files) expect([f, listed.includes(`ctx/${f}\0`)]).toEqual([f, !ig.ignores(f)]);
   });
 
   it('a Dockerfile step that fails is one line naming the exit status', async () => {

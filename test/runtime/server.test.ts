@@ -8,6 +8,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger } from '../../src/log.js';
+import { makeRedactor } from '../../src/secrets/redact.js';
 import { loadApp, type LoadedApp } from '../../src/runtime/app.js';
 import { startAppServer, type AppServerHandle } from '../../src/runtime/server.js';
 import { rawExchange } from '../helpers/connect.js';
@@ -201,6 +202,36 @@ describe('streaming, cancellation, errors', () => {
     expect(names(r)).toEqual(['metadata', 'values', 'updates', 'values', 'error', 'end']);
     expect(data(r.events, 'error')[0]).toEqual({ error: 'QuotaError', message: 'quota exhausted for this run' });
     expect(r.body).not.toMatch(/assistants\.js|at async|\n\s+at /);
+  });
+
+  it('removes the secret values it was given from error events, /runs/wait errors and its log lines, not from data events', async () => {
+    // Quotes and a backslash: the JSON-escaped form is what appears on the wire.
+    const secret = 'sek-"ret"\\-' + 'v3'.repeat(10);
+    const redact = makeRedactor([secret]);
+    const logged: string[] = [];
+    const logger = createLogger({ redact, destination: { write: (l: string) => void logged.push(l) } });
+    const s = await startAppServer({ app, host: '127.0.0.1', port: 0, apiKey: 'test-key', heartbeatMs: 200, logger, redact });
+    extraServers.push(s);
+    const long = 'x'.repeat(3990);
+    const failed = await streamRun(s.url, { assistant_id: 'thrower', config: { configurable: { message: `${long}refused ${secret}` } } });
+    const err = data(failed.events, 'error')[0] as { error: string; message: string };
+    // Redacted before the message is cut to its limit: no prefix of the secret survives the cut.
+    expect(err.message).toBe(`${long}refused [redacted]`.slice(0, 4000));
+    expect(err.message).not.toContain('sek-');
+    // Data events are the app's own output, left as they are: an app may show a value it was
+    // given on purpose (the deploy tests' echo agent prefixes its replies with a secret).
+    const echoed = await streamRun(s.url, { assistant_id: 'echo', stream_mode: ['values'], config: { configurable: { text: `key ${secret} end` } } });
+    expect(JSON.stringify(data(echoed.events, 'values').at(-1))).toContain(JSON.stringify(secret).slice(1, -1));
+    const waited = await fetch(`${s.url}/runs/wait`, { method: 'POST', headers: { 'x-api-key': 'test-key', 'content-type': 'application/json' }, body: JSON.stringify({ assistant_id: 'thrower', input: {}, config: { configurable: { message: `no ${secret}` } } }) });
+    const waitBody = await waited.text();
+    expect(JSON.parse(waitBody)).toEqual({ __error__: { error: 'QuotaError', message: 'no [redacted]' } });
+    const logText = logged.join('');
+    expect(logText).toContain('run failed');
+    expect(logText).toContain('failing: no [redacted]');
+    for (const seen of [failed.body, waitBody, logText]) {
+      expect(seen).not.toContain('v3'.repeat(10));
+      expect(seen).not.toContain('sek-');
+    }
   });
 
   it('sends heartbeat comments while the run is silent', async () => {

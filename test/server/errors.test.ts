@@ -182,6 +182,21 @@ interface Operation {
   op: any;
 }
 
+describe('a page offset no database can take is the client\'s mistake (422), not a 500', () => {
+  const lists = ['/v2/deployments', `/v2/deployments/${UUID}/revisions`, '/api/v2/sandboxes/boxes'];
+  it.each(lists)('%s: an offset beyond 2^53 - 1 (or not finite) is a 422 at query.offset; the largest exact one is an empty page', async (p) => {
+    for (const offset of ['1e400', '99999999999999999999', '9223372036854775807', String(Number.MAX_SAFE_INTEGER + 2)]) {
+      const r = await call('GET', `${p}?offset=${offset}`);
+      expect([offset, r.status]).toEqual([offset, 422]);
+      expect(r.body.detail).toEqual([{ loc: ['query', 'offset'], msg: expect.any(String), type: 'less_than_equal' }]);
+    }
+    const r = await call('GET', `${p}?offset=${Number.MAX_SAFE_INTEGER}`);
+    // The revisions of a deployment that does not exist: 404, the offset itself was fine.
+    expect(r.status).toBe(p.includes('revisions') ? 404 : 200);
+    if (r.status === 200) expect(r.body).toEqual({ resources: [], offset: Number.MAX_SAFE_INTEGER });
+  });
+});
+
 describe('OpenAPI lists every status a route answers (walked)', () => {
   let ops: Operation[] = [];
   beforeAll(async () => {
