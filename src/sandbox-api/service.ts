@@ -13,7 +13,7 @@ import { emptyConfig, type CompiledConfig } from '../rules/compile.js';
 import { Envelope } from '../secrets/envelope.js';
 import { opaqueOpener, redactProxyConfig, sealOpaqueValues } from '../secrets/opaque.js';
 import type { SecretStore } from '../secrets/types.js';
-import { conflict, HttpValidationError, loggableMessage, notFound } from '../server/errors.js';
+import { conflict, forbidden, HttpValidationError, loggableMessage, notFound } from '../server/errors.js';
 import { nowIso } from '../store/db.js';
 import { ValidationFailure, type ValidationIssue } from '../validation/errors.js';
 import { freePort, PortInUseError, type ProxyInstance, type ProxyRunner } from './runner.js';
@@ -40,7 +40,16 @@ export interface SandboxServiceDeps {
   /** Runs the boxes of this server (`none`: records and proxies only, boxes run elsewhere). */
   driver: SandboxDriver;
   logger: Logger;
+  /** Most sandboxes a workspace may hold (KEYGATE_SANDBOX_MAX_PER_WORKSPACE); default DEFAULT_MAX_PER_WORKSPACE. */
+  maxPerWorkspace?: number;
 }
+
+/**
+ * Sandboxes one workspace may hold at once. Each is a proxy (a listening port, its connections), a
+ * box (processes, a relay, a /workspace of disk_mb on the host's disk): without a bound one API key
+ * could create boxes until the server runs out of descriptors or disk, for every workspace.
+ */
+export const DEFAULT_MAX_PER_WORKSPACE = 50;
 
 export interface CreateInput {
   template_name: string;
@@ -278,6 +287,11 @@ export class SandboxService {
       if (issues.length || !template) throw new HttpValidationError(issues);
       const existing = await this.deps.store.getByName(workspaceId, input.name);
       if (existing) throw conflict(`A sandbox named '${input.name}' already exists in this workspace.`);
+      // Counted under the workspace's queue: concurrent creates cannot both take the last place.
+      const max = this.deps.maxPerWorkspace ?? DEFAULT_MAX_PER_WORKSPACE;
+      if ((await this.deps.store.list(workspaceId)).length >= max) {
+        throw forbidden(`This workspace has reached its limit of ${max} sandboxes (KEYGATE_SANDBOX_MAX_PER_WORKSPACE); delete one first.`);
+      }
       const id = randomUUID();
       this.writeCaFiles(id);
       try {
@@ -468,6 +482,10 @@ export class SandboxService {
   async writeFile(workspaceId: string, name: string, boxPath: string, body: Readable, maxBytes: number) {
     const rec = await this.mustGet(workspaceId, name);
     const live = this.runningBox(rec);
+    // No file larger than the box's /workspace can fit: refused (413) once it passes that, before
+    // the docker driver spools it on the host's disk.
+    const diskMb = rec.resources?.disk_mb;
+    if (diskMb) maxBytes = Math.min(maxBytes, diskMb * 1024 * 1024);
     return this.transfer(rec, live, async () => {
       const mkdir = await live.box.exec({ command: ['mkdir', '-p', '--', path.posix.dirname(boxPath)], timeoutMs: 30_000 });
       mkdir.stdout.resume();
@@ -739,7 +757,8 @@ export class SandboxService {
   private async startBox(rec: SandboxRecord, proxy: ProxyInstance): Promise<void> {
     const template = this.deps.templates.get(rec.templateName);
     if (!template) throw new Error(`its template '${rec.templateName}' is no longer configured (templates.json)`);
-    const resources = rec.resources ?? applyResources(template, undefined);
+    // A record from before a resource existed (disk_mb) gets the template's default for it.
+    const resources = { ...applyResources(template, undefined), ...rec.resources };
     const javaTrustStore = await this.javaTrustStore();
     const box = await this.deps.driver.start({
       id: rec.id,
@@ -769,7 +788,7 @@ export class SandboxService {
       this.live.delete(id);
       await this.stopProxy(id);
       if (this.closing || !(await this.deps.store.getById(id))) return;
-      await this.deps.store.setStatus(id, 'stopped', 'The box ended by itself (its processes are gone); start it again.');
+      await this.deps.store.setStatus(id, 'stopped', box.endReason ?? 'The box ended by itself (its processes are gone); start it again.');
       this.deps.logger.warn({ sandbox_id: id }, 'sandbox stopped: the box ended by itself');
     }).catch((err: Error) => this.deps.logger.error({ sandbox_id: id, err: { message: err.message } }, 'recording an ended box failed'));
   }
@@ -907,7 +926,7 @@ export class SandboxService {
       status: rec.status,
       status_reason: rec.statusReason,
       idle_ttl_seconds: rec.idleTtlSeconds,
-      resources: rec.resources ?? (template ? applyResources(template, undefined) : applyResources({ name: '', description: '', environment: {} }, undefined)),
+      resources: { ...applyResources(template ?? { name: '', description: '', environment: {} }, undefined), ...rec.resources },
       last_active_at: rec.lastActiveAt,
       created_at: rec.createdAt,
       updated_at: rec.updatedAt,

@@ -20,7 +20,7 @@ export interface Template {
 }
 
 /** Used where neither the template nor the request says. */
-export const DEFAULT_RESOURCES: BoxResources = { memory_mb: 512, cpus: 1, pids: 256 };
+export const DEFAULT_RESOURCES: BoxResources = { memory_mb: 512, cpus: 1, pids: 256, disk_mb: 1024 };
 
 export const resourcesSchema = {
   type: 'object',
@@ -29,6 +29,7 @@ export const resourcesSchema = {
     memory_mb: { type: 'integer', minimum: 16, maximum: 65536, description: 'Memory limit, MiB.' },
     cpus: { type: 'number', exclusiveMinimum: 0, maximum: 64, description: 'CPUs (fractions allowed).' },
     pids: { type: 'integer', minimum: 8, maximum: 65536, description: 'Most processes and threads at once.' },
+    disk_mb: { type: 'integer', minimum: 16, maximum: 1048576, description: 'Size of /workspace, MiB (its own file system: a write past it fails with ENOSPC in the box, an upload past it is a 413).' },
   },
 } as const;
 

@@ -23,8 +23,8 @@ describe('templates.json', () => {
 
   it('resources: the template defaults, then the request, each independently', () => {
     const t = loadTemplates(PACKAGE_CONFIG_DIR).get('host')!;
-    expect(applyResources(t, undefined)).toEqual({ memory_mb: 1024, cpus: 1, pids: 512 });
-    expect(applyResources(t, { pids: 64 })).toEqual({ memory_mb: 1024, cpus: 1, pids: 64 });
+    expect(applyResources(t, undefined)).toEqual({ memory_mb: 1024, cpus: 1, pids: 512, disk_mb: 1024 });
+    expect(applyResources(t, { pids: 64 })).toEqual({ memory_mb: 1024, cpus: 1, pids: 64, disk_mb: 1024 });
     expect(applyResources({ name: 'x', description: '', environment: {} }, { cpus: 0.5 })).toEqual({ ...DEFAULT_RESOURCES, cpus: 0.5 });
   });
 
