@@ -7,7 +7,7 @@ import { referencedSecretKeys, templateValueProblem } from '../config/resolve.js
 import { TEMPLATE_REF_RE } from '../secrets/keys.js';
 import type { ProxyConfig } from '../config/schema.js';
 import { BOX_BUNDLE_PATH, BOX_CA_PATH, BOX_PROXY_URL, BOX_TRUSTSTORE_PATH, caBundle, findKeytool, sandboxEnv, writeCaBundle, writeJavaTrustStore } from '../certs/env.js';
-import { type Box, type BoxResources, type DriverName, type ExecProcess, type ExecResult, type SandboxDriver } from '../sandbox/driver.js';
+import { BoxNotRunningError, type Box, type BoxResources, type DriverName, type ExecProcess, type ExecResult, type SandboxDriver } from '../sandbox/driver.js';
 import type { Logger } from '../log.js';
 import { emptyConfig, type CompiledConfig } from '../rules/compile.js';
 import { Envelope } from '../secrets/envelope.js';
@@ -18,7 +18,7 @@ import { nowIso } from '../store/db.js';
 import { ValidationFailure, type ValidationIssue } from '../validation/errors.js';
 import { freePort, PortInUseError, type ProxyInstance, type ProxyRunner } from './runner.js';
 import { DuplicateNameError, type SandboxRecord, type SandboxStatus, type SandboxStore } from './storage.js';
-import { applyResources, driversFor, type Template } from './templates.js';
+import { applyResources, driversFor, resourceCapIssues, type Template } from './templates.js';
 
 export const SANDBOX_NAME_PATTERN = '^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$';
 export const CA_FILE = 'ca.pem';
@@ -283,6 +283,7 @@ export class SandboxService {
           type: 'value_error',
         });
       }
+      if (template) issues.push(...resourceCapIssues(template, input.resources));
       const prepared = input.proxy_config ? await this.prepareConfig(workspaceId, input.proxy_config, issues) : undefined;
       if (issues.length || !template) throw new HttpValidationError(issues);
       const existing = await this.deps.store.getByName(workspaceId, input.name);
@@ -427,6 +428,8 @@ export class SandboxService {
       proc = await live.box.exec({ command: opts.command, env: opts.env, cwd: opts.cwd, timeoutMs: opts.timeoutMs, stdin: opts.stdin });
     } catch (err) {
       this.execEnded(rec.id, live);
+      // A stop (DELETE, idle TTL, the box ending) that went first while the execution was starting: a 409, not a 500.
+      if (err instanceof BoxNotRunningError || this.live.get(rec.id) !== live) throw conflict(`Sandbox '${rec.name}' was stopped before the execution could start; start it again.`);
       throw err;
     }
     const done = proc.done.finally(() => this.execEnded(rec.id, live));

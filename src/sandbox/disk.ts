@@ -227,3 +227,32 @@ export async function hostDiskUse(dir: string): Promise<DiskUse> {
     return null;
   }
 }
+
+export const RUN_DIR = 'run';
+
+/**
+ * The docker driver's per-box files the container binds (the CA, resolv.conf, the relay's socket
+ * directory), on a small tmpfs of their own where the server can mount one (root), else in a
+ * plain directory. A bind shows its source's path within its file system in the box's
+ * /proc/self/mountinfo: from this tmpfs that is `/ca`, never a path under the data directory.
+ */
+export async function mountRunDir(stateDir: string): Promise<string> {
+  const dir = path.join(stateDir, RUN_DIR);
+  await unmountRunDir(stateDir);
+  mkdirSync(dir, { recursive: true, mode: 0o755 });
+  if (workspaceBoundUnavailable() === null) {
+    try {
+      await run('mount', ['-t', 'tmpfs', '-o', 'size=8m,mode=0755,nosuid,nodev,noexec', 'keygate', dir], { env: TOOL_ENV, timeout: TOOL_TIMEOUT_MS });
+    } catch (e) {
+      throw new Error(`cannot mount the box's run directory: ${toolError(e)}`);
+    }
+  }
+  return dir;
+}
+
+export async function unmountRunDir(stateDir: string): Promise<void> {
+  const dir = path.join(stateDir, RUN_DIR);
+  for (let i = 0; i < 8 && isMountPoint(dir); i++) {
+    await run('umount', ['-l', dir], { env: TOOL_ENV, timeout: TOOL_TIMEOUT_MS }).catch(() => undefined);
+  }
+}

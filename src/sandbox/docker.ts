@@ -5,11 +5,11 @@ import type { Readable } from 'node:stream';
 import { BOX_TRUSTSTORE_PATH } from '../certs/env.js';
 import { demultiplex, dockerSocketPath, DockerEngine, engineMessage } from '../docker/engine.js';
 import type { Logger } from '../log.js';
-import { BoxFileError, BoxStartError, type Box, type BoxSpec, type DriverProbe, type ExecOptions, type ExecProcess, type SandboxDriver } from './driver.js';
+import { BoxFileError, BoxNotRunningError, BoxStartError, type Box, type BoxSpec, type DriverProbe, type ExecOptions, type ExecProcess, type SandboxDriver } from './driver.js';
 import { startExec, type ExecContext } from './docker-exec.js';
 import { readBoxFile, writeBoxFile, type FilesContext } from './docker-files.js';
 import { defaultRelayLimits, RelayBudget, type RelayLimits } from './relay-budget.js';
-import { DiskWatch, mountWorkspace, unmountWorkspace, WORKSPACE_DIR, WORKSPACE_IMAGE, workspaceBoundUnavailable } from './disk.js';
+import { DiskWatch, mountRunDir, mountWorkspace, unmountRunDir, unmountWorkspace, WORKSPACE_DIR, WORKSPACE_IMAGE, workspaceBoundUnavailable } from './disk.js';
 import { BOX_RELAY_DIR, HostRelay, hostRuntime, RELAY_READY, relayCommand, type HostRuntime } from './docker-relay.js';
 
 /**
@@ -102,6 +102,26 @@ async function streamText(stream: Readable): Promise<string> {
   return Buffer.concat(parts).toString('utf8');
 }
 
+/**
+ * Removes a container (force, with its anonymous volumes). One already being removed (another
+ * stop, the engine's own clean-up, anyone else's `docker rm`: the engine answers 409 "removal ...
+ * already in progress") counts once it is gone: waited for, never a failed stop (it failed a
+ * DELETE of the sandbox, a 500, when a stop raced it).
+ */
+async function removeContainer(engine: DockerEngine, containerId: string): Promise<void> {
+  const res = await engine.json('DELETE', `/containers/${containerId}?force=1&v=1`);
+  if (res.status === 204 || res.status === 404) return;
+  if (res.status === 409 && /already in progress/i.test(engineMessage(res.body, res.status))) {
+    const until = Date.now() + 20_000;
+    while (Date.now() < until) {
+      const info = await engine.json('GET', `/containers/${containerId}/json`);
+      if (info.status === 404) return;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+  throw new Error(`cannot remove a box container: ${engineMessage(res.body, res.status)}`);
+}
+
 export class DockerBoxDriver implements SandboxDriver {
   readonly name = 'docker' as const;
   private readonly engine: DockerEngine | null;
@@ -159,8 +179,7 @@ export class DockerBoxDriver implements SandboxDriver {
   }
 
   private async removeContainer(containerId: string): Promise<void> {
-    const res = await this.requireEngine().json('DELETE', `/containers/${containerId}?force=1&v=1`);
-    if (res.status !== 204 && res.status !== 404) throw new Error(`cannot remove a box container: ${engineMessage(res.body, res.status)}`);
+    await removeContainer(this.requireEngine(), containerId);
   }
 
   private async removeVolume(name: string): Promise<void> {
@@ -241,21 +260,29 @@ export class DockerBoxDriver implements SandboxDriver {
     }
     const workspace = { Type: 'volume', Source: workspaceVolume, Target: BOX_WORKSPACE };
     mkdirSync(spec.stateDir, { recursive: true, mode: 0o700 });
-    const caDir = path.join(spec.stateDir, 'ca');
+    let runDir: string;
+    try {
+      runDir = await mountRunDir(spec.stateDir);
+    } catch (e) {
+      if (sized) await unmountWorkspace(spec.stateDir);
+      throw new BoxStartError((e as Error).message);
+    }
+    const caDir = path.join(runDir, 'ca');
     mkdirSync(caDir, { recursive: true, mode: 0o755 });
     writeFileSync(path.join(caDir, 'ca.pem'), spec.caPem, { mode: 0o644 });
     writeFileSync(path.join(caDir, 'ca-bundle.pem'), spec.caBundlePem, { mode: 0o644 });
     if (spec.javaTrustStore) writeFileSync(path.join(caDir, path.posix.basename(BOX_TRUSTSTORE_PATH)), spec.javaTrustStore, { mode: 0o644 });
     // The engine would copy the host's resolv.conf in (naming the host's resolver); the box has no
     // DNS at all: the proxy resolves names.
-    const resolvConf = path.join(spec.stateDir, 'resolv.conf');
+    const resolvConf = path.join(runDir, 'resolv.conf');
     writeFileSync(resolvConf, '# no DNS in a keygate box: names are resolved by the proxy at 127.0.0.1:3128\n', { mode: 0o644 });
 
     let relay: HostRelay;
     try {
-      relay = await HostRelay.listen(path.join(spec.stateDir, 'relay'), spec.proxy, this.relayBudget);
+      relay = await HostRelay.listen(path.join(runDir, 'relay'), spec.proxy, this.relayBudget);
     } catch (err) {
       if (sized) await unmountWorkspace(spec.stateDir);
+      await unmountRunDir(spec.stateDir);
       throw new BoxStartError(`cannot set up the relay to the proxy: ${(err as Error).message}`);
     }
     let containerId: string | null = null;
@@ -341,6 +368,7 @@ export class DockerBoxDriver implements SandboxDriver {
       if (containerId) await this.removeContainer(containerId).catch(() => undefined);
       await relay.close().catch(() => undefined);
       if (sized) await unmountWorkspace(spec.stateDir);
+      await unmountRunDir(spec.stateDir);
       if (err instanceof BoxStartError) throw err;
       throw new BoxStartError(`the box could not start: ${(err as Error).message}`);
     }
@@ -446,6 +474,7 @@ export class DockerBoxDriver implements SandboxDriver {
     await this.removeVolume(`${nameFor(this.scope, id)}-workspace`);
     await this.removeVolume(`${nameFor(this.scope, id)}-disk`);
     await unmountWorkspace(stateDir);
+    await unmountRunDir(stateDir);
     rmSync(stateDir, { recursive: true, force: true });
   }
 
@@ -467,6 +496,7 @@ export class DockerBoxDriver implements SandboxDriver {
       const device = v.Options?.device;
       if (device && path.isAbsolute(device) && path.basename(device) === WORKSPACE_DIR && existsSync(path.join(path.dirname(device), WORKSPACE_IMAGE))) {
         await unmountWorkspace(path.dirname(device));
+        await unmountRunDir(path.dirname(device));
       }
       if (knownIds.has(id)) continue;
       await this.removeVolume(v.Name);
@@ -525,8 +555,14 @@ class DockerBox implements Box {
   }
 
   async exec(opts: ExecOptions): Promise<ExecProcess> {
-    if (this.stopped) throw new Error('the box is not running');
-    return startExec(this.execs, opts);
+    if (this.stopped) throw new BoxNotRunningError();
+    try {
+      return await startExec(this.execs, opts);
+    } catch (e) {
+      // The engine refusing an execution in a container being removed (a stop racing it) is the box not running.
+      if (this.stopped || !(await this.isRunning())) throw new BoxNotRunningError('the box was stopped while the execution was starting');
+      throw e;
+    }
   }
 
   async readFile(boxPath: string, maxBytes: number): Promise<{ size: number; stream: Readable }> {
@@ -554,11 +590,15 @@ class DockerBox implements Box {
     this.stopped = true;
     this.diskWatch?.stop();
     try {
-      const res = await this.files.engine.json('DELETE', `/containers/${this.containerId}?force=1&v=1`);
+      const err = await removeContainer(this.files.engine, this.containerId).then(
+        () => null,
+        (e: Error) => e,
+      );
       await this.relay.close().catch(() => undefined);
       // Its sized /workspace is mounted while it runs only (a start mounts it again).
       await unmountWorkspace(this.files.spoolDir);
-      if (res.status !== 204 && res.status !== 404) throw new Error(`cannot remove the box container: ${engineMessage(res.body, res.status)}`);
+      await unmountRunDir(this.files.spoolDir);
+      if (err) throw err;
     } finally {
       this.forget();
       this.markEnded();

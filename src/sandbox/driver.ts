@@ -125,6 +125,17 @@ export interface Box {
   readonly endReason?: string | null;
 }
 
+/**
+ * Thrown by `exec` when the box is not running, or stopped while the execution was being started
+ * (a stop, a DELETE, the idle TTL, the box ending by itself): the caller's 409, never a server error.
+ */
+export class BoxNotRunningError extends Error {
+  constructor(message = 'the box is not running') {
+    super(message);
+    this.name = 'BoxNotRunningError';
+  }
+}
+
 /** Whether a driver can isolate on this machine, and if not, what is missing and how to get it. */
 export type DriverProbe = { ok: true; detail: string } | { ok: false; reason: string; hint: string };
 

@@ -16,6 +16,7 @@ import path from 'node:path';
 import { PassThrough, type Readable } from 'node:stream';
 import {
   BoxFileError,
+  BoxNotRunningError,
   BoxStartError,
   type Box,
   type BoxSpec,
@@ -305,11 +306,24 @@ export class LocalDriver implements SandboxDriver {
     // Without cgroups, executions run under the host's static tini (LocalBox.exec), lent read-only:
     // it is the same file for every template, including those with a root file system of their own.
     if (!layout && !tools.tini) throw new BoxStartError('no cgroups and no static tini: execution trees could not be killed (apt-get install tini)');
+    // The files are handed to bwrap as descriptors (fd 5 on) that it copies into the box's root.
+    const fileFds: number[] = [];
+    const fileArgs: Record<string, number> = {};
+    try {
+      for (const [boxPath, hostFile] of Object.entries(files)) {
+        fileFds.push(openSync(hostFile, 'r'));
+        fileArgs[boxPath] = 4 + fileFds.length;
+      }
+    } catch (e) {
+      for (const fd of fileFds) closeSync(fd);
+      if (this.diskBound) await unmountWorkspace(spec.stateDir);
+      throw new BoxStartError(`could not prepare the box's files: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+    }
     const args = bwrapArgs({
       rootDir: root === 'host' ? '' : root,
       entries: root === 'host' ? rootEntries('/', HOST_ROOT) : rootEntries(root),
       etcEntries,
-      files,
+      files: fileArgs,
       workspace,
       infoFd: 3,
       disableUserns: process.getuid?.() === 0,
@@ -329,9 +343,10 @@ export class LocalDriver implements SandboxDriver {
     let prefix: string[];
     try {
       if (layout) cg = createCgroup(layout, spec.id, spec.resources);
-      // bwrap keeps fd 3 (its info) and 4 (its arguments).
-      prefix = this.wrap(4, cg, spec.resources);
+      // bwrap keeps fd 3 (its info), 4 (its arguments) and the files it copies in (from 5 on).
+      prefix = this.wrap(4 + fileFds.length, cg, spec.resources);
     } catch (e) {
+      for (const fd of fileFds) closeSync(fd);
       if (this.diskBound) await unmountWorkspace(spec.stateDir);
       throw new BoxStartError(`could not apply resource limits: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
     }
@@ -340,7 +355,13 @@ export class LocalDriver implements SandboxDriver {
     // paths of the data directory have no business there.
     const cmd = [...prefix, tools.bwrap, '--args', '4', '--', ...BOX_MAIN];
     // cwd `/`: bwrap's init is pid 1 in the box, whose environment (PWD) the box reads.
-    const child = spawn(cmd[0], cmd.slice(1), { env: HOST_HELPER_ENV, cwd: '/', stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe'] });
+    let child: ChildProcess;
+    try {
+      child = spawn(cmd[0], cmd.slice(1), { env: HOST_HELPER_ENV, cwd: '/', stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe', ...fileFds] });
+    } finally {
+      // bwrap holds its own copies.
+      for (const fd of fileFds) closeSync(fd);
+    }
     const argsPipe = child.stdio[4] as NodeJS.WritableStream;
     argsPipe.on('error', () => undefined);
     argsPipe.end(args.map((a) => `${a}\0`).join(''));
@@ -631,7 +652,17 @@ class LocalBox implements Box {
   }
 
   async exec(opts: ExecOptions): Promise<ExecProcess> {
-    if (this.stopped) throw new Error('box is not running');
+    if (this.stopped) throw new BoxNotRunningError();
+    try {
+      return this.startExec(opts);
+    } catch (e) {
+      // What failed because the box went meanwhile (its cgroup removed under a new execution's) says so.
+      if (this.stopped) throw new BoxNotRunningError('the box was stopped while the execution was starting');
+      throw e;
+    }
+  }
+
+  private startExec(opts: ExecOptions): ExecProcess {
     const argv = typeof opts.command === 'string' ? ['/bin/sh', '-c', opts.command] : opts.command;
     if (argv.length === 0) throw new Error('empty command');
     const cwd = opts.cwd ?? '/workspace';

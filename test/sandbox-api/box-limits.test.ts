@@ -67,7 +67,14 @@ describe.each(['local', 'docker'] as const)('box limits (%s driver)', (which) =>
     beforeAll(async () => {
       const cfg = tmp();
       const image = which === 'docker' ? await ensureBoxImage(new DockerEngine(dockerSocket()!)) : undefined;
-      writeFileSync(path.join(cfg, 'templates.json'), JSON.stringify([{ name: 'box', description: 'limits', ...(image ? { image } : { rootfs: 'host' }), environment: {} }]));
+      const build = image ? { image } : { rootfs: 'host' };
+      writeFileSync(
+        path.join(cfg, 'templates.json'),
+        JSON.stringify([
+          { name: 'box', description: 'limits', ...build, environment: {} },
+          { name: 'capped', description: 'capped', ...build, environment: {}, resources: { memory_mb: 256, disk_mb: 64 }, max_resources: { memory_mb: 512, cpus: 1, pids: 128, disk_mb: 128 } },
+        ]),
+      );
       let env: NodeJS.ProcessEnv;
       ({ origin, dataDir, env, keyB } = await setUpServe(KEY, 'api.example.test', {
         KEYGATE_SANDBOX_MAX_PER_WORKSPACE: String(MAX_PER_WORKSPACE),
@@ -122,6 +129,32 @@ describe.each(['local', 'docker'] as const)('box limits (%s driver)', (which) =>
       expect((await A('DELETE', '/api/v2/sandboxes/boxes/disk1')).status).toBe(204);
       expect(mountsUnder(dataDir)).toEqual([]);
     }, 120_000);
+
+    it("the box's view of its mounts names no path of the host's data directory", async () => {
+      const r = await A('POST', '/api/v2/sandboxes/boxes', { template_name: 'box', name: 'mounts1', wait_for_ready: true });
+      expect(r.body.status, r.text).toBe('ready');
+      const mi = await execIn(server.url, KEY, 'mounts1', 'cat /proc/self/mountinfo; cat /etc/keygate/ca.pem | head -1');
+      expect(mi.stdout).toContain('-----BEGIN CERTIFICATE-----');
+      const leaks = mi.stdout.split('\n').filter((l) => l.includes(dataDir) || l.includes('/sandboxes/'));
+      expect(leaks).toEqual([]);
+      expect((await A('DELETE', '/api/v2/sandboxes/boxes/mounts1')).status).toBe(204);
+    }, 60_000);
+
+    it("a template's max_resources caps what a create may ask: past it a 422 at the field, nothing made", async () => {
+      const over = await A('POST', '/api/v2/sandboxes/boxes', { template_name: 'capped', name: 'cap1', wait_for_ready: true, resources: { memory_mb: 4096, pids: 128, disk_mb: 102400 } });
+      expect(over.status).toBe(422);
+      expect(over.body.detail.map((d: { loc: unknown[] }) => d.loc)).toEqual([
+        ['body', 'resources', 'memory_mb'],
+        ['body', 'resources', 'disk_mb'],
+      ]);
+      expect(over.body.detail[0].msg).toBe("Template 'capped' allows at most 512 for memory_mb");
+      expect((await A('GET', '/api/v2/sandboxes/boxes/cap1')).status).toBe(404);
+      const ok = await A('POST', '/api/v2/sandboxes/boxes', { template_name: 'capped', name: 'cap2', wait_for_ready: true, resources: { memory_mb: 512, disk_mb: 128 } });
+      expect(ok.body.status, ok.text).toBe('ready');
+      // pids: the built-in default (256) is above the template's cap, so the cap.
+      expect(ok.body.resources).toEqual({ memory_mb: 512, cpus: 1, pids: 128, disk_mb: 128 });
+      expect((await A('DELETE', '/api/v2/sandboxes/boxes/cap2')).status).toBe(204);
+    }, 60_000);
 
     it('a box without disk_mb gets the default, as its record says', async () => {
       const r = await A('POST', '/api/v2/sandboxes/boxes', { template_name: 'box', name: 'disk2', wait_for_ready: true });

@@ -322,12 +322,12 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
       expect(await fileError(box.writeFile(`/workspace/../..${hostDir}/new.txt`, Readable.from([Buffer.from('x')]), 1024))).toBe('not_found');
       expect(readdirSync(hostDir)).toEqual(['host-only.txt']);
       // What the driver lends the box (host files, bind-mounted) cannot be written through the API.
-      const caOnHost = readFileSync(path.join(baseDir, 'main', 'ca', 'ca.pem'), 'utf8');
+      const caOnHost = readFileSync(path.join(baseDir, 'main', 'run', 'ca', 'ca.pem'), 'utf8');
       expect(await fileError(box.writeFile('/etc/keygate/ca.pem', Readable.from([Buffer.from('x')]), 1024))).toBe('bad_path');
       expect(await fileError(box.writeFile('/.keygate/relay/planted', Readable.from([Buffer.from('x')]), 1024))).toBe('bad_path');
       expect(await fileError(box.writeFile('/.keygate/node', Readable.from([Buffer.from('x')]), 1024))).toBe('bad_path');
-      expect(readFileSync(path.join(baseDir, 'main', 'ca', 'ca.pem'), 'utf8')).toBe(caOnHost);
-      expect(existsSync(path.join(baseDir, 'main', 'relay', 'planted'))).toBe(false);
+      expect(readFileSync(path.join(baseDir, 'main', 'run', 'ca', 'ca.pem'), 'utf8')).toBe(caOnHost);
+      expect(existsSync(path.join(baseDir, 'main', 'run', 'relay', 'planted'))).toBe(false);
       // The read-only root stays read-only through the API too.
       expect(await fileError(box.writeFile('/workspace/../etc/planted', Readable.from([Buffer.from('x')]), 1024))).toBe('bad_path');
       expect((await run(box, 'ls /etc/planted')).exitCode).not.toBe(0);
