@@ -595,6 +595,11 @@ class LocalBox implements Box {
     // Opened from the right process: it still is the box's pid 1.
     if (startTime(pid) !== this.pid1Start) throw new BoxStartError('the box exited while starting');
     this.assertIsolated();
+    // bwrap's stderr is needed only to say why a start failed. Its write end is held by the box's
+    // pid 1, which box code can ptrace (same uid, no Yama): left open, box code could feed this
+    // server an endless stream through it. Closed, such writes fail in the box.
+    this.child.stderr!.removeAllListeners('data');
+    this.child.stderr!.destroy();
     // pid 1 gone (stopped, or killed from outside): the box is over; its descriptors stay until stop.
     this.child.once('exit', () => void this.stop());
   }
