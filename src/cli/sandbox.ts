@@ -11,7 +11,7 @@ import { parseCliArgs } from './args.js';
 import { CliError } from './errors.js';
 
 const HELP = `usage: keygate sandbox create NAME [--template T] [--proxy-config FILE] [--idle-ttl SECONDS]
-                              [--memory-mb N] [--cpus N] [--pids N] [--no-wait] [--json]
+                              [--memory-mb N] [--cpus N] [--pids N] [--disk-mb N] [--no-wait] [--json]
        keygate sandbox ls [--json]
        keygate sandbox exec NAME [--timeout SECONDS] [--env K=V]... [--cwd DIR] [-i] [--json] -- COMMAND...
        keygate sandbox cp SRC DST          (one of them NAME:/path inside the box)
@@ -112,6 +112,7 @@ async function create(c: SandboxClient, argv: string[]): Promise<number> {
         'proxy-config': { type: 'string' },
         'idle-ttl': { type: 'string' },
         'memory-mb': { type: 'string' },
+        'disk-mb': { type: 'string' },
         cpus: { type: 'string' },
         pids: { type: 'string' },
         'no-wait': { type: 'boolean' },
@@ -148,6 +149,7 @@ async function create(c: SandboxClient, argv: string[]): Promise<number> {
         ['memory_mb', parseIntOpt('memory-mb', values['memory-mb'])],
         ['cpus', parseIntOpt('cpus', values.cpus)],
         ['pids', parseIntOpt('pids', values.pids)],
+        ['disk_mb', parseIntOpt('disk-mb', values['disk-mb'])],
       ] as const
     ).filter(([, v]) => v !== undefined),
   );

@@ -12,7 +12,7 @@ import { DEFAULT_MAX_FILE_BYTES, registerSandboxRoutes, registerSecretRoutes } f
 import { InProcessProxyRunner } from './runner-inprocess.js';
 import type { ProxyRunner } from './runner.js';
 import { openWorkspaceSecrets } from './secrets.js';
-import { SandboxService } from './service.js';
+import { DEFAULT_MAX_PER_WORKSPACE, SandboxService } from './service.js';
 import { SandboxStore } from './storage.js';
 import { loadTemplates } from './templates.js';
 import { loggableMessage } from '../server/errors.js';
@@ -35,6 +35,14 @@ function maxFileBytes(value: string | undefined): number {
   if (!value?.trim()) return DEFAULT_MAX_FILE_BYTES;
   const n = Number(value);
   if (!Number.isSafeInteger(n) || n < 1) throw new Error(`KEYGATE_SANDBOX_MAX_FILE_BYTES must be a positive integer, got '${value}'`);
+  return n;
+}
+
+/** `KEYGATE_SANDBOX_MAX_PER_WORKSPACE`: most sandboxes one workspace may hold. */
+function maxPerWorkspace(value: string | undefined): number {
+  if (!value?.trim()) return DEFAULT_MAX_PER_WORKSPACE;
+  const n = Number(value);
+  if (!Number.isSafeInteger(n) || n < 1) throw new Error(`KEYGATE_SANDBOX_MAX_PER_WORKSPACE must be a positive integer, got '${value}'`);
   return n;
 }
 
@@ -111,6 +119,7 @@ export function createSandboxArea(opts: SandboxAreaOptions = {}): Area {
         proxyHost,
         driver,
         logger: ctx.logger,
+        maxPerWorkspace: maxPerWorkspace(ctx.env.KEYGATE_SANDBOX_MAX_PER_WORKSPACE),
       });
       opts.onService?.(service);
 

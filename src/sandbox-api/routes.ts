@@ -67,10 +67,10 @@ export function registerSandboxRoutes(app: FastifyInstance, service: SandboxServ
       schema: {
         summary: 'Create a sandbox and start its auth proxy',
         description:
-          "Validates the body (422 with the exact loc), checks that the template exists (422 on template_name) and that every {KEY} of every workspace_secret header names an existing workspace secret (422 at that header's value, every missing key reported), seals opaque values, then starts the sandbox's own proxy with the resolved configuration. A name already used in the workspace: 409.",
+          "Validates the body (422 with the exact loc), checks that the template exists (422 on template_name) and that every {KEY} of every workspace_secret header names an existing workspace secret (422 at that header's value, every missing key reported), seals opaque values, then starts the sandbox's own proxy with the resolved configuration. A name already used in the workspace: 409. A workspace holding its limit of sandboxes (KEYGATE_SANDBOX_MAX_PER_WORKSPACE, default 50): 403.",
         tags: SANDBOX_TAGS,
         body: createBody,
-        response: { 201: sandboxOut, ...authErrors, 409: errorResponse },
+        response: { 201: sandboxOut, ...authErrors, 403: errorResponse, 409: errorResponse },
       },
     },
     async (req, reply) => {

@@ -191,7 +191,7 @@ export const sandboxOut = {
     },
     status_reason: { type: ['string', 'null'], description: 'Why the sandbox is failed or stopped; null otherwise. Names rules, headers and keys, never values.' },
     idle_ttl_seconds: idleTtlSchema,
-    resources: { ...resourcesSchema, required: ['memory_mb', 'cpus', 'pids'], description: 'As applied to the box.' },
+    resources: { ...resourcesSchema, required: ['memory_mb', 'cpus', 'pids', 'disk_mb'], description: 'As applied to the box.' },
     last_active_at: { type: ['string', 'null'], format: 'date-time', description: 'Start of the last execution or box start.' },
     created_at: { type: 'string', format: 'date-time' },
     updated_at: { type: 'string', format: 'date-time' },

@@ -7,18 +7,18 @@ import { referencedSecretKeys, templateValueProblem } from '../config/resolve.js
 import { TEMPLATE_REF_RE } from '../secrets/keys.js';
 import type { ProxyConfig } from '../config/schema.js';
 import { BOX_BUNDLE_PATH, BOX_CA_PATH, BOX_PROXY_URL, BOX_TRUSTSTORE_PATH, caBundle, findKeytool, sandboxEnv, writeCaBundle, writeJavaTrustStore } from '../certs/env.js';
-import { type Box, type BoxResources, type DriverName, type ExecProcess, type ExecResult, type SandboxDriver } from '../sandbox/driver.js';
+import { BoxNotRunningError, type Box, type BoxResources, type DriverName, type ExecProcess, type ExecResult, type SandboxDriver } from '../sandbox/driver.js';
 import type { Logger } from '../log.js';
 import { emptyConfig, type CompiledConfig } from '../rules/compile.js';
 import { Envelope } from '../secrets/envelope.js';
 import { opaqueOpener, redactProxyConfig, sealOpaqueValues } from '../secrets/opaque.js';
 import type { SecretStore } from '../secrets/types.js';
-import { conflict, HttpValidationError, loggableMessage, notFound } from '../server/errors.js';
+import { conflict, forbidden, HttpValidationError, loggableMessage, notFound } from '../server/errors.js';
 import { nowIso } from '../store/db.js';
 import { ValidationFailure, type ValidationIssue } from '../validation/errors.js';
 import { freePort, PortInUseError, type ProxyInstance, type ProxyRunner } from './runner.js';
 import { DuplicateNameError, type SandboxRecord, type SandboxStatus, type SandboxStore } from './storage.js';
-import { applyResources, driversFor, type Template } from './templates.js';
+import { applyResources, driversFor, resourceCapIssues, type Template } from './templates.js';
 
 export const SANDBOX_NAME_PATTERN = '^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$';
 export const CA_FILE = 'ca.pem';
@@ -40,7 +40,16 @@ export interface SandboxServiceDeps {
   /** Runs the boxes of this server (`none`: records and proxies only, boxes run elsewhere). */
   driver: SandboxDriver;
   logger: Logger;
+  /** Most sandboxes a workspace may hold (KEYGATE_SANDBOX_MAX_PER_WORKSPACE); default DEFAULT_MAX_PER_WORKSPACE. */
+  maxPerWorkspace?: number;
 }
+
+/**
+ * Sandboxes one workspace may hold at once. Each is a proxy (a listening port, its connections), a
+ * box (processes, a relay, a /workspace of disk_mb on the host's disk): without a bound one API key
+ * could create boxes until the server runs out of descriptors or disk, for every workspace.
+ */
+export const DEFAULT_MAX_PER_WORKSPACE = 50;
 
 export interface CreateInput {
   template_name: string;
@@ -274,10 +283,16 @@ export class SandboxService {
           type: 'value_error',
         });
       }
+      if (template) issues.push(...resourceCapIssues(template, input.resources));
       const prepared = input.proxy_config ? await this.prepareConfig(workspaceId, input.proxy_config, issues) : undefined;
       if (issues.length || !template) throw new HttpValidationError(issues);
       const existing = await this.deps.store.getByName(workspaceId, input.name);
       if (existing) throw conflict(`A sandbox named '${input.name}' already exists in this workspace.`);
+      // Counted under the workspace's queue: concurrent creates cannot both take the last place.
+      const max = this.deps.maxPerWorkspace ?? DEFAULT_MAX_PER_WORKSPACE;
+      if ((await this.deps.store.list(workspaceId)).length >= max) {
+        throw forbidden(`This workspace has reached its limit of ${max} sandboxes (KEYGATE_SANDBOX_MAX_PER_WORKSPACE); delete one first.`);
+      }
       const id = randomUUID();
       this.writeCaFiles(id);
       try {
@@ -413,6 +428,8 @@ export class SandboxService {
       proc = await live.box.exec({ command: opts.command, env: opts.env, cwd: opts.cwd, timeoutMs: opts.timeoutMs, stdin: opts.stdin });
     } catch (err) {
       this.execEnded(rec.id, live);
+      // A stop (DELETE, idle TTL, the box ending) that went first while the execution was starting: a 409, not a 500.
+      if (err instanceof BoxNotRunningError || this.live.get(rec.id) !== live) throw conflict(`Sandbox '${rec.name}' was stopped before the execution could start; start it again.`);
       throw err;
     }
     const done = proc.done.finally(() => this.execEnded(rec.id, live));
@@ -468,6 +485,10 @@ export class SandboxService {
   async writeFile(workspaceId: string, name: string, boxPath: string, body: Readable, maxBytes: number) {
     const rec = await this.mustGet(workspaceId, name);
     const live = this.runningBox(rec);
+    // No file larger than the box's /workspace can fit: refused (413) once it passes that, before
+    // the docker driver spools it on the host's disk.
+    const diskMb = rec.resources?.disk_mb;
+    if (diskMb) maxBytes = Math.min(maxBytes, diskMb * 1024 * 1024);
     return this.transfer(rec, live, async () => {
       const mkdir = await live.box.exec({ command: ['mkdir', '-p', '--', path.posix.dirname(boxPath)], timeoutMs: 30_000 });
       mkdir.stdout.resume();
@@ -739,7 +760,8 @@ export class SandboxService {
   private async startBox(rec: SandboxRecord, proxy: ProxyInstance): Promise<void> {
     const template = this.deps.templates.get(rec.templateName);
     if (!template) throw new Error(`its template '${rec.templateName}' is no longer configured (templates.json)`);
-    const resources = rec.resources ?? applyResources(template, undefined);
+    // A record from before a resource existed (disk_mb) gets the template's default for it.
+    const resources = { ...applyResources(template, undefined), ...rec.resources };
     const javaTrustStore = await this.javaTrustStore();
     const box = await this.deps.driver.start({
       id: rec.id,
@@ -769,7 +791,7 @@ export class SandboxService {
       this.live.delete(id);
       await this.stopProxy(id);
       if (this.closing || !(await this.deps.store.getById(id))) return;
-      await this.deps.store.setStatus(id, 'stopped', 'The box ended by itself (its processes are gone); start it again.');
+      await this.deps.store.setStatus(id, 'stopped', box.endReason ?? 'The box ended by itself (its processes are gone); start it again.');
       this.deps.logger.warn({ sandbox_id: id }, 'sandbox stopped: the box ended by itself');
     }).catch((err: Error) => this.deps.logger.error({ sandbox_id: id, err: { message: err.message } }, 'recording an ended box failed'));
   }
@@ -907,7 +929,7 @@ export class SandboxService {
       status: rec.status,
       status_reason: rec.statusReason,
       idle_ttl_seconds: rec.idleTtlSeconds,
-      resources: rec.resources ?? (template ? applyResources(template, undefined) : applyResources({ name: '', description: '', environment: {} }, undefined)),
+      resources: { ...applyResources(template ?? { name: '', description: '', environment: {} }, undefined), ...rec.resources },
       last_active_at: rec.lastActiveAt,
       created_at: rec.createdAt,
       updated_at: rec.updatedAt,

@@ -22,8 +22,12 @@ export interface BwrapPlan {
   entries: RootEntry[];
   /** Entries of `<rootDir>/etc` to bind or recreate (a rootfs template; for `host`, the shared few). */
   etcEntries: RootEntry[];
-  /** Box path -> host file, bound read-only (minimal /etc, /etc/keygate/*.pem). */
-  files: Record<string, string>;
+  /**
+   * Box path -> a descriptor bwrap is given, whose content it copies into the box's root (minimal
+   * /etc, /etc/keygate/*.pem). Copied, not bound: a bind shows its host path (under the data
+   * directory) in the box's /proc/self/mountinfo. The root is read-only once built.
+   */
+  files: Record<string, number>;
   /** Host directory seen read-write at /workspace. */
   workspace: string;
   /** bwrap writes `{"child-pid": N, ...}` to this fd once the box's namespaces exist. */
@@ -98,7 +102,7 @@ export function bwrapArgs(plan: BwrapPlan): string[] {
     if (e.kind === 'symlink') a.push('--symlink', e.target, `/etc/${e.name}`);
     else a.push('--ro-bind', `${plan.rootDir}/etc/${e.name}`, `/etc/${e.name}`);
   }
-  for (const [boxPath, hostFile] of Object.entries(plan.files)) a.push('--ro-bind', hostFile, boxPath);
+  for (const [boxPath, fd] of Object.entries(plan.files)) a.push('--perms', '0644', '--file', String(fd), boxPath);
   if (plan.lent) {
     a.push('--tmpfs', plan.lent.dir);
     for (const [boxPath, hostFile] of Object.entries(plan.lent.files)) a.push('--ro-bind', hostFile, boxPath);

@@ -173,6 +173,8 @@ export async function writeBoxFile(ctx: FilesContext, boxPath: string, body: Rea
     const said = (await res.body.text()).slice(0, 1000);
     if (res.statusCode === 200) return { size: counter.n };
     if (res.statusCode === 404) throw new BoxFileError('not_found', 'the directory does not exist in the box');
+    // The box's /workspace is sized (disk_mb): a file that does not fit is the caller's to make smaller.
+    if (/no space left on device|disk quota exceeded/i.test(said)) throw new BoxFileError('too_large', 'write: no space left in the box for the file (disk_mb)');
     // Engines answer 403 or 500 ("rootfs is marked read-only") for a path outside the volume.
     if (res.statusCode === 403 || res.statusCode === 400 || /read-only/i.test(said)) {
       throw new BoxFileError('bad_path', 'the path is not writable in the box (only /workspace is)');

@@ -2,6 +2,7 @@ import { execFileSync } from 'node:child_process';
 import { chmodSync, existsSync, mkdirSync, realpathSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
+import { Refusals, type RelayBudget } from './relay-budget.js';
 
 /**
  * The docker driver's way out of a `--network none` box (sandbox.md, property 1), and the few host
@@ -118,7 +119,7 @@ export class HostRelay {
   ) {}
 
   /** Listens at `<dir>/proxy.sock` (the directory is created, a stale socket replaced). */
-  static async listen(dir: string, proxy: { host: string; port: number }): Promise<HostRelay> {
+  static async listen(dir: string, proxy: { host: string; port: number }, budget: RelayBudget): Promise<HostRelay> {
     const socketPath = path.join(dir, RELAY_SOCKET_NAME);
     if (Buffer.byteLength(socketPath) > MAX_SOCKET_PATH) {
       throw new Error(`the relay socket path is longer than ${MAX_SOCKET_PATH} bytes; use a shorter data directory`);
@@ -127,16 +128,27 @@ export class HostRelay {
     // The box's relay runs as its own uid: it must be able to reach the socket through the mount.
     chmodSync(dir, 0o711);
     rmSync(socketPath, { force: true });
+    const refusals = new Refusals();
+    let carried = 0;
     const relay = new HostRelay(
       net.createServer({ noDelay: true }, (inside) => {
+        // Bounded per box and for the server (relay-budget.ts): past either, a 503 that says which.
+        const release = budget.take(carried);
+        if (typeof release === 'string') return refusals.refuse(inside, release);
+        carried++;
         const out = net.connect({ host: proxy.host, port: proxy.port, noDelay: true });
         relay.sockets.add(inside);
         relay.sockets.add(out);
+        let dropped = false;
         const done = () => {
           inside.destroy();
           out.destroy();
           relay.sockets.delete(inside);
           relay.sockets.delete(out);
+          if (dropped) return;
+          dropped = true;
+          carried--;
+          release();
         };
         inside.on('error', done);
         out.on('error', done);
@@ -160,8 +172,8 @@ export class HostRelay {
 
   /** Stops listening and cuts every relayed connection. */
   async close(): Promise<void> {
+    // Each one's 'close' gives its place in the budget back.
     for (const s of this.sockets) s.destroy();
-    this.sockets.clear();
     await new Promise<void>((r) => this.server.close(() => r()));
     rmSync(path.join(this.dir, RELAY_SOCKET_NAME), { force: true });
   }

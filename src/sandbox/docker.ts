@@ -1,13 +1,15 @@
 import { createHash } from 'node:crypto';
-import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { BOX_TRUSTSTORE_PATH } from '../certs/env.js';
 import { demultiplex, dockerSocketPath, DockerEngine, engineMessage } from '../docker/engine.js';
 import type { Logger } from '../log.js';
-import { BoxFileError, BoxStartError, type Box, type BoxSpec, type DriverProbe, type ExecOptions, type ExecProcess, type SandboxDriver } from './driver.js';
+import { BoxFileError, BoxNotRunningError, BoxStartError, type Box, type BoxSpec, type DriverProbe, type ExecOptions, type ExecProcess, type SandboxDriver } from './driver.js';
 import { startExec, type ExecContext } from './docker-exec.js';
 import { readBoxFile, writeBoxFile, type FilesContext } from './docker-files.js';
+import { defaultRelayLimits, RelayBudget, type RelayLimits } from './relay-budget.js';
+import { DiskWatch, mountRunDir, mountWorkspace, unmountRunDir, unmountWorkspace, WORKSPACE_DIR, WORKSPACE_IMAGE, workspaceBoundUnavailable } from './disk.js';
 import { BOX_RELAY_DIR, HostRelay, hostRuntime, RELAY_READY, relayCommand, type HostRuntime } from './docker-relay.js';
 
 /**
@@ -34,6 +36,13 @@ export interface DockerBoxDriverOptions {
    * scope (tests and several servers can share one engine). Default `keygate-box`.
    */
   scope?: string;
+  /**
+   * `false`: never a sized /workspace file system, even where one can be mounted: an engine volume
+   * and the disk watch instead (disk.ts), as on a server that is not root. For testing that fallback.
+   */
+  workspaceFs?: false;
+  /** Bounds of the relays' connections (relay-budget.ts); default from this process's descriptor limit. */
+  relayLimits?: RelayLimits;
 }
 
 const LABEL_ID = 'keygate.sandbox';
@@ -93,6 +102,26 @@ async function streamText(stream: Readable): Promise<string> {
   return Buffer.concat(parts).toString('utf8');
 }
 
+/**
+ * Removes a container (force, with its anonymous volumes). One already being removed (another
+ * stop, the engine's own clean-up, anyone else's `docker rm`: the engine answers 409 "removal ...
+ * already in progress") counts once it is gone: waited for, never a failed stop (it failed a
+ * DELETE of the sandbox, a 500, when a stop raced it).
+ */
+async function removeContainer(engine: DockerEngine, containerId: string): Promise<void> {
+  const res = await engine.json('DELETE', `/containers/${containerId}?force=1&v=1`);
+  if (res.status === 204 || res.status === 404) return;
+  if (res.status === 409 && /already in progress/i.test(engineMessage(res.body, res.status))) {
+    const until = Date.now() + 20_000;
+    while (Date.now() < until) {
+      const info = await engine.json('GET', `/containers/${containerId}/json`);
+      if (info.status === 404) return;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+  throw new Error(`cannot remove a box container: ${engineMessage(res.body, res.status)}`);
+}
+
 export class DockerBoxDriver implements SandboxDriver {
   readonly name = 'docker' as const;
   private readonly engine: DockerEngine | null;
@@ -101,6 +130,9 @@ export class DockerBoxDriver implements SandboxDriver {
   private readonly scope: string;
   private readonly boxes = new Map<string, DockerBox>();
   private readonly starting = new Map<string, Promise<Box>>();
+  private readonly workspaceFs: boolean;
+  /** Every box's relay draws on it. */
+  private readonly relayBudget: RelayBudget;
 
   constructor(opts: DockerBoxDriverOptions = {}) {
     const socketPath = opts.socketPath ?? dockerSocketPath(process.env);
@@ -111,6 +143,8 @@ export class DockerBoxDriver implements SandboxDriver {
     this.engine = socketPath ? new DockerEngine(socketPath, { pool: true }) : null;
     this.logger = opts.logger;
     this.scope = opts.scope ?? 'keygate-box';
+    this.workspaceFs = opts.workspaceFs !== false && workspaceBoundUnavailable() === null;
+    this.relayBudget = new RelayBudget(opts.relayLimits ?? defaultRelayLimits());
   }
 
   async probe(): Promise<DriverProbe> {
@@ -145,8 +179,7 @@ export class DockerBoxDriver implements SandboxDriver {
   }
 
   private async removeContainer(containerId: string): Promise<void> {
-    const res = await this.requireEngine().json('DELETE', `/containers/${containerId}?force=1&v=1`);
-    if (res.status !== 204 && res.status !== 404) throw new Error(`cannot remove a box container: ${engineMessage(res.body, res.status)}`);
+    await removeContainer(this.requireEngine(), containerId);
   }
 
   private async removeVolume(name: string): Promise<void> {
@@ -194,29 +227,66 @@ export class DockerBoxDriver implements SandboxDriver {
     const name = nameFor(this.scope, spec.id);
     const volume = `${name}-workspace`;
     const labels = { [LABEL_ID]: spec.id, [LABEL_SCOPE]: this.scope };
-    const vol = await engine.json('POST', '/volumes/create', { Name: volume, Labels: labels });
-    if (vol.status !== 201) throw new BoxStartError(`cannot create the /workspace volume: ${engineMessage(vol.body, vol.status)}`);
-
+    const execIds = parseIds(execUser, '');
     mkdirSync(spec.stateDir, { recursive: true, mode: 0o700 });
-    const caDir = path.join(spec.stateDir, 'ca');
+    // /workspace: a file system of its own sized disk_mb (disk.ts), mounted on the host and given
+    // to the engine as a volume bound to it (so that, like any empty volume, it first gets what the
+    // image has at /workspace, owner included), where this server can mount one; otherwise a plain
+    // engine volume, with the disk watch.
+    let sized: { dir: string; volume: string } | null = null;
+    let legacyVolume: string | null = null;
+    let workspaceVolume = volume;
+    if (this.workspaceFs) {
+      // A box made by an earlier version has its files in a plain engine volume: copied in once.
+      const old = await engine.json<{ Mountpoint?: string }>('GET', `/volumes/${encodeURIComponent(volume)}`);
+      const from = old.status === 200 && old.body?.Mountpoint ? old.body.Mountpoint : undefined;
+      let dir: string;
+      try {
+        dir = await mountWorkspace(spec.stateDir, spec.resources.disk_mb, { uid: 0, gid: 0 }, from);
+      } catch (e) {
+        throw new BoxStartError(`could not make the box's /workspace (disk_mb ${spec.resources.disk_mb}): ${(e as Error).message}`);
+      }
+      workspaceVolume = `${name}-disk`;
+      const vol = await engine.json('POST', '/volumes/create', { Name: workspaceVolume, Labels: labels, Driver: 'local', DriverOpts: { type: 'none', o: 'bind', device: dir } });
+      if (vol.status !== 201) {
+        await unmountWorkspace(spec.stateDir);
+        throw new BoxStartError(`cannot create the /workspace volume: ${engineMessage(vol.body, vol.status)}`);
+      }
+      sized = { dir, volume: workspaceVolume };
+      if (from) legacyVolume = volume;
+    } else {
+      const vol = await engine.json('POST', '/volumes/create', { Name: volume, Labels: labels });
+      if (vol.status !== 201) throw new BoxStartError(`cannot create the /workspace volume: ${engineMessage(vol.body, vol.status)}`);
+    }
+    const workspace = { Type: 'volume', Source: workspaceVolume, Target: BOX_WORKSPACE };
+    mkdirSync(spec.stateDir, { recursive: true, mode: 0o700 });
+    let runDir: string;
+    try {
+      runDir = await mountRunDir(spec.stateDir);
+    } catch (e) {
+      if (sized) await unmountWorkspace(spec.stateDir);
+      throw new BoxStartError((e as Error).message);
+    }
+    const caDir = path.join(runDir, 'ca');
     mkdirSync(caDir, { recursive: true, mode: 0o755 });
     writeFileSync(path.join(caDir, 'ca.pem'), spec.caPem, { mode: 0o644 });
     writeFileSync(path.join(caDir, 'ca-bundle.pem'), spec.caBundlePem, { mode: 0o644 });
     if (spec.javaTrustStore) writeFileSync(path.join(caDir, path.posix.basename(BOX_TRUSTSTORE_PATH)), spec.javaTrustStore, { mode: 0o644 });
     // The engine would copy the host's resolv.conf in (naming the host's resolver); the box has no
     // DNS at all: the proxy resolves names.
-    const resolvConf = path.join(spec.stateDir, 'resolv.conf');
+    const resolvConf = path.join(runDir, 'resolv.conf');
     writeFileSync(resolvConf, '# no DNS in a keygate box: names are resolved by the proxy at 127.0.0.1:3128\n', { mode: 0o644 });
 
     let relay: HostRelay;
     try {
-      relay = await HostRelay.listen(path.join(spec.stateDir, 'relay'), spec.proxy);
+      relay = await HostRelay.listen(path.join(runDir, 'relay'), spec.proxy, this.relayBudget);
     } catch (err) {
+      if (sized) await unmountWorkspace(spec.stateDir);
+      await unmountRunDir(spec.stateDir);
       throw new BoxStartError(`cannot set up the relay to the proxy: ${(err as Error).message}`);
     }
     let containerId: string | null = null;
     try {
-      const execIds = parseIds(execUser, '');
       const relayUid = execIds?.uid === 3128 ? 3129 : 3128;
       const memory = Math.round(spec.resources.memory_mb * 1024 * 1024);
       const created = await engine.json<{ Id?: string; message?: string }>('POST', `/containers/create?name=${encodeURIComponent(name)}`, {
@@ -243,7 +313,7 @@ export class DockerBoxDriver implements SandboxDriver {
           PidsLimit: spec.resources.pids,
           RestartPolicy: { Name: 'no' },
           Tmpfs: { '/tmp': `rw,nosuid,nodev,size=${Math.max(16, Math.floor(spec.resources.memory_mb / 2))}m,mode=1777` },
-          Mounts: [{ Type: 'volume', Source: volume, Target: BOX_WORKSPACE }],
+          Mounts: [workspace],
           Binds: [...runtime.binds, `${relay.dir}:${BOX_RELAY_DIR}:ro`, `${caDir}:/etc/keygate:ro`, `${resolvConf}:/etc/resolv.conf:ro`],
         },
       });
@@ -252,6 +322,7 @@ export class DockerBoxDriver implements SandboxDriver {
       await this.verifyIsolation(containerId);
       const started = await engine.json('POST', `/containers/${containerId}/start`);
       if (started.status !== 204) throw new BoxStartError(`cannot start the box container: ${engineMessage(started.body, started.status)}`);
+      if (sized) await this.verifyWorkspace(containerId, sized.dir);
       await this.waitForRelay(containerId);
 
       const files: FilesContext = { engine, containerId, spoolDir: spec.stateDir, uid: 0, gid: 0 };
@@ -263,7 +334,8 @@ export class DockerBoxDriver implements SandboxDriver {
       }
       files.uid = ids.uid;
       files.gid = ids.gid;
-      const box = new DockerBox(spec.id, containerId, relay, files, {
+      if (legacyVolume) await this.removeVolume(legacyVolume).catch(() => undefined);
+      const execs: ExecContext = {
         engine,
         containerId,
         user: execUser,
@@ -283,15 +355,20 @@ export class DockerBoxDriver implements SandboxDriver {
           await box.stop();
         },
         log: (msg, err) => this.logger?.warn({ sandbox: spec.id, err: err instanceof Error ? err.message : undefined }, msg),
-      }, () => {
+      };
+      const box = new DockerBox(spec.id, containerId, relay, files, execs, () => {
         if (this.boxes.get(spec.id) === box) this.boxes.delete(spec.id);
       });
+      // An engine volume has no size: its use is measured and the box stopped past disk_mb.
+      if (!sized) box.watchDisk(new DiskWatch(() => this.volumeUse(volume), spec.resources.disk_mb, (why) => box.endBecause(`Stopped: ${why}.`)));
       this.boxes.set(spec.id, box);
       this.logger?.info({ sandbox: spec.id, container: containerId.slice(0, 12) }, 'docker box ready');
       return box;
     } catch (err) {
       if (containerId) await this.removeContainer(containerId).catch(() => undefined);
       await relay.close().catch(() => undefined);
+      if (sized) await unmountWorkspace(spec.stateDir);
+      await unmountRunDir(spec.stateDir);
       if (err instanceof BoxStartError) throw err;
       throw new BoxStartError(`the box could not start: ${(err as Error).message}`);
     }
@@ -312,6 +389,53 @@ export class DockerBoxDriver implements SandboxDriver {
       (h.CapDrop ?? []).some((c) => c.toUpperCase() === 'ALL' || c.toUpperCase() === 'CAP_ALL') &&
       (h.SecurityOpt ?? []).some((o) => o.startsWith('no-new-privileges'));
     if (!ok) throw new BoxStartError('the engine did not apply the box isolation (network none, read-only root, no capabilities, no-new-privileges)');
+  }
+
+  /**
+   * Fails closed unless the container's /workspace is the sized file system mounted at `dir`: an
+   * engine in another mount namespace than this server's would bind the empty directory under it,
+   * on the data directory's own disk, unbounded. Compared by device number, from the host's view of
+   * the container's main process.
+   */
+  private async verifyWorkspace(containerId: string, dir: string): Promise<void> {
+    const info = await this.requireEngine().json<{ State?: { Pid?: number } }>('GET', `/containers/${containerId}/json`);
+    const pid = info.body?.State?.Pid;
+    let mountinfo = '';
+    try {
+      if (pid) mountinfo = readFileSync(`/proc/${pid}/mountinfo`, 'utf8');
+    } catch {
+      /* not in this server's PID namespace */
+    }
+    const line = mountinfo.split('\n').find((l) => l.split(' ')[4] === BOX_WORKSPACE);
+    const dev = statSync(dir, { bigint: true }).dev;
+    const major = ((dev >> 8n) & 0xfffn) | ((dev >> 32n) & ~0xfffn);
+    const minor = (dev & 0xffn) | ((dev >> 12n) & ~0xffn);
+    if (!line || line.split(' ')[2] !== `${major}:${minor}`) {
+      throw new BoxStartError("the engine did not mount the box's sized /workspace (it runs in another mount namespace than keygate serve?); the box would write to the host's disk unbounded");
+    }
+  }
+
+  private volumeSizes: { at: number; settled: boolean; sizes: Promise<Map<string, number>> } | null = null;
+
+  /**
+   * Bytes in a box's /workspace volume, as the engine counts them (`/system/df`, walked by the
+   * engine as root on the host: nothing the box does can hide a file from it or make it lie). One
+   * answer serves every box's watch for a moment: the engine walks every volume each time.
+   */
+  private async volumeUse(volume: string): Promise<number | null> {
+    if (!this.volumeSizes || (this.volumeSizes.settled && Date.now() - this.volumeSizes.at > 1000)) {
+      const sizes = this.requireEngine()
+        .json<{ Volumes?: { Name: string; UsageData?: { Size?: number } }[] }>('GET', '/system/df')
+        .then((r) => new Map((r.body?.Volumes ?? []).map((v) => [v.Name, v.UsageData?.Size ?? -1] as [string, number])));
+      const entry = { at: Date.now(), settled: false, sizes };
+      this.volumeSizes = entry;
+      sizes.then(
+        () => Object.assign(entry, { settled: true, at: Date.now() }),
+        () => (this.volumeSizes = null),
+      );
+    }
+    const size = (await this.volumeSizes.sizes).get(volume);
+    return size === undefined || size < 0 ? null : size;
   }
 
   /** The relay prints one line once it listens; a relay that cannot start ends the container. */
@@ -348,6 +472,9 @@ export class DockerBoxDriver implements SandboxDriver {
     if (box) await box.stop();
     for (const c of await this.containersOf(id)) await this.removeContainer(c.Id);
     await this.removeVolume(`${nameFor(this.scope, id)}-workspace`);
+    await this.removeVolume(`${nameFor(this.scope, id)}-disk`);
+    await unmountWorkspace(stateDir);
+    await unmountRunDir(stateDir);
     rmSync(stateDir, { recursive: true, force: true });
   }
 
@@ -360,10 +487,18 @@ export class DockerBoxDriver implements SandboxDriver {
       await this.removeContainer(c.Id);
       this.logger?.info({ sandbox: id, known: id !== undefined && knownIds.has(id) }, 'removed a box container left by a previous run');
     }
-    const vols = await engine.json<{ Volumes?: { Name: string; Labels?: Record<string, string> }[] }>('GET', `/volumes?filters=${this.labelFilter()}`);
+    const vols = await engine.json<{ Volumes?: { Name: string; Labels?: Record<string, string>; Options?: Record<string, string> | null }[] }>('GET', `/volumes?filters=${this.labelFilter()}`);
     for (const v of vols.body?.Volumes ?? []) {
       const id = v.Labels?.[LABEL_ID];
-      if (id === undefined || knownIds.has(id)) continue;
+      if (id === undefined || this.boxes.has(id)) continue;
+      // A sized /workspace a killed server left mounted (its volume names the mount point): unmounted,
+      // known or not (a start mounts it again). Only a mount point next to its own image is touched.
+      const device = v.Options?.device;
+      if (device && path.isAbsolute(device) && path.basename(device) === WORKSPACE_DIR && existsSync(path.join(path.dirname(device), WORKSPACE_IMAGE))) {
+        await unmountWorkspace(path.dirname(device));
+        await unmountRunDir(path.dirname(device));
+      }
+      if (knownIds.has(id)) continue;
       await this.removeVolume(v.Name);
     }
   }
@@ -376,6 +511,8 @@ export class DockerBoxDriver implements SandboxDriver {
 
 class DockerBox implements Box {
   private stopped = false;
+  endReason: string | null = null;
+  private diskWatch: DiskWatch | null = null;
   private stopping: Promise<void> | null = null;
   private markEnded!: () => void;
   readonly ended = new Promise<void>((resolve) => (this.markEnded = resolve));
@@ -401,6 +538,16 @@ class DockerBox implements Box {
     if (this.stopped) throw new BoxFileError('not_running', 'the box is not running');
   }
 
+  watchDisk(watch: DiskWatch): void {
+    this.diskWatch = watch;
+  }
+
+  /** Stops the box for a limit it broke; the service records `reason`. */
+  endBecause(reason: string): void {
+    this.endReason ??= reason;
+    void this.stop().catch(() => undefined);
+  }
+
   async isRunning(): Promise<boolean> {
     if (this.stopped) return false;
     const info = await this.files.engine.json<{ State?: { Running?: boolean } }>('GET', `/containers/${this.containerId}/json`).catch(() => null);
@@ -408,8 +555,14 @@ class DockerBox implements Box {
   }
 
   async exec(opts: ExecOptions): Promise<ExecProcess> {
-    if (this.stopped) throw new Error('the box is not running');
-    return startExec(this.execs, opts);
+    if (this.stopped) throw new BoxNotRunningError();
+    try {
+      return await startExec(this.execs, opts);
+    } catch (e) {
+      // The engine refusing an execution in a container being removed (a stop racing it) is the box not running.
+      if (this.stopped || !(await this.isRunning())) throw new BoxNotRunningError('the box was stopped while the execution was starting');
+      throw e;
+    }
   }
 
   async readFile(boxPath: string, maxBytes: number): Promise<{ size: number; stream: Readable }> {
@@ -435,10 +588,17 @@ class DockerBox implements Box {
 
   private async doStop(): Promise<void> {
     this.stopped = true;
+    this.diskWatch?.stop();
     try {
-      const res = await this.files.engine.json('DELETE', `/containers/${this.containerId}?force=1&v=1`);
+      const err = await removeContainer(this.files.engine, this.containerId).then(
+        () => null,
+        (e: Error) => e,
+      );
       await this.relay.close().catch(() => undefined);
-      if (res.status !== 204 && res.status !== 404) throw new Error(`cannot remove the box container: ${engineMessage(res.body, res.status)}`);
+      // Its sized /workspace is mounted while it runs only (a start mounts it again).
+      await unmountWorkspace(this.files.spoolDir);
+      await unmountRunDir(this.files.spoolDir);
+      if (err) throw err;
     } finally {
       this.forget();
       this.markEnded();

@@ -17,6 +17,8 @@ export interface BoxResources {
   cpus: number;
   /** Most processes and threads the box may hold at once. */
   pids: number;
+  /** Size of the box's /workspace, MiB: writes past it fail in the box (ENOSPC), never fill the host's disk. */
+  disk_mb: number;
 }
 
 /** What a box is built from. Exactly one of `rootfs` (local) or `image` (docker) is meaningful per driver. */
@@ -119,6 +121,19 @@ export interface Box {
    * end it; its container died), so that the service never reports a box gone as ready.
    */
   readonly ended: Promise<void>;
+  /** Why the driver ended the box itself (a limit it enforces by stopping the box), once `ended`; else null. */
+  readonly endReason?: string | null;
+}
+
+/**
+ * Thrown by `exec` when the box is not running, or stopped while the execution was being started
+ * (a stop, a DELETE, the idle TTL, the box ending by itself): the caller's 409, never a server error.
+ */
+export class BoxNotRunningError extends Error {
+  constructor(message = 'the box is not running') {
+    super(message);
+    this.name = 'BoxNotRunningError';
+  }
 }
 
 /** Whether a driver can isolate on this machine, and if not, what is missing and how to get it. */

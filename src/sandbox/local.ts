@@ -16,6 +16,7 @@ import path from 'node:path';
 import { PassThrough, type Readable } from 'node:stream';
 import {
   BoxFileError,
+  BoxNotRunningError,
   BoxStartError,
   type Box,
   type BoxSpec,
@@ -30,9 +31,11 @@ import { readFileOrEmpty } from '../builtins/fs.js';
 import { readProcStat } from '../proc.js';
 import { BOX_MAIN, BOX_NAMESPACES, bwrapArgs, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, tmpfsSizes, type RootEntry } from './bwrap.js';
 import { readBoxFile, writeBoxFile } from './box-files.js';
+import { DiskWatch, hostDiskUse, mountWorkspace, unmountWorkspace, WORKSPACE_DIR, workspaceBoundUnavailable } from './disk.js';
 import { BOX_RUNTIME_DIR, BOX_TINI, findTini } from './docker-relay.js';
 import { cgroupLayout, createCgroup, existingCgroup, cgroupHasProcesses, killCgroup, listBoxCgroups, procsFiles, removeCgroup, removeLayoutIfEmpty, rlimitArgs, type Cgroup, type CgroupLayout } from './limits.js';
 import { openRelay, type Relay } from './relay.js';
+import { defaultRelayLimits, RelayBudget, type RelayLimits } from './relay-budget.js';
 import { killProcessTree } from './tree-kill.js';
 
 export interface LocalDriverOptions {
@@ -56,6 +59,13 @@ export interface LocalDriverOptions {
    * default: the host's (`findTini`: tini-static, or the engine's docker-init).
    */
   tini?: string;
+  /**
+   * `false`: never a sized /workspace file system, even where one can be mounted: the disk watch
+   * instead (disk.ts), as on a server that is not root. For testing that fallback.
+   */
+  workspaceFs?: false;
+  /** Bounds of the relays' connections (relay-budget.ts); default from this process's descriptor limit. */
+  relayLimits?: RelayLimits;
 }
 
 /** Host directories the `host` template shares, read-only, when they exist. */
@@ -168,12 +178,18 @@ export class LocalDriver implements SandboxDriver {
   private probed: Promise<DriverProbe> | null = null;
   private tools: { bwrap: string; nsenter: string; setpriv: string; bash: string; prlimit: string | null; tini: string | null } | null = null;
   private layout: { ok: true; layout: CgroupLayout } | { ok: false; why: string } | null = null;
+  /** /workspace is a sized file system of its own (disk.ts); else see LocalBox's disk watch. */
+  readonly diskBound: boolean;
+  /** Every box's relay draws on it. */
+  readonly relayBudget: RelayBudget;
 
   constructor(opts: LocalDriverOptions) {
     this.runDir = path.resolve(opts.runDir);
     this.bwrapCmd = opts.bwrap ?? 'bwrap';
     this.useCgroups = opts.cgroups !== false;
     this.tiniOpt = opts.tini;
+    this.diskBound = opts.workspaceFs !== false && workspaceBoundUnavailable() === null;
+    this.relayBudget = new RelayBudget(opts.relayLimits ?? defaultRelayLimits());
   }
 
   probe(): Promise<DriverProbe> {
@@ -264,8 +280,8 @@ export class LocalDriver implements SandboxDriver {
     await this.reapOne(spec.id);
 
     mkdirSync(spec.stateDir, { recursive: true, mode: 0o700 });
-    const workspace = path.join(spec.stateDir, 'workspace');
-    mkdirSync(workspace, { recursive: true, mode: 0o755 });
+    const workspace = path.join(spec.stateDir, WORKSPACE_DIR);
+    if (!this.diskBound) mkdirSync(workspace, { recursive: true, mode: 0o755 });
     const filesDir = path.join(spec.stateDir, 'box-files');
     rmSync(filesDir, { recursive: true, force: true });
     mkdirSync(filesDir, { mode: 0o755 });
@@ -290,24 +306,48 @@ export class LocalDriver implements SandboxDriver {
     // Without cgroups, executions run under the host's static tini (LocalBox.exec), lent read-only:
     // it is the same file for every template, including those with a root file system of their own.
     if (!layout && !tools.tini) throw new BoxStartError('no cgroups and no static tini: execution trees could not be killed (apt-get install tini)');
+    // The files are handed to bwrap as descriptors (fd 5 on) that it copies into the box's root.
+    const fileFds: number[] = [];
+    const fileArgs: Record<string, number> = {};
+    try {
+      for (const [boxPath, hostFile] of Object.entries(files)) {
+        fileFds.push(openSync(hostFile, 'r'));
+        fileArgs[boxPath] = 4 + fileFds.length;
+      }
+    } catch (e) {
+      for (const fd of fileFds) closeSync(fd);
+      if (this.diskBound) await unmountWorkspace(spec.stateDir);
+      throw new BoxStartError(`could not prepare the box's files: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+    }
     const args = bwrapArgs({
       rootDir: root === 'host' ? '' : root,
       entries: root === 'host' ? rootEntries('/', HOST_ROOT) : rootEntries(root),
       etcEntries,
-      files,
+      files: fileArgs,
       workspace,
       infoFd: 3,
       disableUserns: process.getuid?.() === 0,
       lent: layout ? undefined : { dir: BOX_RUNTIME_DIR, files: { [BOX_TINI]: tools.tini! } },
       tmpfsMb: tmpfsSizes(spec.resources.memory_mb),
     });
+    // /workspace is a file system of its own, sized disk_mb (disk.ts): the box's user owns its root
+    // (the box's uid is this server's outside).
+    if (this.diskBound) {
+      try {
+        await mountWorkspace(spec.stateDir, spec.resources.disk_mb, { uid: process.getuid!(), gid: process.getgid!() });
+      } catch (e) {
+        throw new BoxStartError(`could not make the box's /workspace (disk_mb ${spec.resources.disk_mb}): ${(e as Error).message}`);
+      }
+    }
     let cg: Cgroup | null = null;
     let prefix: string[];
     try {
       if (layout) cg = createCgroup(layout, spec.id, spec.resources);
-      // bwrap keeps fd 3 (its info) and 4 (its arguments).
-      prefix = this.wrap(4, cg, spec.resources);
+      // bwrap keeps fd 3 (its info), 4 (its arguments) and the files it copies in (from 5 on).
+      prefix = this.wrap(4 + fileFds.length, cg, spec.resources);
     } catch (e) {
+      for (const fd of fileFds) closeSync(fd);
+      if (this.diskBound) await unmountWorkspace(spec.stateDir);
       throw new BoxStartError(`could not apply resource limits: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
     }
 
@@ -315,7 +355,13 @@ export class LocalDriver implements SandboxDriver {
     // paths of the data directory have no business there.
     const cmd = [...prefix, tools.bwrap, '--args', '4', '--', ...BOX_MAIN];
     // cwd `/`: bwrap's init is pid 1 in the box, whose environment (PWD) the box reads.
-    const child = spawn(cmd[0], cmd.slice(1), { env: HOST_HELPER_ENV, cwd: '/', stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe'] });
+    let child: ChildProcess;
+    try {
+      child = spawn(cmd[0], cmd.slice(1), { env: HOST_HELPER_ENV, cwd: '/', stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe', ...fileFds] });
+    } finally {
+      // bwrap holds its own copies.
+      for (const fd of fileFds) closeSync(fd);
+    }
     const argsPipe = child.stdio[4] as NodeJS.WritableStream;
     argsPipe.on('error', () => undefined);
     argsPipe.end(args.map((a) => `${a}\0`).join(''));
@@ -327,6 +373,9 @@ export class LocalDriver implements SandboxDriver {
       const rec: RunRecord = { id: spec.id, stateDir: spec.stateDir, pid1: box.pid1, pid1Start: box.pid1Start };
       writeFileSync(this.recordPath(spec.id), JSON.stringify(rec), { mode: 0o600 });
       await box.openRelay();
+      // Where /workspace cannot be a sized file system: its use is measured from the host (as the
+      // box's user, never seen from the box), and the box stopped past disk_mb.
+      if (!this.diskBound) box.watchDisk(workspace);
       return box;
     } catch (e) {
       await box.stop();
@@ -388,6 +437,7 @@ export class LocalDriver implements SandboxDriver {
       removeCgroup(cg);
     }
     if (rec) await waitGone(rec.pid1, rec.pid1Start, 5000);
+    if (rec) await unmountWorkspace(rec.stateDir);
     rmSync(this.recordPath(id), { force: true });
   }
 
@@ -429,7 +479,7 @@ function probeSpec(dir: string): BoxSpec {
   return {
     id: `probe-${process.pid}`,
     template: { name: 'probe', rootfs: 'host', environment: {} },
-    resources: { memory_mb: 64, cpus: 0.5, pids: 32 },
+    resources: { memory_mb: 64, cpus: 0.5, pids: 32, disk_mb: 16 },
     env: {},
     caPem: '',
     caBundlePem: '',
@@ -484,6 +534,8 @@ class LocalBox implements Box {
   private markEnded!: () => void;
   readonly ended = new Promise<void>((resolve) => (this.markEnded = resolve));
   private readonly execs = new Set<() => Promise<void>>();
+  endReason: string | null = null;
+  private diskWatch: DiskWatch | null = null;
 
   constructor(
     private readonly driver: LocalDriver,
@@ -543,6 +595,11 @@ class LocalBox implements Box {
     // Opened from the right process: it still is the box's pid 1.
     if (startTime(pid) !== this.pid1Start) throw new BoxStartError('the box exited while starting');
     this.assertIsolated();
+    // bwrap's stderr is needed only to say why a start failed. Its write end is held by the box's
+    // pid 1, which box code can ptrace (same uid, no Yama): left open, box code could feed this
+    // server an endless stream through it. Closed, such writes fail in the box.
+    this.child.stderr!.removeAllListeners('data');
+    this.child.stderr!.destroy();
     // pid 1 gone (stopped, or killed from outside): the box is over; its descriptors stay until stop.
     this.child.once('exit', () => void this.stop());
   }
@@ -571,10 +628,17 @@ class LocalBox implements Box {
     if (ifaces.length !== 1 || ifaces[0] !== 'lo') throw new BoxStartError(`the box network namespace has interfaces other than lo: ${ifaces.join(', ')}`);
   }
 
+  watchDisk(workspace: string): void {
+    this.diskWatch = new DiskWatch(() => hostDiskUse(workspace), this.spec.resources.disk_mb, (why) => {
+      this.endReason = `Stopped: ${why}.`;
+      void this.stop();
+    });
+  }
+
   async openRelay(): Promise<void> {
     try {
       const fd = (kind: string) => this.nsFds[BOX_NAMESPACES.findIndex(([k]) => k === kind)];
-      this.relay = await openRelay(this.driver.netEnter(4, 5), [fd('user'), fd('net')], this.spec.proxy);
+      this.relay = await openRelay(this.driver.netEnter(4, 5), [fd('user'), fd('net')], this.spec.proxy, this.driver.relayBudget);
     } catch (e) {
       throw new BoxStartError(`the relay to the proxy could not be set up: ${(e as Error).message}`);
     }
@@ -593,7 +657,17 @@ class LocalBox implements Box {
   }
 
   async exec(opts: ExecOptions): Promise<ExecProcess> {
-    if (this.stopped) throw new Error('box is not running');
+    if (this.stopped) throw new BoxNotRunningError();
+    try {
+      return this.startExec(opts);
+    } catch (e) {
+      // What failed because the box went meanwhile (its cgroup removed under a new execution's) says so.
+      if (this.stopped) throw new BoxNotRunningError('the box was stopped while the execution was starting');
+      throw e;
+    }
+  }
+
+  private startExec(opts: ExecOptions): ExecProcess {
     const argv = typeof opts.command === 'string' ? ['/bin/sh', '-c', opts.command] : opts.command;
     if (argv.length === 0) throw new Error('empty command');
     const cwd = opts.cwd ?? '/workspace';
@@ -748,6 +822,7 @@ class LocalBox implements Box {
 
   private async doStop(): Promise<void> {
     this.stopped = true;
+    this.diskWatch?.stop();
     this.relay?.close();
     // pid 1 gone takes every process of the box's PID namespace with it; the cgroup catches the
     // rest (executions' nsenter parents on the host side). bwrap outside the box is pid 1's
@@ -773,6 +848,8 @@ class LocalBox implements Box {
     if (this.cg) removeCgroup(this.cg);
     for (const fd of this.nsFds) closeSync(fd);
     this.nsFds = [];
+    // The workspace's file system is mounted while the box runs only (a start mounts it again).
+    await unmountWorkspace(this.spec.stateDir);
     this.driver.forget(this);
     this.markEnded();
   }

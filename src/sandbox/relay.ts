@@ -12,6 +12,7 @@
  */
 import { spawn } from 'node:child_process';
 import net from 'node:net';
+import { Refusals, type RelayBudget } from './relay-budget.js';
 
 export const RELAY_PORT = 3128;
 
@@ -32,7 +33,7 @@ export interface Relay {
  * Opens the box's relay. `enterNet` is the command line that enters the box's user and network
  * namespaces (given as `nsFds`, seen by it from fd 4 on) and runs what follows it. Rejects with the reason when the socket cannot be opened.
  */
-export async function openRelay(enterNet: string[], nsFds: number[], proxy: { host: string; port: number }): Promise<Relay> {
+export async function openRelay(enterNet: string[], nsFds: number[], proxy: { host: string; port: number }, budget: RelayBudget): Promise<Relay> {
   const listener = await new Promise<net.Server>((resolve, reject) => {
     const child = spawn(enterNet[0], [...enterNet.slice(1), process.execPath, '--max-old-space-size=16', '-e', HELPER], {
       // No environment of this server reaches the helper (it runs as the box's user).
@@ -56,15 +57,26 @@ export async function openRelay(enterNet: string[], nsFds: number[], proxy: { ho
     });
   });
   const open = new Set<net.Socket>();
+  const refusals = new Refusals();
+  let carried = 0;
   listener.on('connection', (inBox: net.Socket) => {
+    // Bounded per box and for the server (relay-budget.ts): past either, a 503 that says which.
+    const release = budget.take(carried);
+    if (typeof release === 'string') return refusals.refuse(inBox, release);
+    carried++;
     const out = net.connect({ host: proxy.host, port: proxy.port });
     open.add(inBox);
     open.add(out);
+    let dropped = false;
     const drop = () => {
       inBox.destroy();
       out.destroy();
       open.delete(inBox);
       open.delete(out);
+      if (dropped) return;
+      dropped = true;
+      carried--;
+      release();
     };
     inBox.on('error', drop).on('close', drop);
     out.on('error', drop).on('close', drop);
@@ -75,8 +87,8 @@ export async function openRelay(enterNet: string[], nsFds: number[], proxy: { ho
   return {
     close() {
       listener.close();
+      // Each one's 'close' gives its place in the budget back.
       for (const s of open) s.destroy();
-      open.clear();
     },
   };
 }

@@ -23,9 +23,17 @@ describe('templates.json', () => {
 
   it('resources: the template defaults, then the request, each independently', () => {
     const t = loadTemplates(PACKAGE_CONFIG_DIR).get('host')!;
-    expect(applyResources(t, undefined)).toEqual({ memory_mb: 1024, cpus: 1, pids: 512 });
-    expect(applyResources(t, { pids: 64 })).toEqual({ memory_mb: 1024, cpus: 1, pids: 64 });
+    expect(applyResources(t, undefined)).toEqual({ memory_mb: 1024, cpus: 1, pids: 512, disk_mb: 1024 });
+    expect(applyResources(t, { pids: 64 })).toEqual({ memory_mb: 1024, cpus: 1, pids: 64, disk_mb: 1024 });
     expect(applyResources({ name: 'x', description: '', environment: {} }, { cpus: 0.5 })).toEqual({ ...DEFAULT_RESOURCES, cpus: 0.5 });
+  });
+
+  it("max_resources: a template's own defaults must be within it; a built-in default above it is the cap", () => {
+    const dir = tmp();
+    writeFileSync(path.join(dir, 'templates.json'), JSON.stringify([{ name: 'a', description: '', image: 'x', environment: {}, resources: { memory_mb: 1024 }, max_resources: { memory_mb: 512 } }]));
+    expect(() => loadTemplates(dir)).toThrow(/\[0\] 'a': resources\.memory_mb 1024 is above max_resources\.memory_mb 512/);
+    const capped = { name: 'b', description: '', environment: {}, max_resources: { pids: 64, disk_mb: 100 } };
+    expect(applyResources(capped, undefined)).toEqual({ ...DEFAULT_RESOURCES, pids: 64, disk_mb: 100 });
   });
 
   it('a rootfs is host or an absolute directory', () => {

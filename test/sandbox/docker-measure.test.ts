@@ -40,7 +40,7 @@ describe.skipIf(skip)('docker box measurements', () => {
     const spec = (id: string): BoxSpec => ({
       id,
       template: { name: 'm', image, environment: {} },
-      resources: { memory_mb: 256, cpus: 1, pids: 128 },
+      resources: { memory_mb: 256, cpus: 1, pids: 128, disk_mb: 64 },
       env: {},
       caPem: '',
       caBundlePem: '',

@@ -84,7 +84,7 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
   const spec = (id: string, over: Partial<BoxSpec> = {}): BoxSpec => ({
     id,
     template: { name: 'test', image, environment: {} },
-    resources: { memory_mb: 256, cpus: 1, pids: 128 },
+    resources: { memory_mb: 256, cpus: 1, pids: 128, disk_mb: 64 },
     env: {
       ...sandboxEnv({ proxyUrl: 'http://127.0.0.1:3128', caCertPath: '/etc/keygate/ca.pem', bundlePath: '/etc/keygate/ca-bundle.pem' }),
       NODE_USE_ENV_PROXY: '1',
@@ -322,12 +322,12 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
       expect(await fileError(box.writeFile(`/workspace/../..${hostDir}/new.txt`, Readable.from([Buffer.from('x')]), 1024))).toBe('not_found');
       expect(readdirSync(hostDir)).toEqual(['host-only.txt']);
       // What the driver lends the box (host files, bind-mounted) cannot be written through the API.
-      const caOnHost = readFileSync(path.join(baseDir, 'main', 'ca', 'ca.pem'), 'utf8');
+      const caOnHost = readFileSync(path.join(baseDir, 'main', 'run', 'ca', 'ca.pem'), 'utf8');
       expect(await fileError(box.writeFile('/etc/keygate/ca.pem', Readable.from([Buffer.from('x')]), 1024))).toBe('bad_path');
       expect(await fileError(box.writeFile('/.keygate/relay/planted', Readable.from([Buffer.from('x')]), 1024))).toBe('bad_path');
       expect(await fileError(box.writeFile('/.keygate/node', Readable.from([Buffer.from('x')]), 1024))).toBe('bad_path');
-      expect(readFileSync(path.join(baseDir, 'main', 'ca', 'ca.pem'), 'utf8')).toBe(caOnHost);
-      expect(existsSync(path.join(baseDir, 'main', 'relay', 'planted'))).toBe(false);
+      expect(readFileSync(path.join(baseDir, 'main', 'run', 'ca', 'ca.pem'), 'utf8')).toBe(caOnHost);
+      expect(existsSync(path.join(baseDir, 'main', 'run', 'relay', 'planted'))).toBe(false);
       // The read-only root stays read-only through the API too.
       expect(await fileError(box.writeFile('/workspace/../etc/planted', Readable.from([Buffer.from('x')]), 1024))).toBe('bad_path');
       expect((await run(box, 'ls /etc/planted')).exitCode).not.toBe(0);
@@ -486,7 +486,7 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
 
   describe('limits', () => {
     it('PidsLimit caps the processes a box may hold; a timeout still kills the tree of a box at its limit', async () => {
-      const b = await driver.start(spec('limits', { resources: { memory_mb: 256, cpus: 0.5, pids: 40 } }));
+      const b = await driver.start(spec('limits', { resources: { memory_mb: 256, cpus: 0.5, pids: 40, disk_mb: 64 } }));
       const id = (await containersOf('limits'))[0].Id;
       const inspect = await engine.json<{ HostConfig: { PidsLimit: number; NanoCpus: number; Memory: number } }>('GET', `/containers/${id}/json`);
       expect(inspect.body.HostConfig).toMatchObject({ PidsLimit: 40, NanoCpus: 5e8, Memory: 256 * 1024 * 1024 });
@@ -517,7 +517,7 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
     });
 
     it('Memory: a process past the limit is killed, the box lives on', async () => {
-      const b = await driver.start(spec('oom', { resources: { memory_mb: 96, cpus: 1, pids: 64 } }));
+      const b = await driver.start(spec('oom', { resources: { memory_mb: 96, cpus: 1, pids: 64, disk_mb: 64 } }));
       const limit = await run(b, 'cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes');
       expect(limit.out.trim()).toBe(String(96 * 1024 * 1024));
       const hog = await run(b, `awk 'BEGIN { s = "xxxxxxxxxxxxxxxx"; while (1) s = s s }'`, { timeoutMs: 30_000 });

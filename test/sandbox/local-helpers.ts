@@ -37,7 +37,7 @@ export function spec(over: Omit<Partial<BoxSpec>, 'resources'> & { proxyPort?: n
     stateDir: path.join(TMP, 'data', 'sandboxes', id),
     ...over,
     proxy: over.proxy ?? { host: '127.0.0.1', port: over.proxyPort ?? 9 },
-    resources: { memory_mb: 256, cpus: 1, pids: 128, ...over.resources },
+    resources: { memory_mb: 256, cpus: 1, pids: 128, disk_mb: 64, ...over.resources } as BoxResources,
   };
 }
 
