@@ -19,6 +19,20 @@ async function everythingAbout(a: Api, id: string): Promise<string> {
   return out.join('\n');
 }
 
+/** Uploads `dir` as deployment `name` with `secrets` and waits until its first revision is DEPLOYED. */
+async function deployDir(a: Api, dir: string, name: string, secrets?: { name: string; value: string }[]): Promise<{ id: string; latest_revision_id: string }> {
+  const up = await a.upload(await packDir(dir));
+  const created = await a.call('POST', '/v2/deployments', {
+    name,
+    source: 'internal_source',
+    source_revision_config: { source_tarball_path: up.body.source_tarball_path },
+    ...(secrets ? { secrets } : {}),
+  });
+  expect(created.status, created.text).toBe(201);
+  expect((await waitRevision(a, created.body.id, created.body.latest_revision_id)).status).toBe('DEPLOYED');
+  return created.body;
+}
+
 describe('deployment secrets never leak (SQLite, local driver)', () => {
   let server: RunningCli;
   let a: Api;
@@ -80,22 +94,14 @@ describe('deployment secrets never leak (SQLite, local driver)', () => {
     const leaky = echoVariant({
       'src/agent.js': `console.log('key follows:\\n' + process.env.PEM_KEY);\nconsole.log(JSON.stringify({ env: { PEM_KEY: process.env.PEM_KEY, QUOTED: process.env.QUOTED } }));\n${agent}`,
     });
-    const up = await a.upload(await packDir(leaky));
-    const created = await a.call('POST', '/v2/deployments', {
-      name: 'pem-secret',
-      source: 'internal_source',
-      source_revision_config: { source_tarball_path: up.body.source_tarball_path },
-      secrets: [
-        { name: 'PEM_KEY', value: pem },
-        { name: 'QUOTED', value: quoted },
-      ],
-    });
-    expect(created.status, created.text).toBe(201);
-    expect((await waitRevision(a, created.body.id, created.body.latest_revision_id)).status).toBe('DEPLOYED');
+    const deployed = await deployDir(a, leaky, 'pem-secret', [
+      { name: 'PEM_KEY', value: pem },
+      { name: 'QUOTED', value: quoted },
+    ]);
     let text = '';
     const deadline = Date.now() + 15_000;
     while (Date.now() < deadline) {
-      text = await everythingAbout(a, created.body.id);
+      text = await everythingAbout(a, deployed.id);
       if (text.includes("key follows:") && text.includes(String.raw`\"env\"`)) break;
       await new Promise((r) => setTimeout(r, 200));
     }
@@ -107,27 +113,24 @@ describe('deployment secrets never leak (SQLite, local driver)', () => {
     expect(all).not.toContain(JSON.stringify(pem).slice(1, -1));
     expect(all).not.toContain(JSON.stringify(quoted).slice(1, -1));
     expect(all).not.toContain('w8'.repeat(10));
-    expect((await a.call('DELETE', `/v2/deployments/${created.body.id}`)).status).toBe(204);
+    expect((await a.call('DELETE', `/v2/deployments/${deployed.id}`)).status).toBe(204);
   });
 
   it("keeps the replica's own API key (the router's credential to it) out of the deploy log, even when the app prints its whole environment", async () => {
     const agent = readFileSync(path.join(echoVariant(), 'src/agent.js'), 'utf8');
     // The runtime deletes KEYGATE_API_KEY from process.env before the app loads; /proc still has it.
     const nosy = echoVariant({ 'src/agent.js': `import { readFileSync } from 'node:fs';\nconsole.log('environ: ' + readFileSync('/proc/self/environ', 'latin1').split('\\0').join(' '));\n${agent}` });
-    const up = await a.upload(await packDir(nosy));
-    const created = await a.call('POST', '/v2/deployments', { name: 'nosy', source: 'internal_source', source_revision_config: { source_tarball_path: up.body.source_tarball_path } });
-    expect(created.status, created.text).toBe(201);
-    expect((await waitRevision(a, created.body.id, created.body.latest_revision_id)).status).toBe('DEPLOYED');
+    const deployed = await deployDir(a, nosy, 'nosy');
     let text = '';
     const deadline = Date.now() + 15_000;
     while (Date.now() < deadline && !text.includes('environ: ')) {
-      text = await everythingAbout(a, created.body.id);
+      text = await everythingAbout(a, deployed.id);
       await new Promise((r) => setTimeout(r, 200));
     }
     expect(text).toContain('KEYGATE_API_KEY=');
     expect(text).not.toMatch(/kgi_[A-Za-z0-9_-]{16}/);
     expect(server.output()).not.toMatch(/kgi_[A-Za-z0-9_-]{16}/);
-    expect((await a.call('DELETE', `/v2/deployments/${created.body.id}`)).status).toBe(204);
+    expect((await a.call('DELETE', `/v2/deployments/${deployed.id}`)).status).toBe(204);
   });
 
   it("keeps secret values and the replica's API key out of a failed run's error event (stream and wait) and the logs", async () => {
@@ -148,19 +151,11 @@ export default {
 };
 `,
     });
-    const up = await a.upload(await packDir(thrower));
-    const created = await a.call('POST', '/v2/deployments', {
-      name: 'thrower',
-      source: 'internal_source',
-      source_revision_config: { source_tarball_path: up.body.source_tarball_path },
-      secrets: [
-        { name: 'PLAIN_SECRET', value: plain },
-        { name: 'PEM_SECRET', value: pem },
-      ],
-    });
-    expect(created.status, created.text).toBe(201);
-    expect((await waitRevision(a, created.body.id, created.body.latest_revision_id)).status).toBe('DEPLOYED');
-    const url = (await a.call('GET', `/v2/deployments/${created.body.id}`)).body.url;
+    const deployed = await deployDir(a, thrower, 'thrower', [
+      { name: 'PLAIN_SECRET', value: plain },
+      { name: 'PEM_SECRET', value: pem },
+    ]);
+    const url = (await a.call('GET', `/v2/deployments/${deployed.id}`)).body.url;
     const streamed = await runStream(url, KEY, 'hi');
     expect(streamed.status).toBe(200);
     const error = streamed.events.find((e) => e.event === 'error');
@@ -176,7 +171,7 @@ export default {
     let logs = '';
     const deadline = Date.now() + 10_000;
     while (Date.now() < deadline && !logs.includes('run failed')) {
-      logs = await everythingAbout(a, created.body.id);
+      logs = await everythingAbout(a, deployed.id);
       await new Promise((r) => setTimeout(r, 200));
     }
     expect(logs).toContain('run failed');
@@ -185,7 +180,7 @@ export default {
       for (const l of pemLines.slice(1, 3)) expect(seen).not.toContain(l);
       expect(seen).not.toMatch(/kgi_[A-Za-z0-9_-]{16}/);
     }
-    expect((await a.call('DELETE', `/v2/deployments/${created.body.id}`)).status).toBe(204);
+    expect((await a.call('DELETE', `/v2/deployments/${deployed.id}`)).status).toBe(204);
   });
 
   it('a PATCH that fails while staging its source changes nothing: secrets and latest revision stay', async () => {

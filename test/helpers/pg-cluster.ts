@@ -9,9 +9,10 @@ import os from 'node:os';
 import path from 'node:path';
 import type { TestProject } from 'vitest/node';
 
-const BIN_DIRS = ['/usr/lib/postgresql/17/bin', '/usr/lib/postgresql/16/bin', '/usr/lib/postgresql/15/bin', '/usr/local/bin', '/usr/bin'];
+export const BIN_DIRS = ['/usr/lib/postgresql/17/bin', '/usr/lib/postgresql/16/bin', '/usr/lib/postgresql/15/bin', '/usr/local/bin', '/usr/bin'];
 
-function findBin(name: string): string | undefined {
+/** A PostgreSQL program from the usual places (Debian's versioned directories first). */
+export function findBin(name: string): string | undefined {
   for (const dir of BIN_DIRS) {
     const p = path.join(dir, name);
     if (existsSync(p)) return p;
@@ -19,7 +20,8 @@ function findBin(name: string): string | undefined {
   return undefined;
 }
 
-function freePort(): Promise<number> {
+/** A loopback port nothing listens on right now. */
+export function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const srv = net.createServer();
     srv.once('error', reject);

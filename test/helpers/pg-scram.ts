@@ -3,31 +3,10 @@
 // cluster (pg-cluster.ts) trusts every login, so it cannot tell. As there, `initdb` refuses to run
 // as root: the cluster then belongs to the `postgres` user.
 import { execFileSync, spawnSync } from 'node:child_process';
-import { chmodSync, chownSync, existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import net from 'node:net';
+import { chmodSync, chownSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-
-const BIN_DIRS = ['/usr/lib/postgresql/17/bin', '/usr/lib/postgresql/16/bin', '/usr/lib/postgresql/15/bin', '/usr/local/bin', '/usr/bin'];
-
-function findBin(name: string): string | undefined {
-  for (const dir of BIN_DIRS) {
-    const p = path.join(dir, name);
-    if (existsSync(p)) return p;
-  }
-  return undefined;
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const port = (srv.address() as net.AddressInfo).port;
-      srv.close(() => resolve(port));
-    });
-  });
-}
+import { findBin, freePort } from './pg-cluster.js';
 
 export interface ScramCluster {
   host: string;

@@ -8,18 +8,15 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { DockerEngine } from '../../src/docker/engine.js';
-import type { Box, BoxSpec, SandboxDriver } from '../../src/sandbox/driver.js';
+import type { Box, SandboxDriver } from '../../src/sandbox/driver.js';
 import { DockerBoxDriver } from '../../src/sandbox/docker.js';
 import { LocalDriver } from '../../src/sandbox/local.js';
-import { boxImageUnavailableReason, ensureBoxImage } from '../helpers/box-image.js';
-import { announceSkip, dockerSocket, engineUnavailableReason } from '../helpers/docker-engine.js';
-import { localProbe, run } from './local-helpers.js';
+import { announceSkip } from '../helpers/docker-engine.js';
+import { bareSpec, bothDrivers } from './both-drivers.js';
+import { run } from './local-helpers.js';
 
 const TMP = mkdtempSync(path.join(os.tmpdir(), 'kg-disk-watch-'));
 const SCOPE = `keygate-test-diskwatch-${randomBytes(3).toString('hex')}`;
-const localWhy = (await localProbe()).ok ? null : 'no local boxes here';
-const dockerWhy = (await engineUnavailableReason()) ?? boxImageUnavailableReason();
 
 afterAll(() => rmSync(TMP, { recursive: true, force: true }));
 
@@ -27,28 +24,12 @@ async function ended(box: Box, ms: number): Promise<boolean> {
   return Promise.race([box.ended.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), ms))]);
 }
 
-describe.each([
-  ['local', localWhy],
-  ['docker', dockerWhy ?? null],
-] as const)('disk watch (%s driver, no sized file system)', (which, why) => {
+describe.each(await bothDrivers())('disk watch (%s driver, no sized file system)', (which, why) => {
   const skip = announceSkip(`disk watch tests (${which})`, why);
   describe.skipIf(skip)(which, () => {
     let driver: SandboxDriver;
     let n = 0;
-    const spec = async (diskMb: number): Promise<BoxSpec> => {
-      const id = `dw${process.pid}-${++n}`;
-      const image = which === 'docker' ? await ensureBoxImage(new DockerEngine(dockerSocket()!)) : undefined;
-      return {
-        id,
-        template: { name: 't', ...(image ? { image } : { rootfs: 'host' }), environment: {} },
-        resources: { memory_mb: 256, cpus: 1, pids: 128, disk_mb: diskMb },
-        env: {},
-        caPem: '',
-        caBundlePem: '',
-        proxy: { host: '127.0.0.1', port: 9 },
-        stateDir: path.join(TMP, which, id),
-      };
-    };
+    const spec = (diskMb: number) => bareSpec(which, `dw${process.pid}-${++n}`, TMP, { disk_mb: diskMb });
 
     afterAll(async () => {
       await driver?.close();

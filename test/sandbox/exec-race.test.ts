@@ -9,42 +9,23 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { DockerEngine } from '../../src/docker/engine.js';
-import { BoxNotRunningError, type BoxSpec, type SandboxDriver } from '../../src/sandbox/driver.js';
+import { BoxNotRunningError, type SandboxDriver } from '../../src/sandbox/driver.js';
 import { DockerBoxDriver } from '../../src/sandbox/docker.js';
 import { LocalDriver } from '../../src/sandbox/local.js';
-import { boxImageUnavailableReason, ensureBoxImage } from '../helpers/box-image.js';
-import { announceSkip, dockerSocket, engineUnavailableReason } from '../helpers/docker-engine.js';
-import { localProbe } from './local-helpers.js';
+import { announceSkip, dockerSocket } from '../helpers/docker-engine.js';
+import { bareSpec, bothDrivers } from './both-drivers.js';
 
 const TMP = mkdtempSync(path.join(os.tmpdir(), 'kg-exec-race-'));
 const SCOPE = `keygate-test-execrace-${randomBytes(3).toString('hex')}`;
-const localWhy = (await localProbe()).ok ? null : 'no local boxes here';
-const dockerWhy = (await engineUnavailableReason()) ?? boxImageUnavailableReason();
 
 afterAll(() => rmSync(TMP, { recursive: true, force: true }));
 
-describe.each([
-  ['local', localWhy],
-  ['docker', dockerWhy ?? null],
-] as const)('executions racing a stop (%s driver)', (which, why) => {
+describe.each(await bothDrivers())('executions racing a stop (%s driver)', (which, why) => {
   const skip = announceSkip(`exec race tests (${which})`, why);
   describe.skipIf(skip)(which, () => {
     let driver: SandboxDriver;
     let n = 0;
-    const spec = async (): Promise<BoxSpec> => {
-      const id = `er${process.pid}-${++n}`;
-      const image = which === 'docker' ? await ensureBoxImage(new DockerEngine(dockerSocket()!)) : undefined;
-      return {
-        id,
-        template: { name: 't', ...(image ? { image } : { rootfs: 'host' }), environment: {} },
-        resources: { memory_mb: 256, cpus: 1, pids: 128, disk_mb: 32 },
-        env: {},
-        caPem: '',
-        caBundlePem: '',
-        proxy: { host: '127.0.0.1', port: 9 },
-        stateDir: path.join(TMP, which, id),
-      };
-    };
+    const spec = () => bareSpec(which, `er${process.pid}-${++n}`, TMP, { disk_mb: 32 });
     afterAll(async () => {
       await driver?.close();
     });
