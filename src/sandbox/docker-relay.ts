@@ -2,7 +2,7 @@ import { execFileSync } from 'node:child_process';
 import { chmodSync, existsSync, mkdirSync, realpathSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import { Refusals, type RelayBudget } from './relay-budget.js';
+import type { RelayBudget } from './relay-budget.js';
 
 /**
  * The docker driver's way out of a `--network none` box (sandbox.md, property 1), and the few host
@@ -128,26 +128,20 @@ export class HostRelay {
     // The box's relay runs as its own uid: it must be able to reach the socket through the mount.
     chmodSync(dir, 0o711);
     rmSync(socketPath, { force: true });
-    const refusals = new Refusals();
-    let carried = 0;
+    const gate = budget.gate();
     const relay = new HostRelay(
       net.createServer({ noDelay: true }, (inside) => {
         // Bounded per box and for the server (relay-budget.ts): past either, a 503 that says which.
-        const release = budget.take(carried);
-        if (typeof release === 'string') return refusals.refuse(inside, release);
-        carried++;
+        const release = gate.admit(inside);
+        if (!release) return;
         const out = net.connect({ host: proxy.host, port: proxy.port, noDelay: true });
         relay.sockets.add(inside);
         relay.sockets.add(out);
-        let dropped = false;
         const done = () => {
           inside.destroy();
           out.destroy();
           relay.sockets.delete(inside);
           relay.sockets.delete(out);
-          if (dropped) return;
-          dropped = true;
-          carried--;
           release();
         };
         inside.on('error', done);

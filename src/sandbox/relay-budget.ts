@@ -50,25 +50,53 @@ export function defaultRelayLimits(env: NodeJS.ProcessEnv = process.env): RelayL
   return { perBox: RELAY_CONNECTIONS_PER_BOX, total: Math.max(64, Math.floor((nofile - FD_RESERVE) / FDS_PER_CONNECTION)) };
 }
 
+/**
+ * One box's relay's share of the budget: its own count against the per-box bound, and the
+ * refusals it answers.
+ */
+export interface RelayGate {
+  /**
+   * Takes a place for `socket`, and gives back the function that returns it (once, however often
+   * it is called: a relayed connection ends through several events). Past either bound, answers
+   * `socket` with a 503 that says which, and gives back null.
+   */
+  admit(socket: net.Socket): (() => void) | null;
+}
+
 /** The server's count of relayed connections, shared by every box of a driver. */
 export class RelayBudget {
   private used = 0;
   constructor(readonly limits: RelayLimits) {}
 
-  /**
-   * Takes one connection for a box holding `mine` already; returns a function giving it back
-   * (idempotent), or the sentence that says which bound refused it.
-   */
-  take(mine: number): (() => void) | string {
+  /** A gate for one box's relay. */
+  gate(): RelayGate {
+    const refusals = new Refusals();
+    let mine = 0;
+    return {
+      admit: (socket) => {
+        const why = this.refusal(mine);
+        if (why) {
+          refusals.refuse(socket, why);
+          return null;
+        }
+        mine++;
+        this.used++;
+        let given = false;
+        return () => {
+          if (given) return;
+          given = true;
+          mine--;
+          this.used--;
+        };
+      },
+    };
+  }
+
+  /** The sentence that says which bound refuses one more connection of a box holding `mine`, if one does. */
+  private refusal(mine: number): string | undefined {
     if (mine >= this.limits.perBox) return `this sandbox has reached its limit of ${this.limits.perBox} connections through its proxy at once; close some first`;
     if (this.used >= this.limits.total) return `keygate has reached its limit of ${this.limits.total} sandbox proxy connections at once (KEYGATE_SANDBOX_RELAY_CONNECTIONS); retry later`;
-    this.used++;
-    let given = false;
-    return () => {
-      if (given) return;
-      given = true;
-      this.used--;
-    };
+    return undefined;
   }
 
   get inUse(): number {
@@ -84,7 +112,7 @@ const MAX_ANSWERING = 16;
  * connections faster than they are answered holds at most MAX_ANSWERING of this process's
  * descriptors that way; the rest are closed at once.
  */
-export class Refusals {
+class Refusals {
   private answering = 0;
 
   refuse(socket: net.Socket, why: string): void {

@@ -12,7 +12,7 @@
  */
 import { spawn } from 'node:child_process';
 import net from 'node:net';
-import { Refusals, type RelayBudget } from './relay-budget.js';
+import type { RelayBudget } from './relay-budget.js';
 
 export const RELAY_PORT = 3128;
 
@@ -57,25 +57,19 @@ export async function openRelay(enterNet: string[], nsFds: number[], proxy: { ho
     });
   });
   const open = new Set<net.Socket>();
-  const refusals = new Refusals();
-  let carried = 0;
+  const gate = budget.gate();
   listener.on('connection', (inBox: net.Socket) => {
     // Bounded per box and for the server (relay-budget.ts): past either, a 503 that says which.
-    const release = budget.take(carried);
-    if (typeof release === 'string') return refusals.refuse(inBox, release);
-    carried++;
+    const release = gate.admit(inBox);
+    if (!release) return;
     const out = net.connect({ host: proxy.host, port: proxy.port });
     open.add(inBox);
     open.add(out);
-    let dropped = false;
     const drop = () => {
       inBox.destroy();
       out.destroy();
       open.delete(inBox);
       open.delete(out);
-      if (dropped) return;
-      dropped = true;
-      carried--;
       release();
     };
     inBox.on('error', drop).on('close', drop);
