@@ -2,7 +2,9 @@ import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, statSync, type Dirent } from 'node:fs';
 import path from 'node:path';
 import { CliError } from '../command-error.js';
+import { APP_CONFIG_FILE } from './appdir.js';
 import { DockerIgnore } from './dockerignore.js';
+import { isLocalEnvFile } from './files.js';
 
 /** The platform images must be built for: the control plane's hosts are x86-64. */
 export const TARGET_PLATFORM = 'linux/amd64';
@@ -144,9 +146,6 @@ export async function pushImage(o: DockerRunOptions & { tag: string; registry: s
   if (r.code !== 0) throw new CliError(`pushing ${o.tag} failed: docker push ${exitText(r)} (its output is above; are you logged in? docker login ${o.registry})`);
 }
 
-/** Env files, by name: never packed by plain deploy (files.ts alwaysExcluded), at any depth. */
-const ENV_FILE = /^\.env(\..+)?$/;
-
 /** Directories plain deploy never packs and the walk does not enter (dependencies, version control). */
 const NOT_WALKED = new Set(['node_modules', '.git']);
 
@@ -155,7 +154,7 @@ const NOT_WALKED = new Set(['node_modules', '.git']);
  * it: plain deploy never packs it (its values travel as the deployment's write-only secrets).
  */
 function namedEnvFile(dir: string): string | undefined {
-  const file = path.join(dir, 'keygate.json');
+  const file = path.join(dir, APP_CONFIG_FILE);
   if (!existsSync(file)) return undefined;
   let cfg: unknown;
   try {
@@ -200,7 +199,7 @@ export function checkBuildContext(dir: string): { dockerfile: string } {
         // Without a `!` pattern nothing under an excluded directory can be sent.
         if (!ig.hasExclusions && ig.ignores(r)) continue;
         walk(path.join(abs, e.name), r);
-      } else if ((ENV_FILE.test(e.name) || r === named) && !ig.ignores(r)) {
+      } else if ((isLocalEnvFile(e.name) || r === named) && !ig.ignores(r)) {
         exposed.push(r);
       }
     }
@@ -208,7 +207,7 @@ export function checkBuildContext(dir: string): { dockerfile: string } {
   walk(dir, '');
   if (exposed.length) {
     // What to add: docker's pattern for the env files (root-only when they all are at the root), and the named file as it is.
-    const envNamed = exposed.filter((r) => ENV_FILE.test(path.posix.basename(r)));
+    const envNamed = exposed.filter((r) => isLocalEnvFile(path.posix.basename(r)));
     const add = [...(envNamed.length ? [envNamed.every((r) => !r.includes('/')) ? "'.env*'" : "'**/.env*'"] : []), ...exposed.filter((r) => !envNamed.includes(r)).map((r) => `'${r}'`)].join(' and ');
     throw new CliError(`refusing to build: ${exposed.join(', ')} would be sent to docker with the build context (and could be copied into the image); add ${add} to ${rules}`);
   }

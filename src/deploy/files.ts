@@ -11,7 +11,12 @@ export const IGNORE_FILES = ['.gitignore', '.keygateignore'] as const;
  * installed dependencies (the build installs them from the lockfile) and version-control data.
  */
 export function alwaysExcluded(name: string): boolean {
-  return name === '.env' || name.startsWith('.env.') || name === 'node_modules' || name === '.git';
+  return isLocalEnvFile(name) || name === 'node_modules' || name === '.git';
+}
+
+/** A local env file by its name (`.env`, `.env.*`): it holds the API key and the app's secrets. */
+export function isLocalEnvFile(name: string): boolean {
+  return name === '.env' || name.startsWith('.env.');
 }
 
 export interface Excluded {
