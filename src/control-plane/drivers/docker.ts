@@ -4,8 +4,7 @@ import { request } from 'undici';
 import { DockerEngine, dockerSocketPath, type EngineMethod } from '../../docker/engine.js';
 import { LineSplitter } from '../logs.js';
 import { bootId, isSameProcess, readProcStat } from '../../proc.js';
-import { SECRET_NAMES_ENV } from '../../secrets/redact.js';
-import { BuildError, DeployError, type BuildContext, type BuildOutput, type ExitInfo, type Replica, type RuntimeDriver, type StartSpec } from './types.js';
+import { BuildError, DeployError, replicaEnv, type BuildContext, type BuildOutput, type ExitInfo, type Replica, type RuntimeDriver, type StartSpec } from './types.js';
 
 /** The port the image's `keygate app serve` listens on inside the container (`PORT` is set to it). */
 export const CONTAINER_PORT = 8000;
@@ -134,7 +133,7 @@ export class DockerDriver implements RuntimeDriver {
     const why = await this.unavailableReason();
     if (why) throw new DeployError(why);
     const name = `keygate-${spec.deploymentId.slice(0, 8)}-${spec.revisionId.slice(0, 8)}-${spec.replica}-${randomBytes(3).toString('hex')}`;
-    const env = Object.entries({ ...spec.env, KEYGATE_API_KEY: spec.apiKey, [SECRET_NAMES_ENV]: Object.keys(spec.env).join(','), PORT: String(CONTAINER_PORT) }).map(([k, v]) => `${k}=${v}`);
+    const env = Object.entries({ ...replicaEnv(spec), PORT: String(CONTAINER_PORT) }).map(([k, v]) => `${k}=${v}`);
     const created = await this.json<{ Id?: string; message?: string }>('POST', `/containers/create?name=${name}`, {
       Image: spec.artifact,
       Env: env,

@@ -5,10 +5,9 @@ import { fileURLToPath } from 'node:url';
 import { request } from 'undici';
 import { buildLocal } from '../builder.js';
 import { LineSplitter } from '../logs.js';
-import { SECRET_NAMES_ENV } from '../../secrets/redact.js';
 import { REPLICA_TOKEN_ENV, ReplicaRecords, type ReapResult } from '../orphans.js';
 import type { TarLimits } from '../tarball.js';
-import { BuildError, DeployError, type BuildContext, type BuildOutput, type ExitInfo, type Replica, type RuntimeDriver, type StartSpec } from './types.js';
+import { BuildError, DeployError, replicaEnv, type BuildContext, type BuildOutput, type ExitInfo, type Replica, type RuntimeDriver, type StartSpec } from './types.js';
 
 /** The compiled CLI next to this module (`dist/cli/main.js`), run with this very node. */
 export const KEYGATE_CLI = fileURLToPath(new URL('../../cli/main.js', import.meta.url));
@@ -77,7 +76,7 @@ export class LocalProcessDriver implements RuntimeDriver {
     try {
       child = spawn(process.execPath, [KEYGATE_CLI, 'app', 'serve', '--app', appDir, '--listen', '127.0.0.1:0'], {
         cwd: appDir,
-        env: { ...replicaBaseEnv(appDir), ...spec.env, KEYGATE_API_KEY: spec.apiKey, [SECRET_NAMES_ENV]: Object.keys(spec.env).join(','), [REPLICA_TOKEN_ENV]: token },
+        env: { ...replicaBaseEnv(appDir), ...replicaEnv(spec), [REPLICA_TOKEN_ENV]: token },
         stdio: ['ignore', 'pipe', 'pipe'],
         // Its own session and process group: a terminal's Ctrl-C does not reach it, and stop() can
         // signal the group to take whatever the app started along.

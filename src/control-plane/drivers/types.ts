@@ -1,3 +1,4 @@
+import { SECRET_NAMES_ENV } from '../../secrets/redact.js';
 import type { Source, SourceRevisionConfig } from '../types.js';
 
 /**
@@ -55,6 +56,15 @@ export interface StartSpec {
   startTimeoutMs: number;
   /** Redacts secret values from captured output before it is logged. */
   redact(s: string): string;
+}
+
+/**
+ * What every driver gives a replica's `keygate app serve` of the spec: its variables, the API key
+ * the router sends, and the names (never values) of the variables that are deployment secrets,
+ * whose values the runtime redacts from its errors and logs.
+ */
+export function replicaEnv(spec: StartSpec): Record<string, string> {
+  return { ...spec.env, KEYGATE_API_KEY: spec.apiKey, [SECRET_NAMES_ENV]: Object.keys(spec.env).join(',') };
 }
 
 export interface ExitInfo {
