@@ -259,7 +259,6 @@ export class DockerBoxDriver implements SandboxDriver {
       if (vol.status !== 201) throw new BoxStartError(`cannot create the /workspace volume: ${engineMessage(vol.body, vol.status)}`);
     }
     const workspace = { Type: 'volume', Source: workspaceVolume, Target: BOX_WORKSPACE };
-    mkdirSync(spec.stateDir, { recursive: true, mode: 0o700 });
     let runDir: string;
     try {
       runDir = await mountRunDir(spec.stateDir);
