@@ -34,3 +34,14 @@ export function parseListen(value: string, flag = '--listen'): { host: string; p
   }
   return { host, port: Number(rawPort) };
 }
+
+/**
+ * What a server command says when its address cannot be bound (taken, not ours to bind, a host
+ * name that does not resolve): one line naming the address and the system's code, exit 1. Any
+ * other error is returned unchanged: it is not the operator's, and keeps its stack.
+ */
+export function listenFailure(host: string, port: number, err: unknown): unknown {
+  const e = err as NodeJS.ErrnoException;
+  if (typeof e?.code !== 'string' || !['listen', 'bind', 'getaddrinfo'].includes(e.syscall ?? '')) return err;
+  return new CliError(`cannot listen on ${host.includes(':') ? `[${host}]` : host}:${port}: ${e.code}`);
+}

@@ -8,7 +8,7 @@ import { resolveDataDir } from './data-dir.js';
 import { parseCliArgs } from './args.js';
 import { CliError } from './errors.js';
 import { releaseOptimizer } from './v8-flags.js';
-import { parseListen } from './listen.js';
+import { listenFailure, parseListen } from './listen.js';
 import { untilShutdown } from './shutdown.js';
 import { loggableMessage } from '../server/errors.js';
 
@@ -136,7 +136,14 @@ export async function run(argv: string[]): Promise<number> {
   // Handlers first: a supervisor may send SIGTERM the moment it reads the line below, and until
   // Node has a handler the default action (dying at once, no drain) applies.
   const stopRequested = untilShutdown((sig) => logger.warn({ signal: sig }, 'still shutting down'));
-  const url = await server.listen(host, port);
+  let url: string;
+  try {
+    url = await server.listen(host, port);
+  } catch (err) {
+    // What buildServer started (the areas' restores, the database) stops before the error is said.
+    await server.close().catch(() => undefined);
+    throw listenFailure(host, port, err);
+  }
   const addr = new URL(url);
   releaseOptimizer(); // started: TurboFan for the requests from here on (v8-flags.ts)
   process.stdout.write(`keygate serve listening on ${addr.host} (data: ${dataDir}${process.env.DATABASE_URL ? ', database: PostgreSQL' : ''})\n`);

@@ -10,7 +10,7 @@ import { buildServer, type BuiltServer } from '../server/app.js';
 import { DEFAULT_WORKSPACE_ID } from '../server/auth.js';
 import { resolveDataDir } from './data-dir.js';
 import { parseCliArgs } from './args.js';
-import { parseListen } from './listen.js';
+import { listenFailure, parseListen } from './listen.js';
 import { areasWith, asStartupError, chooseSandboxDriver } from './serve.js';
 import { untilShutdown } from './shutdown.js';
 import { releaseOptimizer } from './v8-flags.js';
@@ -220,7 +220,9 @@ export async function run(argv: string[]): Promise<number> {
     const secrets = await openWorkspaceSecrets({ dataDir, db: server.ctx.db, env: process.env }, DEFAULT_WORKSPACE_ID);
     if ((await secrets.get(DEMO_SECRET)) === undefined) await secrets.set(DEMO_SECRET, `demo_${randomBytes(16).toString('hex')}`);
 
-    const apiUrl = await server.listen(host, port);
+    const apiUrl = await server.listen(host, port).catch((err: unknown) => {
+      throw listenFailure(host, port, err);
+    });
     const envKey = process.env.KEYGATE_API_KEY?.trim() || undefined;
     const keyHeader = envKey ? '$KEYGATE_API_KEY' : server.keyFile ? `$(cat ${sh(server.keyFile)})` : '<your API key>';
     const keySource = envKey ? 'from KEYGATE_API_KEY' : server.keyFile ? `${server.keyFile} (mode 0600; never printed)` : "none on file: create one with 'keygate serve keys create'";

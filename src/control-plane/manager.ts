@@ -73,6 +73,8 @@ export class ControlPlaneManager {
   private readonly runtimes = new Map<string, DeploymentRuntime>();
   private readonly builds: Semaphore;
   private closing = false;
+  /** The background restore, awaited by close(): it may attach routers and start replicas. */
+  private restoring: Promise<void> | undefined;
 
   constructor(
     private readonly ctx: ServerContext,
@@ -276,10 +278,16 @@ export class ControlPlaneManager {
    * After a (re)start: routers on their persisted ports, the active revision's replicas back from
    * its built directory, unfinished revisions resolved (see state.recoveryAction).
    */
-  async restore(): Promise<void> {
+  restore(): Promise<void> {
+    this.restoring ??= this.restoreAll();
+    return this.restoring;
+  }
+
+  private async restoreAll(): Promise<void> {
     // First the replicas a killed predecessor left behind: otherwise the restored ones would run
     // next to them, and nothing would ever stop the old ones.
     for (const driver of new Set([this.drivers.local, this.drivers.docker])) {
+      if (this.closing) return;
       try {
         await driver.reapOrphans?.(this.cfg.stopGraceMs);
       } catch (err) {
@@ -303,6 +311,7 @@ export class ControlPlaneManager {
     }
     const router = await this.attach(dep);
     const rt = this.runtimes.get(dep.id)!;
+    if (this.closing) return; // close() stops what attach() started
     const revs = await this.store.listRevisions(dep.id);
     for (const r of revs) {
       const action = recoveryAction(r.status, r.id === dep.latest_revision_id);
@@ -391,6 +400,17 @@ export class ControlPlaneManager {
   /** Server shutdown: builds are cancelled, replicas stopped; the database keeps what to restore. */
   async close(): Promise<void> {
     this.closing = true;
+    await this.stopRuntimes();
+    // A restore still under way returns at its next step (stopping the replica set it was
+    // starting, see restoreOne); what it attached meanwhile is stopped by the second pass, and the
+    // database stays open until it is done.
+    await this.restoring?.catch(() => undefined);
+    await this.stopRuntimes();
+    await this.logs.close();
+  }
+
+  private async stopRuntimes(): Promise<void> {
+    const ids = [...this.runtimes.keys()];
     const all = [...this.runtimes.values()];
     for (const rt of all) rt.abort.abort();
     await Promise.all(
@@ -401,7 +421,6 @@ export class ControlPlaneManager {
       }),
     );
     await Promise.all(all.map((rt) => rt.worker?.catch(() => undefined)));
-    this.runtimes.clear();
-    await this.logs.close();
+    for (const id of ids) this.runtimes.delete(id);
   }
 }

@@ -207,13 +207,15 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
     baseUrl = `http://${host.includes(':') ? `[${host}]` : host}:${addr.port}`;
   });
 
+  // onClose hooks run last-registered first: the database closes after every area has stopped
+  // what still uses it (the control plane's restore, the sandboxes' state).
+  app.addHook('onClose', async () => {
+    await db.close();
+  });
   const areas = opts.areas ?? (await loadAreas());
   for (const area of areas) {
     await app.register(async (scope) => area.register(scope, ctx, { addAuthenticator: (a) => authenticators.push(a) }), { name: area.name } as never);
   }
-  app.addHook('onClose', async () => {
-    await db.close();
-  });
 
   return {
     app,
