@@ -45,10 +45,15 @@ export async function run(argv: string[]): Promise<number> {
         'ca-path': { type: 'string' },
         'bundle-path': { type: 'string' },
         'truststore-path': { type: 'string' },
+        help: { type: 'boolean', short: 'h' },
       },
     },
     USAGE,
   );
+  if (values.help) {
+    process.stdout.write(USAGE + '\n');
+    return 0;
+  }
   const certs = values.certs!;
   if (sub === 'init') {
     const ca = await ensureCa(certs).catch((err: Error) => {

@@ -338,6 +338,12 @@ export async function run(argv: string[]): Promise<number> {
   }
   const fn = SUB[sub];
   if (!fn) throw new CliError(`unknown 'sandbox' command '${sub}'\n${HELP}`, 2);
+  // Help needs no API key. After `--` the words are the box's command (`exec b1 -- ls --help`).
+  const end = rest.indexOf('--');
+  if ((end < 0 ? rest : rest.slice(0, end)).some((a) => a === '--help' || a === '-h')) {
+    process.stdout.write(HELP + '\n');
+    return 0;
+  }
   const c = client();
   try {
     return await fn(c, rest);

@@ -40,10 +40,15 @@ async function keysCreate(argv: string[]): Promise<number> {
         user: { type: 'string', default: 'admin' },
         name: { type: 'string', default: 'cli' },
         data: { type: 'string' },
+        help: { type: 'boolean', short: 'h' },
       },
     },
     HELP,
   );
+  if (values.help) {
+    process.stdout.write(HELP + '\n');
+    return 0;
+  }
   const dataDir = resolveDataDir(values.data);
   const db = await openDb({ dataDir });
   try {

@@ -1,5 +1,5 @@
 import { Ajv } from 'ajv';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { ajvToIssues, formatLoc } from '../validation/errors.js';
 import { jsonErrorLocation } from '../validation/json.js';
@@ -107,7 +107,12 @@ export function loadTemplates(configDir: string): Map<string, Template> {
   try {
     text = readFileSync(file, 'utf8');
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return new Map();
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') {
+      // The file is optional; the directory is not: a mistyped --config-dir / KEYGATE_CONFIG_DIR
+      // would otherwise start a server with no templates (and no providers) and say nothing.
+      if (!existsSync(configDir)) throw new TemplatesError(`configuration directory ${configDir} does not exist (--config-dir or KEYGATE_CONFIG_DIR)`);
+      return new Map();
+    }
     throw new TemplatesError(`cannot read ${file}: ${(err as Error).message}`);
   }
   let value: unknown;

@@ -54,6 +54,12 @@ describe('templates.json', () => {
     writeFileSync(path.join(dir, 'templates.json'), JSON.stringify([dup, dup]));
     expect(() => loadTemplates(dir)).toThrow(/defined twice/);
   });
+
+  it('a missing configuration directory is an error, not an empty catalogue', () => {
+    const missing = path.join(tmp(), 'no-such-dir');
+    expect(() => loadTemplates(missing)).toThrow(TemplatesError);
+    expect(() => loadTemplates(missing)).toThrow(`configuration directory ${missing} does not exist`);
+  });
 });
 
 describe('KEYGATE_SANDBOX_PROXY_RESOLVE', () => {
