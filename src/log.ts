@@ -1,5 +1,6 @@
 import { writeSync } from './builtins/fs.js';
 import { pino, type Logger, type DestinationStream, type LoggerOptions } from 'pino';
+import { intSetting, logLevelSetting } from './settings.js';
 
 export type { Logger } from 'pino';
 
@@ -202,16 +203,13 @@ function batchedStdout(flushMs: number): BatchedStdout {
 }
 
 function flushMsFromEnv(): number {
-  const raw = process.env.KEYGATE_LOG_FLUSH_MS;
-  if (raw === undefined || raw === '') return 100;
-  const n = Number(raw);
-  return Number.isFinite(n) && n >= 0 ? Math.min(n, 10_000) : 100;
+  return intSetting(process.env, 'KEYGATE_LOG_FLUSH_MS', 100, { min: 0, max: 10_000, unit: 'milliseconds' });
 }
 
 /** One JSON line per event on stdout (or the given stream), with redaction. */
 export function createLogger(opts: LogOptions = {}): Logger {
   const options: LoggerOptions = {
-    level: opts.level ?? process.env.KEYGATE_LOG_LEVEL ?? 'info',
+    level: opts.level ?? logLevelSetting(process.env, 'info'),
     redact: { paths: REDACT_PATHS, censor: '[redacted]' },
     serializers: { err: serializeErr },
     base: opts.name ? { name: opts.name } : { pid: process.pid },

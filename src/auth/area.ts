@@ -8,16 +8,13 @@ import { loadConfiguredProviders } from './provider-config.js';
 import { registerFlowRoutes } from './routes-flow.js';
 import { registerProviderRoutes } from './routes-providers.js';
 import { registerTokenRoutes } from './routes-tokens.js';
+import { intSetting } from '../settings.js';
 
 /** Default bound for every call to a provider (code exchange, each revocation request). */
 export const DEFAULT_OAUTH_HTTP_TIMEOUT_MS = 10_000;
 
 export function oauthTimeoutMs(env: NodeJS.ProcessEnv): number {
-  const raw = env.KEYGATE_OAUTH_HTTP_TIMEOUT_MS?.trim();
-  if (!raw) return DEFAULT_OAUTH_HTTP_TIMEOUT_MS;
-  const n = Number(raw);
-  if (!Number.isInteger(n) || n < 100 || n > 120_000) throw new Error('KEYGATE_OAUTH_HTTP_TIMEOUT_MS must be an integer between 100 and 120000 (milliseconds)');
-  return n;
+  return intSetting(env, 'KEYGATE_OAUTH_HTTP_TIMEOUT_MS', DEFAULT_OAUTH_HTTP_TIMEOUT_MS, { min: 100, max: 120_000, unit: 'milliseconds' });
 }
 
 /**

@@ -4,7 +4,7 @@ import { makeRedactor, SECRET_NAMES_ENV } from '../secrets/redact.js';
 import { AppConfigError, loadApp } from '../runtime/app.js';
 import { startAppServer } from '../runtime/server.js';
 import { CliError } from './errors.js';
-import { parseListen } from './listen.js';
+import { listenFailure, parseListen } from './listen.js';
 import { untilShutdown } from './shutdown.js';
 
 const USAGE = `usage: keygate app serve --app DIR [--listen HOST:PORT] [--api-key KEY] [--heartbeat-ms N] [--grace-ms N]
@@ -87,8 +87,7 @@ async function serve(argv: string[]): Promise<number> {
   try {
     handle = await startAppServer({ app, host: listen.host, port: listen.port, apiKey, heartbeatMs, logger, redact });
   } catch (err) {
-    const e = err as NodeJS.ErrnoException;
-    throw new CliError(`cannot listen on ${values.listen}: ${e.code ?? e.message}`);
+    throw listenFailure(listen.host, listen.port, err);
   }
   const shown = handle.host.includes(':') ? `[${handle.host}]` : handle.host;
   logger.info(

@@ -19,7 +19,7 @@ import { formatAuthority, normaliseHost, parseAuthority } from '../rules/host.js
 import { startProxy, type ProxyHandle } from '../proxy/server.js';
 import { LIMIT_KEYS, parseLimitFlag, type ProxyLimits } from '../proxy/limits.js';
 import { parseCliArgs } from './args.js';
-import { parseListen } from './listen.js';
+import { listenFailure, parseListen } from './listen.js';
 import type { PreparedStart, ProxyCliOptions, RunningProxy } from './proxy-types.js';
 import { CliError } from './errors.js';
 import { untilShutdown } from './shutdown.js';
@@ -258,7 +258,7 @@ export async function startFromOptions(opts: ProxyCliOptions, logger: Logger = c
   try {
     handle = await startProxy({ listen: opts.listen, ca, config: compiled, logger, resolve: opts.resolve, upstreamCa, limits: opts.limits });
   } catch (err) {
-    throw new CliError(`cannot listen on ${formatAuthority(opts.listen.host, opts.listen.port)}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+    throw listenFailure(opts.listen.host, opts.listen.port, err);
   }
   let control: SidecarControl;
   try {

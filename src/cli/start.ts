@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { createLogger } from '../log.js';
+import { logLevelSetting } from '../settings.js';
 import { startEchoOrigin, type EchoOrigin } from '../sandbox-api/demo-origin.js';
 import { driversFor, loadTemplates } from '../sandbox-api/templates.js';
 import type { DriverName } from '../sandbox/driver.js';
@@ -195,7 +196,7 @@ export async function run(argv: string[]): Promise<number> {
   const { host, port } = parseListen(values.listen!);
   const dataDir = resolveDataDir(values.data);
   // Request logs would bury the instructions; KEYGATE_LOG_LEVEL=info brings them back.
-  const logger = createLogger({ name: 'keygate-start', level: process.env.KEYGATE_LOG_LEVEL ?? 'warn' });
+  const logger = createLogger({ name: 'keygate-start', level: logLevelSetting(process.env, 'warn') });
 
   let origin: EchoOrigin | undefined;
   let server: BuiltServer | undefined;

@@ -1,4 +1,5 @@
 import v8 from 'node:v8';
+import { switchSetting } from '../settings.js';
 
 /**
  * V8 settings for the long-running servers (`proxy`, `serve`, `start`) and how they reach the
@@ -69,7 +70,7 @@ export function missingSidecarEnv(env: NodeJS.ProcessEnv): Record<string, string
  * profiler that must keep its own process).
  */
 export function ensureServerFlags(env: NodeJS.ProcessEnv = process.env, opts: { sidecar?: boolean } = {}): ServerFlagsState {
-  if (env.KEYGATE_NODE_FLAGS === '0') return 'disabled';
+  if (switchSetting(env, 'KEYGATE_NODE_FLAGS') === false) return 'disabled';
   const missing = missingServerFlags(process.execArgv, env.NODE_OPTIONS);
   const missingEnv = opts.sidecar ? missingSidecarEnv(env) : {};
   if (missing.length === 0 && Object.keys(missingEnv).length === 0) return 'present';
@@ -97,7 +98,7 @@ export function ensureServerFlags(env: NodeJS.ProcessEnv = process.env, opts: { 
  * KEYGATE_V8_WASM_TIERUP=1 leaves V8's default.
  */
 export function leanServerFlags(env: NodeJS.ProcessEnv = process.env): boolean {
-  if (env.KEYGATE_V8_WASM_TIERUP === '1') return false;
+  if (switchSetting(env, 'KEYGATE_V8_WASM_TIERUP')) return false;
   v8.setFlagsFromString('--liftoff-only');
   return true;
 }
@@ -124,7 +125,7 @@ let optimizerHeld = false;
  * an optimizer option; KEYGATE_STARTUP_TURBOFAN=1 leaves V8's default.
  */
 export function holdOptimizer(env: NodeJS.ProcessEnv = process.env, execArgv: readonly string[] = process.execArgv): boolean {
-  if (optimizerHeld || env.KEYGATE_STARTUP_TURBOFAN === '1') return false;
+  if (optimizerHeld || switchSetting(env, 'KEYGATE_STARTUP_TURBOFAN')) return false;
   const given = [...execArgv, ...(env.NODE_OPTIONS ?? '').split(/\s+/)].map((a) => a.replace(/_/g, '-'));
   if (given.some((a) => OPTIMIZER_OPTIONS.test(a))) return false;
   for (const f of HOLDS) v8.setFlagsFromString(`--no-${f}`);

@@ -1,6 +1,7 @@
 import { lstatSync, openSync, readSync, closeSync, readdirSync, realpathSync } from 'node:fs';
 import path from 'node:path';
 import * as tar from 'tar';
+import { intSetting } from '../settings.js';
 
 /** The archive is refused; the message says which entry and why (shown to the user as is). */
 export class TarballError extends Error {
@@ -16,16 +17,12 @@ export interface TarLimits {
   maxUnpackedBytes: number;
 }
 
+/** The operator's bounds (a value that cannot be used is a start-up error: src/settings.ts). */
 export function tarLimitsFromEnv(env: NodeJS.ProcessEnv): TarLimits {
   return {
-    maxEntries: positiveInt(env.KEYGATE_MAX_TAR_ENTRIES, 50_000),
-    maxUnpackedBytes: positiveInt(env.KEYGATE_MAX_UNPACKED_BYTES, 1024 * 1024 * 1024),
+    maxEntries: intSetting(env, 'KEYGATE_MAX_TAR_ENTRIES', 50_000, { min: 1 }),
+    maxUnpackedBytes: intSetting(env, 'KEYGATE_MAX_UNPACKED_BYTES', 1024 * 1024 * 1024, { min: 1, unit: 'bytes' }),
   };
-}
-
-export function positiveInt(v: string | undefined, dflt: number): number {
-  const n = v === undefined || v === '' ? NaN : Number(v);
-  return Number.isSafeInteger(n) && n > 0 ? n : dflt;
 }
 
 const FILE_TYPES = new Set(['File', 'OldFile', 'ContiguousFile']);

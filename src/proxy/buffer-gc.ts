@@ -1,4 +1,5 @@
 import v8 from 'node:v8';
+import { switchSetting } from '../settings.js';
 import vm from 'node:vm';
 
 /**
@@ -40,11 +41,15 @@ export function collector(): Gc | null {
   return gc;
 }
 
+/** KEYGATE_RELAY_GC=0 turns the collections off (read once; the proxy reads it at start). */
+export function relayGcSetting(): boolean {
+  return (relayGc ??= switchSetting(process.env, 'KEYGATE_RELAY_GC') !== false);
+}
+
 /** Counts bytes a relay passed on; asks for a young-generation collection every STEP bytes. */
 export function chunkRelayed(bytes: number): void {
   relayed += bytes;
   if (relayed < STEP) return;
   relayed = 0;
-  relayGc ??= process.env.KEYGATE_RELAY_GC !== '0';
-  if (relayGc) collector()?.({ type: 'minor', execution: 'async' });
+  if (relayGcSetting()) collector()?.({ type: 'minor', execution: 'async' });
 }

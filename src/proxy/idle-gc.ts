@@ -1,4 +1,5 @@
 import v8 from 'node:v8';
+import { switchSetting } from '../settings.js';
 import { collector } from './buffer-gc.js';
 
 /**
@@ -91,7 +92,7 @@ let running: IdleGc | undefined;
 
 /** Starts the checks for this process (the server commands), once. */
 export function startIdleGc(env: NodeJS.ProcessEnv = process.env): boolean {
-  if (running || env.KEYGATE_IDLE_GC === '0') return false;
+  if (running || switchSetting(env, 'KEYGATE_IDLE_GC') === false) return false;
   running = idleGc();
   return true;
 }

@@ -25,6 +25,8 @@ import { isLocalAddress, isLoopback, LOOPBACK_NAMES } from './local-addresses.js
 export type { ProxyTimeouts } from './upstream.js';
 export type { ProxyLimits } from './limits.js';
 import type { ProxyTimeouts } from './upstream.js';
+import { relayGcSetting } from './buffer-gc.js';
+import { switchSetting } from '../settings.js';
 export type { RequestRecord, TunnelRecord } from './context.js';
 
 export interface ProxyOptions {
@@ -175,7 +177,9 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
 
   // ---- the exchanges, and the listener -------------------------------------------------------
   const node = createNodeExchange(dp);
-  const fastPath = opts.fastPath ?? process.env.KEYGATE_FAST_PATH !== '0';
+  const fastPath = opts.fastPath ?? switchSetting(process.env, 'KEYGATE_FAST_PATH') !== false;
+  // Read here, at start, so that a value it cannot use stops the command (not a relay, later).
+  relayGcSetting();
   const fastOptions = {
     core,
     limits,

@@ -16,6 +16,7 @@ import { DEFAULT_MAX_PER_WORKSPACE, SandboxService } from './service.js';
 import { SandboxStore } from './storage.js';
 import { loadTemplates } from './templates.js';
 import { loggableMessage } from '../server/errors.js';
+import { intSetting } from '../settings.js';
 
 export interface SandboxAreaOptions {
   /** `host:port` -> address pins for every sandbox proxy's upstream connections. */
@@ -31,19 +32,13 @@ export interface SandboxAreaOptions {
 }
 
 /** `KEYGATE_SANDBOX_MAX_FILE_BYTES`: the files API's per-request size limit. */
-function maxFileBytes(value: string | undefined): number {
-  if (!value?.trim()) return DEFAULT_MAX_FILE_BYTES;
-  const n = Number(value);
-  if (!Number.isSafeInteger(n) || n < 1) throw new Error(`KEYGATE_SANDBOX_MAX_FILE_BYTES must be a positive integer, got '${value}'`);
-  return n;
+function maxFileBytes(env: NodeJS.ProcessEnv): number {
+  return intSetting(env, 'KEYGATE_SANDBOX_MAX_FILE_BYTES', DEFAULT_MAX_FILE_BYTES, { min: 1, unit: 'bytes' });
 }
 
 /** `KEYGATE_SANDBOX_MAX_PER_WORKSPACE`: most sandboxes one workspace may hold. */
-function maxPerWorkspace(value: string | undefined): number {
-  if (!value?.trim()) return DEFAULT_MAX_PER_WORKSPACE;
-  const n = Number(value);
-  if (!Number.isSafeInteger(n) || n < 1) throw new Error(`KEYGATE_SANDBOX_MAX_PER_WORKSPACE must be a positive integer, got '${value}'`);
-  return n;
+function maxPerWorkspace(env: NodeJS.ProcessEnv): number {
+  return intSetting(env, 'KEYGATE_SANDBOX_MAX_PER_WORKSPACE', DEFAULT_MAX_PER_WORKSPACE, { min: 1 });
 }
 
 /** The operator's sandbox settings (environment variables) cannot be used: a start-up error. */
@@ -119,11 +114,11 @@ export function createSandboxArea(opts: SandboxAreaOptions = {}): Area {
         proxyHost,
         driver,
         logger: ctx.logger,
-        maxPerWorkspace: maxPerWorkspace(ctx.env.KEYGATE_SANDBOX_MAX_PER_WORKSPACE),
+        maxPerWorkspace: maxPerWorkspace(ctx.env),
       });
       opts.onService?.(service);
 
-      registerSandboxRoutes(app, service, { maxFileBytes: maxFileBytes(ctx.env.KEYGATE_SANDBOX_MAX_FILE_BYTES) });
+      registerSandboxRoutes(app, service, { maxFileBytes: maxFileBytes(ctx.env) });
       await registerExecWebSocket(app, service);
       registerSecretRoutes(app, service);
 

@@ -10,6 +10,7 @@
  */
 import { readFileSync } from 'node:fs';
 import type net from 'node:net';
+import { intSetting } from '../settings.js';
 
 /** Most connections one box's relay carries at once. */
 export const RELAY_CONNECTIONS_PER_BOX = 256;
@@ -40,10 +41,8 @@ function openFileLimit(): number | null {
  * sets the server's total.
  */
 export function defaultRelayLimits(env: NodeJS.ProcessEnv = process.env): RelayLimits {
-  const set = env.KEYGATE_SANDBOX_RELAY_CONNECTIONS?.trim();
-  if (set) {
-    const n = Number(set);
-    if (!Number.isSafeInteger(n) || n < 1) throw new Error(`KEYGATE_SANDBOX_RELAY_CONNECTIONS must be a positive integer, got '${set}'`);
+  if (env.KEYGATE_SANDBOX_RELAY_CONNECTIONS?.trim()) {
+    const n = intSetting(env, 'KEYGATE_SANDBOX_RELAY_CONNECTIONS', 0, { min: 1 });
     return { perBox: Math.min(RELAY_CONNECTIONS_PER_BOX, n), total: n };
   }
   const nofile = openFileLimit() ?? 65536;

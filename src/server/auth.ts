@@ -5,6 +5,7 @@ import type { FastifyRequest } from 'fastify';
 import { createFileExclusive } from '../secrets/envelope.js';
 import { migrate, nowIso, type Db } from '../store/db.js';
 import { HttpError } from './errors.js';
+import { SettingError } from '../settings.js';
 
 /** Who is calling: a user of a workspace (tenant). Every resource is scoped to `workspaceId`. */
 export interface Principal {
@@ -93,7 +94,7 @@ export async function bootstrapAuth(db: Db, dataDir: string, env: NodeJS.Process
   await ensureWorkspace(db, DEFAULT_WORKSPACE_ID, DEFAULT_WORKSPACE_ID);
   const envKey = env.KEYGATE_API_KEY?.trim();
   if (envKey) {
-    if (envKey.length < 16) throw new Error('KEYGATE_API_KEY must be at least 16 characters');
+    if (envKey.length < 16) throw new SettingError('KEYGATE_API_KEY must be at least 16 characters');
     const known = await db.get('SELECT id FROM api_keys WHERE key_hash = ?', [hashApiKey(envKey)]);
     if (!known) await createApiKey(db, { workspace: DEFAULT_WORKSPACE_ID, user: 'admin', name: 'KEYGATE_API_KEY', key: envKey });
     return {};
