@@ -52,6 +52,11 @@ class SandboxClient {
     return { 'x-api-key': this.apiKey, 'user-agent': 'keygate-sandbox', ...extra };
   }
 
+  /** The one message for an API that cannot be reached, whichever command (HTTP or WebSocket) tried. */
+  unreachable(err: unknown): CliError {
+    return new CliError(`cannot reach the sandbox API at ${this.baseUrl}: ${networkFailure(err)}; is 'keygate serve' running there? (set KEYGATE_URL)`);
+  }
+
   async call(what: string, method: Dispatcher.HttpMethod, path: string, opts: { json?: unknown; body?: Dispatcher.DispatchOptions['body']; headers?: Record<string, string> } = {}): Promise<Dispatcher.ResponseData> {
     const res = await apiRequest(
       this.agent,
@@ -59,7 +64,7 @@ class SandboxClient {
       method,
       this.headers(opts.headers),
       { json: opts.json, body: opts.body, timeoutMs: 0 },
-      (err) => new CliError(`cannot reach the sandbox API at ${this.baseUrl}: ${networkFailure(err)}; is 'keygate serve' running there? (set KEYGATE_URL)`),
+      (err) => this.unreachable(err),
       (err) => new CliError(`${what}: ${(err as Error).message}`),
     );
     if (res.statusCode >= 400) {
@@ -267,7 +272,8 @@ function streamExec(c: SandboxClient, name: string, req: Record<string, unknown>
     });
     ws.on('error', (err) => {
       cleanup();
-      reject(new CliError(`cannot execute: ${err.message}`));
+      // Before the connection opened, the API was not reached: said as every other command says it.
+      reject(ws.readyState === WebSocket.CONNECTING || (err as NodeJS.ErrnoException).syscall === 'connect' ? c.unreachable(err) : new CliError(`cannot execute: ${err.message}`));
     });
     ws.on('close', () => {
       cleanup();

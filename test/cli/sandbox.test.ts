@@ -118,9 +118,12 @@ describe.skipIf(UNAVAILABLE)('keygate sandbox', () => {
         srv.close(() => resolve(port));
       });
     });
-    const gone = cli(['ls'], undefined, { KEYGATE_URL: `http://127.0.0.1:${closed}` });
-    expect(gone.status).toBe(1);
-    expect(gone.stderr).toBe(`keygate: cannot reach the sandbox API at http://127.0.0.1:${closed}: connection refused (ECONNREFUSED); is 'keygate serve' running there? (set KEYGATE_URL)\n`);
+    // Every command that talks to the API says it the same way, the streaming exec (a WebSocket) too.
+    for (const args of [['ls'], ['exec', 'c1', '--', 'true'], ['exec', '--json', 'c1', '--', 'true'], ['rm', 'c1']]) {
+      const gone = cli(args, undefined, { KEYGATE_URL: `http://127.0.0.1:${closed}` });
+      expect(gone.status, args.join(' ')).toBe(1);
+      expect(gone.stderr, args.join(' ')).toBe(`keygate: cannot reach the sandbox API at http://127.0.0.1:${closed}: connection refused (ECONNREFUSED); is 'keygate serve' running there? (set KEYGATE_URL)\n`);
+    }
     // A directory given as the file to upload: its read fails on this side, the server is fine.
     const dir = cli(['cp', cwd, 'c1:/workspace/dir.bin']);
     expect(dir.status).toBe(1);
