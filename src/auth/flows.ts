@@ -24,6 +24,10 @@ export interface FlowRow {
   redirect_uri: string;
   status: FlowStatus;
   token_id: string | null;
+  /** The provider's endpoints when the flow started (endpoints_bound 1); see endpoints.ts. */
+  token_url: string | null;
+  revocation_url: string | null;
+  endpoints_bound: number;
   created_at: string;
   expires_at: string;
   updated_at: string;
@@ -37,6 +41,8 @@ export interface NewFlow {
   redirectUri: string;
   verifierSealed: string | null;
   state: string;
+  /** Where this flow's code is exchanged and its token later revoked. */
+  endpoints: { tokenUrl: string; revocationUrl: string | null };
 }
 
 export async function createFlow(db: Db, f: NewFlow): Promise<string> {
@@ -45,9 +51,9 @@ export async function createFlow(db: Db, f: NewFlow): Promise<string> {
   // Old flows are of no use once they cannot complete; keep a day for `wait` callers, then forget.
   await db.run('DELETE FROM oauth_auth_flows WHERE expires_at < ?', [new Date(now.getTime() - 24 * 3600_000).toISOString()]);
   await db.run(
-    `INSERT INTO oauth_auth_flows (auth_id, state_hash, verifier_sealed, workspace_id, user_id, provider_id, scopes, redirect_uri, status, token_id, created_at, expires_at, updated_at)
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', NULL, ?, ?, ?)`,
-    [authId, hashState(f.state), f.verifierSealed, f.workspaceId, f.userId, f.providerId, JSON.stringify(f.scopes), f.redirectUri, now.toISOString(), new Date(now.getTime() + FLOW_TTL_MS).toISOString(), now.toISOString()],
+    `INSERT INTO oauth_auth_flows (auth_id, state_hash, verifier_sealed, workspace_id, user_id, provider_id, scopes, redirect_uri, status, token_id, token_url, revocation_url, endpoints_bound, created_at, expires_at, updated_at)
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', NULL, ?, ?, 1, ?, ?, ?)`,
+    [authId, hashState(f.state), f.verifierSealed, f.workspaceId, f.userId, f.providerId, JSON.stringify(f.scopes), f.redirectUri, f.endpoints.tokenUrl, f.endpoints.revocationUrl, now.toISOString(), new Date(now.getTime() + FLOW_TTL_MS).toISOString(), now.toISOString()],
   );
   return authId;
 }

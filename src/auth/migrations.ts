@@ -52,4 +52,13 @@ export const OAUTH_MIGRATIONS = [
      FOREIGN KEY (workspace_id, provider_id) REFERENCES oauth_providers(workspace_id, provider_id));
    CREATE INDEX oauth_tokens_owner ON oauth_tokens (workspace_id, user_id, provider_id);
    CREATE INDEX oauth_auth_flows_expiry ON oauth_auth_flows (expires_at)`,
+  // A sign-in and the token it yields are bound to the provider's endpoints when the sign-in
+  // started: a later change of the provider (any member of the workspace may make one) reaches
+  // neither a code already on its way nor a token already stored (endpoints.ts). Rows from before
+  // this step have endpoints_bound 0 and use the provider's endpoints as they are.
+  `ALTER TABLE oauth_auth_flows ADD COLUMN token_url TEXT;
+   ALTER TABLE oauth_auth_flows ADD COLUMN revocation_url TEXT;
+   ALTER TABLE oauth_auth_flows ADD COLUMN endpoints_bound INTEGER NOT NULL DEFAULT 0;
+   ALTER TABLE oauth_tokens ADD COLUMN revocation_url TEXT;
+   ALTER TABLE oauth_tokens ADD COLUMN endpoints_bound INTEGER NOT NULL DEFAULT 0`,
 ];

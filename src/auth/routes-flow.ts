@@ -5,6 +5,7 @@ import { notFound } from '../server/errors.js';
 import { claimFlow, createFlow, finishFlow, getOwnedFlow, type FlowWaiters } from './flows.js';
 import { exchangeCode, ProviderCallError } from './oauth-client.js';
 import { authorizeUrl, newState, newVerifier, normaliseScopes, s256Challenge, UUID_PATTERN } from './pkce.js';
+import { boundRevocationUrl, flowTokenUrl } from './endpoints.js';
 import { clientOf, getProvider } from './providers.js';
 import { authenticateBody, authenticateResponse, errorResponse, waitResponse } from './schemas.js';
 import { findReusableToken, storeToken } from './tokens.js';
@@ -70,6 +71,7 @@ export function registerFlowRoutes(app: FastifyInstance, ctx: ServerContext, dep
         redirectUri,
         verifierSealed: verifier ? ctx.envelope.seal(verifier) : null,
         state,
+        endpoints: { tokenUrl: provider.token_url, revocationUrl: provider.revocation_url },
       });
       const url = authorizeUrl({ authUrl: provider.auth_url, clientId: provider.client_id, redirectUri, scopes, state, codeChallenge: verifier ? s256Challenge(verifier) : undefined });
       req.log.info({ auth_id: authId, provider_id: provider.provider_id }, 'OAuth sign-in started');
@@ -124,7 +126,7 @@ export function registerFlowRoutes(app: FastifyInstance, ctx: ServerContext, dep
         const provider = await getProvider(ctx.db, flow.workspace_id, flow.provider_id);
         if (!provider) throw new ProviderCallError('the provider was deleted during the sign-in', 'invalid_response');
         const set = await exchangeCode({
-          tokenUrl: provider.token_url,
+          tokenUrl: flowTokenUrl(flow, provider),
           client: clientOf(provider, ctx.envelope),
           code,
           redirectUri: flow.redirect_uri,
@@ -133,7 +135,7 @@ export function registerFlowRoutes(app: FastifyInstance, ctx: ServerContext, dep
         });
         const granted = set.scope !== undefined ? normaliseScopes(set.scope.split(' ')) : (JSON.parse(flow.scopes) as string[]);
         const tokenId = await ctx.db.tx(async (tx) => {
-          const id = await storeToken(tx, ctx.envelope, { workspaceId: flow.workspace_id, userId: flow.user_id }, flow.provider_id, set, granted);
+          const id = await storeToken(tx, ctx.envelope, { workspaceId: flow.workspace_id, userId: flow.user_id }, flow.provider_id, set, granted, boundRevocationUrl(flow, provider));
           await finishFlow(tx, flow.auth_id, { tokenId: id });
           return id;
         });

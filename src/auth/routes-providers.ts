@@ -2,6 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import { principalOf } from '../server/auth.js';
 import type { ServerContext } from '../server/context.js';
 import { conflict, HttpValidationError, notFound } from '../server/errors.js';
+import { secretRebindProblem } from './endpoints.js';
 import { normaliseScopes } from './pkce.js';
 import { getProvider, insertProvider, listProviders, patchProvider, plainHttpProblems, secretProblem, toRecord, type ProviderInput } from './providers.js';
 import { errorResponse, providerCreateBody, providerParams, providerPatchBody, providerRecord } from './schemas.js';
@@ -61,11 +62,11 @@ export function registerProviderRoutes(app: FastifyInstance, ctx: ServerContext)
         if (!current) throw providerNotFound(id);
         const method = patch.token_endpoint_auth_method ?? current.token_endpoint_auth_method;
         const hasSecret = patch.client_secret !== undefined ? patch.client_secret !== null : current.client_secret_sealed !== null;
-        const problem = secretProblem(method, hasSecret);
+        const problem = secretProblem(method, hasSecret) ?? secretRebindProblem(current, patch);
         if (problem) throw new HttpValidationError([{ loc: ['body', 'client_secret'], msg: problem, type: 'missing' }]);
         return patchProvider(tx, ctx.envelope, workspaceId, id, patch);
       });
-      req.log.info({ provider_id: id, fields: Object.keys(patch) }, 'OAuth provider updated');
+      req.log.info({ provider_id: id, fields: Object.keys(patch), user_id: principalOf(req).userId }, 'OAuth provider updated');
       return toRecord(row!);
     },
   );

@@ -2,6 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import { principalOf } from '../server/auth.js';
 import type { ServerContext } from '../server/context.js';
 import { badGateway, conflict, notFound } from '../server/errors.js';
+import { boundRevocationUrl } from './endpoints.js';
 import { ProviderCallError, revokeTokens } from './oauth-client.js';
 import { clientOf, getProvider } from './providers.js';
 import { errorResponse, tokenMetadataBody, tokenParams, tokenRecord } from './schemas.js';
@@ -68,10 +69,12 @@ export function registerTokenRoutes(app: FastifyInstance, ctx: ServerContext, de
       try {
         const provider = await getProvider(ctx.db, row.workspace_id, row.provider_id);
         if (!provider) throw badGateway(`Provider '${row.provider_id}' is not configured; the token cannot be revoked.`);
-        if (provider.revocation_url) {
+        // Where the token's sign-in said, not wherever the provider points now (endpoints.ts).
+        const revocationUrl = boundRevocationUrl(row, provider);
+        if (revocationUrl) {
           try {
             await revokeTokens({
-              revocationUrl: provider.revocation_url,
+              revocationUrl,
               client: clientOf(provider, ctx.envelope),
               accessToken: ctx.envelope.open(row.access_token_sealed),
               refreshToken: row.refresh_token_sealed ? ctx.envelope.open(row.refresh_token_sealed) : undefined,

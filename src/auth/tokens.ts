@@ -19,6 +19,9 @@ export interface TokenRow {
   provider_account_label: string | null;
   is_default: number;
   deleting_at: string | null;
+  /** Where the token is revoked (endpoints_bound 1): the provider's when its sign-in started. */
+  revocation_url: string | null;
+  endpoints_bound: number;
   created_at: string;
   updated_at: string;
 }
@@ -82,15 +85,15 @@ export async function findReusableToken(db: Db, owner: Owner, providerId: string
 }
 
 /** Stores a new token; the user's first token for a provider becomes the default. */
-export async function storeToken(db: Db, envelope: Envelope, owner: Owner, providerId: string, set: TokenSet, scopes: string[]): Promise<string> {
+export async function storeToken(db: Db, envelope: Envelope, owner: Owner, providerId: string, set: TokenSet, scopes: string[], revocationUrl: string | null): Promise<string> {
   const id = randomUUID();
   const now = nowIso();
   const expiresAt = set.expiresIn !== undefined ? new Date(Date.now() + set.expiresIn * 1000).toISOString() : null;
   const hasDefault = await db.get('SELECT id FROM oauth_tokens WHERE workspace_id = ? AND user_id = ? AND provider_id = ? AND is_default = 1', [owner.workspaceId, owner.userId, providerId]);
   await db.run(
-    `INSERT INTO oauth_tokens (id, workspace_id, user_id, provider_id, access_token_sealed, refresh_token_sealed, token_type, scopes, expires_at, provider_account_label, is_default, deleting_at, created_at, updated_at)
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, NULL, ?, ?)`,
-    [id, owner.workspaceId, owner.userId, providerId, envelope.seal(set.accessToken), set.refreshToken ? envelope.seal(set.refreshToken) : null, set.tokenType ?? null, JSON.stringify(scopes), expiresAt, !hasDefault, now, now],
+    `INSERT INTO oauth_tokens (id, workspace_id, user_id, provider_id, access_token_sealed, refresh_token_sealed, token_type, scopes, expires_at, provider_account_label, is_default, deleting_at, revocation_url, endpoints_bound, created_at, updated_at)
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, NULL, ?, 1, ?, ?)`,
+    [id, owner.workspaceId, owner.userId, providerId, envelope.seal(set.accessToken), set.refreshToken ? envelope.seal(set.refreshToken) : null, set.tokenType ?? null, JSON.stringify(scopes), expiresAt, !hasDefault, revocationUrl, now, now],
   );
   return id;
 }

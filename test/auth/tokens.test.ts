@@ -2,6 +2,7 @@
 // authorization server (oidc-provider), on SQLite and on PostgreSQL.
 import { generateKeyPairSync, type KeyObject } from 'node:crypto';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -58,28 +59,49 @@ function createKey(dataDir: string, workspace: string, user: string, env: NodeJS
   return { key, workspaceId: /\(([^)]+)\)\s*$/.exec(r.stderr.trim())![1] };
 }
 
-/** A port nothing listens on (bound, then released). */
-async function closedPort(): Promise<number> {
-  const srv = net.createServer();
+/** An endpoint another member of the workspace runs: answers 200 {} and keeps every request body and Authorization. */
+async function capture(): Promise<{ url: string; seen: string[]; close: () => Promise<void> }> {
+  const seen: string[] = [];
+  const srv = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (d: Buffer) => (body += d.toString('utf8')));
+    req.on('end', () => {
+      seen.push(`${req.url} ${req.headers.authorization ?? ''} ${body}`);
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+    });
+  });
   await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
-  const port = (srv.address() as net.AddressInfo).port;
-  await new Promise((r) => srv.close(r));
-  return port;
+  return { url: `http://127.0.0.1:${(srv.address() as net.AddressInfo).port}`, seen, close: () => new Promise((r) => srv.close(() => r())) };
 }
 
-/** A revocation endpoint that accepts connections and never answers. */
-async function blackHole(): Promise<{ url: string; close: () => Promise<void> }> {
+/**
+ * A revocation endpoint of its own address that first accepts connections and never answers, can
+ * then be closed (nothing listens: unreachable), and finally healed: the same address relays to
+ * the authorization server's real endpoint.
+ */
+async function faultyEndpoint(as: AuthorizationServer): Promise<{ url: string; close: () => Promise<void>; heal: () => Promise<void> }> {
   const sockets = new Set<net.Socket>();
+  let healed = false;
   const srv = net.createServer((s) => {
     sockets.add(s);
     s.on('error', () => undefined);
+    if (!healed) return;
+    const up = net.connect(as.port, '127.0.0.1');
+    up.on('error', () => s.destroy());
+    s.pipe(up).pipe(s);
   });
   await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  const port = (srv.address() as net.AddressInfo).port;
+  const close = async () => {
+    sockets.forEach((s) => s.destroy());
+    if (srv.listening) await new Promise((r) => srv.close(r));
+  };
   return {
-    url: `http://127.0.0.1:${(srv.address() as net.AddressInfo).port}/revoke`,
-    close: async () => {
-      sockets.forEach((s) => s.destroy());
-      await new Promise((r) => srv.close(r));
+    url: `http://127.0.0.1:${port}${new URL(as.revocationUrl).pathname}`,
+    close,
+    heal: async () => {
+      healed = true;
+      await new Promise<void>((r) => srv.listen(port, '127.0.0.1', r));
     },
   };
 }
@@ -153,7 +175,7 @@ async function startHarness(databaseUrl: string): Promise<Harness> {
   });
   outputs.push(() => server.output());
   const callback = (id: string) => `${server.url}/v2/auth/callback/${id}`;
-  basic.redirect_uris = [callback('oidc'), callback('norevoke'), callback('badsecret')];
+  basic.redirect_uris = [callback('oidc'), callback('norevoke'), callback('badsecret'), callback('shared')];
   post.redirect_uris = [callback('oidc-post')];
   as.configure([basic, post]);
 
@@ -327,13 +349,68 @@ function defineSuite(name: string, databaseUrl: () => Promise<string>, full: boo
       expect((await h.as.introspect(access)).active).toBe(false);
     });
 
+    it('a member who repoints a shared provider gets neither its client secret, nor a sign-in under way, nor stored tokens', async () => {
+      const cap = await capture();
+      try {
+        const created = await call(h.server.url, 'POST', '/v2/auth/providers', {
+          key: h.alice,
+          body: { provider_id: 'shared', name: 'Shared OP', client_id: h.basic.client_id, client_secret: h.basic.client_secret, auth_url: `${h.as.authUrl}?prompt=consent`, token_url: h.as.tokenUrl, revocation_url: h.as.revocationUrl, scopes: ['openid', 'offline_access'] },
+        });
+        expect(created.status).toBe(201);
+        // Bob does not know the client secret: he cannot make keygate send it to his endpoints.
+        for (const field of ['token_url', 'revocation_url'] as const) {
+          const moved = await call(h.server.url, 'PATCH', '/v2/auth/providers/shared', { key: h.bob, body: { [field]: `${cap.url}/${field}` } });
+          expect(moved.status, field).toBe(422);
+          expect(moved.body.detail[0]).toMatchObject({ loc: ['body', 'client_secret'], type: 'missing' });
+          expect(moved.body.detail[0].msg).toContain(field);
+        }
+        expect((await call(h.server.url, 'GET', '/v2/auth/providers/shared', { key: h.bob })).body).toMatchObject({ token_url: h.as.tokenUrl, revocation_url: h.as.revocationUrl });
+        // Unchanged endpoints (or other fields) need no secret.
+        expect((await call(h.server.url, 'PATCH', '/v2/auth/providers/shared', { key: h.bob, body: { token_url: h.as.tokenUrl, name: 'Shared OP (renamed)' } })).status).toBe(200);
+
+        // Alice holds a token of the provider and has a sign-in on its way.
+        const { tokenId } = await signIn(h, h.alice, 'shared');
+        const { access, refresh } = await latestTokens(h);
+        const start = await call(h.server.url, 'POST', '/v2/auth/authenticate', { key: h.alice, body: { provider: 'shared', scopes: ['openid', 'offline_access', 'profile'] } });
+        expect(start.body.status).toBe('pending');
+
+        // A member who knows the secret repoints both endpoints at his own server.
+        const repointed = await call(h.server.url, 'PATCH', '/v2/auth/providers/shared', {
+          key: h.bob,
+          body: { token_url: `${cap.url}/token`, revocation_url: `${cap.url}/revoke`, client_secret: h.basic.client_secret },
+        });
+        expect(repointed.status).toBe(200);
+
+        // The sign-in under way completes at the token endpoint it started with...
+        const landed = await browse(start.body.url, `${h.server.url}/v2/auth/callback/`);
+        expect(landed.status).toBe(200);
+        const done = await call(h.server.url, 'GET', `/v2/auth/wait/${start.body.auth_id}?timeout=5`, { key: h.alice });
+        expect(done.body.status).toBe('completed');
+        const second = await latestTokens(h);
+        // ...and both of Alice's tokens are revoked where they were issued.
+        for (const id of [tokenId, done.body.token_id]) expect((await call(h.server.url, 'DELETE', `/v2/auth/tokens/${id}`, { key: h.alice })).status).toBe(204);
+        for (const t of [access, refresh, second.access, second.refresh]) expect((await h.as.introspect(t)).active).toBe(false);
+        expect(cap.seen).toEqual([]);
+
+        // A sign-in started after the change goes where the provider now points (the members' choice).
+        const later = await call(h.server.url, 'POST', '/v2/auth/authenticate', { key: h.alice, body: { provider: 'shared' } });
+        await browse(later.body.url, `${h.server.url}/v2/auth/callback/`);
+        expect(cap.seen.map((l) => l.split(' ')[0])).toEqual(['/token']);
+      } finally {
+        await cap.close();
+      }
+    });
+
     if (!full) return;
 
-    it('times out a revocation endpoint that never answers: 502 within the bound, token kept', async () => {
-      const { tokenId } = await signIn(h, h.alice);
-      const hole = await blackHole();
+    it('times out a revocation endpoint that never answers, and one that is unreachable: 502, token kept, retried once it is back', async () => {
+      const endpoint = await faultyEndpoint(h.as);
+      let tokenId = '';
       try {
-        expect((await call(h.server.url, 'PATCH', '/v2/auth/providers/oidc', { key: h.alice, body: { revocation_url: hole.url } })).status).toBe(200);
+        const moved = await call(h.server.url, 'PATCH', '/v2/auth/providers/oidc', { key: h.alice, body: { revocation_url: endpoint.url, client_secret: h.basic.client_secret } });
+        expect(moved.status).toBe(200);
+        ({ tokenId } = await signIn(h, h.alice)); // revoked where its sign-in said: the faulty endpoint
+        const { access } = await latestTokens(h);
         const started = Date.now();
         const r = await call(h.server.url, 'DELETE', `/v2/auth/tokens/${tokenId}`, { key: h.alice });
         const elapsed = Date.now() - started;
@@ -341,18 +418,20 @@ function defineSuite(name: string, databaseUrl: () => Promise<string>, full: boo
         expect(r.body.detail).toMatch(/did not answer within/);
         expect(elapsed).toBeGreaterThanOrEqual(TIMEOUT_MS - 100);
         expect(elapsed).toBeLessThan(TIMEOUT_MS * 4);
-        // An unreachable endpoint (closed port) is a 502 too.
-        const closed = `http://127.0.0.1:${await closedPort()}/revoke`;
-        expect((await call(h.server.url, 'PATCH', '/v2/auth/providers/oidc', { key: h.alice, body: { revocation_url: closed } })).status).toBe(200);
+        // Nothing listening there (closed port) is a 502 too.
+        await endpoint.close();
         const r2 = await call(h.server.url, 'DELETE', `/v2/auth/tokens/${tokenId}`, { key: h.alice });
         expect(r2.status).toBe(502);
         expect(r2.body.detail).toMatch(/could not be reached/);
         expect((await call(h.server.url, 'GET', '/v2/auth/tokens', { key: h.alice })).body.map((t: { id: string }) => t.id)).toContain(tokenId);
+        // Back: the retry revokes and deletes.
+        await endpoint.heal();
+        expect((await call(h.server.url, 'DELETE', `/v2/auth/tokens/${tokenId}`, { key: h.alice })).status).toBe(204);
+        expect((await h.as.introspect(access)).active).toBe(false);
       } finally {
-        await call(h.server.url, 'PATCH', '/v2/auth/providers/oidc', { key: h.alice, body: { revocation_url: h.as.revocationUrl } });
-        await hole.close();
+        await call(h.server.url, 'PATCH', '/v2/auth/providers/oidc', { key: h.alice, body: { revocation_url: h.as.revocationUrl, client_secret: h.basic.client_secret } });
+        await endpoint.close();
       }
-      expect((await call(h.server.url, 'DELETE', `/v2/auth/tokens/${tokenId}`, { key: h.alice })).status).toBe(204);
     });
 
     it('deletes a token of a provider without revocation endpoint and logs the missing revocation', async () => {
