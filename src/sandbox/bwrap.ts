@@ -43,7 +43,47 @@ export interface BwrapPlan {
   lent?: { dir: string; files: Record<string, string> };
   /** Sizes (MiB) of the box's writable in-memory file systems (see tmpfsSizes). */
   tmpfsMb: { tmp: number; shm: number };
+  /**
+   * Names at the top of the host's /proc (the same kernel as the box's fresh /proc): which of
+   * PROC_READ_ONLY and PROC_MASKED_* exist to be covered (bwrap cannot mount on a missing path).
+   */
+  procNames: readonly string[];
 }
+
+/**
+ * Host-global places of /proc that the box sees read-only (Docker's read-only paths). The box's
+ * user is the server's uid outside: for a root server, host uid 0, for which plain file
+ * permissions pass on everything procfs gives to root, capabilities or not. Writable, they let a
+ * box set `kernel.core_pattern` (`|/prog`: a program run as host root on the next crash) or any
+ * sysctl, IRQ affinities, or PCI configuration space (`/proc/bus/pci`). bwrap's own cover of some
+ * of them skips a directory that is not writable to begin with (mode 0555), which left every file
+ * in /proc/sys writable. Bound from the host's /proc: a sysctl file answers for the namespaces of
+ * the process that reads it (the box's network, UTS and IPC settings read as the box's).
+ */
+export const PROC_READ_ONLY = ['sys', 'sysrq-trigger', 'irq', 'bus', 'fs'];
+/**
+ * Files of /proc a box gets nothing from (the host's /dev/null, bound read-only and so without
+ * devices: opening one fails, as for an unprivileged user): Docker's masked files, and every
+ * file that only root may read (which a root server's box otherwise could): kernel memory, page
+ * and slab layouts, other users' keys, host-wide timers with their processes, the kernel log.
+ */
+export const PROC_MASKED_FILES = [
+  'kcore',
+  'keys',
+  'latency_stats',
+  'timer_list',
+  'timer_stats',
+  'sched_debug',
+  'kpagecount',
+  'kpageflags',
+  'kpagecgroup',
+  'slabinfo',
+  'vmallocinfo',
+  'pagetypeinfo',
+  'kmsg',
+];
+/** Directories of /proc a box sees empty (a read-only tmpfs; Docker's masked directories). */
+export const PROC_MASKED_DIRS = ['acpi', 'asound', 'scsi'];
 
 /**
  * Sizes of /tmp and /dev/shm for a box of `memoryMb`: half of it for /tmp (as the docker driver
@@ -59,7 +99,8 @@ export function tmpfsSizes(memoryMb: number): { tmp: number; shm: number } {
 
 const MiB = 1024 * 1024;
 
-const DEVICES = ['null', 'zero', 'full', 'random', 'urandom'];
+/** The host device nodes bound into every box's /dev. */
+export const BOX_DEVICES = ['null', 'zero', 'full', 'random', 'urandom'];
 
 /** Names never taken from a root file system: made fresh for every box. */
 const OWN = new Set(['proc', 'dev', 'tmp', 'workspace', 'etc', 'run', 'sys']);
@@ -92,8 +133,16 @@ export function bwrapArgs(plan: BwrapPlan): string[] {
   }
   // The device nodes a program needs, bound one by one: bwrap's `--dev` mounts a devpts, which makes
   // an unprivileged bwrap nest a second user namespace that nsenter could not cross.
-  a.push('--proc', '/proc', '--tmpfs', '/dev');
-  for (const d of DEVICES) a.push('--dev-bind', `/dev/${d}`, `/dev/${d}`);
+  a.push('--proc', '/proc');
+  const inProc = new Set(plan.procNames);
+  // Without the host's /proc/sys to bind read-only (a /proc mounted with subset=pid), the box's is
+  // covered whole: fail closed.
+  if (!inProc.has('sys')) a.push('--perms', '0555', '--tmpfs', '/proc/sys', '--remount-ro', '/proc/sys');
+  for (const n of PROC_READ_ONLY) if (inProc.has(n)) a.push('--ro-bind', `/proc/${n}`, `/proc/${n}`);
+  for (const n of PROC_MASKED_FILES) if (inProc.has(n)) a.push('--ro-bind', '/dev/null', `/proc/${n}`);
+  for (const n of PROC_MASKED_DIRS) if (inProc.has(n)) a.push('--perms', '0555', '--size', '4096', '--tmpfs', `/proc/${n}`, '--remount-ro', `/proc/${n}`);
+  a.push('--tmpfs', '/dev');
+  for (const d of BOX_DEVICES) a.push('--dev-bind', `/dev/${d}`, `/dev/${d}`);
   a.push('--symlink', '/proc/self/fd', '/dev/fd', '--symlink', '/proc/self/fd/0', '/dev/stdin', '--symlink', '/proc/self/fd/1', '/dev/stdout');
   a.push('--symlink', '/proc/self/fd/2', '/dev/stderr', '--size', String(plan.tmpfsMb.shm * MiB), '--tmpfs', '/dev/shm', '--remount-ro', '/dev');
   a.push('--size', String(plan.tmpfsMb.tmp * MiB), '--tmpfs', '/tmp', '--dir', '/run', '--dir', '/etc');

@@ -329,6 +329,7 @@ export class LocalDriver implements SandboxDriver {
       disableUserns: process.getuid?.() === 0,
       lent: layout ? undefined : { dir: BOX_RUNTIME_DIR, files: { [BOX_TINI]: tools.tini! } },
       tmpfsMb: tmpfsSizes(spec.resources.memory_mb),
+      procNames: readdirSync('/proc').filter((n) => !/^[0-9]+$/.test(n)),
     });
     // /workspace is a file system of its own, sized disk_mb (disk.ts): the box's user owns its root
     // (the box's uid is this server's outside).
