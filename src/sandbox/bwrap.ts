@@ -165,6 +165,21 @@ export function bwrapArgs(plan: BwrapPlan): string[] {
   return a;
 }
 
+/**
+ * `mount` options that make one of BOX_DEVICES, a bind of the host's device node, a read-only
+ * mount that still allows devices: `mount -N <box mount ns> -o ... /dev/<name>`, run by a root
+ * server once the box is built. The box's user is the server's uid outside, and for a root
+ * server the owner of the host's /dev/null: on a writable bind it could chmod or touch the
+ * host's node itself (chmod 0 /dev/null breaks every unprivileged program of the host). bwrap
+ * has no read-only bind that keeps devices (its `--remount-ro` adds nodev). A device written
+ * through a read-only mount is still written (/dev/null still swallows); only its inode is
+ * sealed. `current` are the mount's options now (mountinfo): a flag locked on it (nodev,
+ * noexec) must be kept or the kernel refuses the remount; noexec is added, atime is kept.
+ */
+export function deviceRemountOptions(current: readonly string[]): string {
+  return ['remount', 'bind', 'ro', 'nosuid', 'noexec', ...(current.includes('nodev') ? ['nodev'] : [])].join(',');
+}
+
 /** The box's one long-lived process (after `--`, on bwrap's own command line: `--args` cannot carry it). */
 export const BOX_MAIN = ['sleep', 'infinity'];
 

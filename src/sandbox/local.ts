@@ -29,7 +29,7 @@ import {
 import { BOX_TRUSTSTORE_PATH } from '../certs/env.js';
 import { readFileOrEmpty } from '../builtins/fs.js';
 import { readProcStat } from '../proc.js';
-import { BOX_MAIN, BOX_NAMESPACES, bwrapArgs, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, tmpfsSizes, type RootEntry } from './bwrap.js';
+import { BOX_DEVICES, BOX_MAIN, BOX_NAMESPACES, bwrapArgs, deviceRemountOptions, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, tmpfsSizes, type RootEntry } from './bwrap.js';
 import { readBoxFile, writeBoxFile } from './box-files.js';
 import { DiskWatch, hostDiskUse, mountWorkspace, unmountWorkspace, WORKSPACE_DIR, workspaceBoundUnavailable } from './disk.js';
 import { BOX_RUNTIME_DIR, BOX_TINI, findTini } from './docker-relay.js';
@@ -176,7 +176,7 @@ export class LocalDriver implements SandboxDriver {
   private readonly tiniOpt: string | undefined;
   private readonly boxes = new Map<string, LocalBox>();
   private probed: Promise<DriverProbe> | null = null;
-  private tools: { bwrap: string; nsenter: string; setpriv: string; bash: string; prlimit: string | null; tini: string | null } | null = null;
+  private tools: { bwrap: string; nsenter: string; setpriv: string; bash: string; prlimit: string | null; tini: string | null; mount: string | null } | null = null;
   private layout: { ok: true; layout: CgroupLayout } | { ok: false; why: string } | null = null;
   /** /workspace is a sized file system of its own (disk.ts); else see LocalBox's disk watch. */
   readonly diskBound: boolean;
@@ -214,7 +214,10 @@ export class LocalDriver implements SandboxDriver {
     const bash = which('bash');
     if (!bash) return { ok: false, reason: 'bash is missing', hint: 'install bash (apt-get install bash)' };
     const tini = this.tiniOpt === undefined ? findTini() : existsSync(this.tiniOpt) ? path.resolve(this.tiniOpt) : null;
-    this.tools = { bwrap, nsenter, setpriv, bash, prlimit: which('prlimit'), tini };
+    // A root server seals the host device nodes it binds into a box (sealDevices): fail closed without mount.
+    const mount = which('mount');
+    if (!mount && process.getuid?.() === 0) return { ok: false, reason: 'mount is missing (a root server makes the device nodes of a box read-only with it)', hint: 'install util-linux (apt-get install util-linux)' };
+    this.tools = { bwrap, nsenter, setpriv, bash, prlimit: which('prlimit'), tini, mount };
     const tried = spawnSync(bwrap, ['--unshare-all', '--unshare-user', '--die-with-parent', '--ro-bind', '/', '/', '--', 'true'], {
       encoding: 'utf8',
       timeout: 10_000,
@@ -403,6 +406,31 @@ export class LocalDriver implements SandboxDriver {
     // --norc: bash reads ~/.bashrc of the server's user when its stdin is a socket (Node's pipes are socketpairs), the rshd rule.
     const w = [t.bash, '--norc', '--noprofile', '-c', ENTER_WRAPPER, 'keygate-box', String(keepFd), ...(cg ? procsFiles(cg) : []), '--'];
     return cg ? w : [...w, t.prlimit!, ...rlimitArgs(res), '--'];
+  }
+
+  /**
+   * @internal As root: the host device nodes bound into the box become read-only mounts (see
+   * deviceRemountOptions), in the box's mount namespace, before any command runs there. `mount`
+   * is the host's, started on the host; it enters only the mount namespace (through the
+   * descriptor the server holds), keeps its host credentials, and reads no configuration of the
+   * box's (`--options-source=disable`). Fails closed.
+   */
+  async sealDevices(pid1: number, mntFd: number): Promise<void> {
+    const mountinfo = readFileOrEmpty(`/proc/${pid1}/mountinfo`).split('\n').map((l) => l.split(' '));
+    for (const d of BOX_DEVICES) {
+      const target = `/dev/${d}`;
+      const current = mountinfo.find((f) => f[4] === target)?.[5]?.split(',');
+      if (!current) throw new BoxStartError(`the box has no ${target} mount to make read-only`);
+      const args = ['-N', '/proc/self/fd/3', '--options-source=disable', '--no-canonicalize', '-o', deviceRemountOptions(current), target];
+      const said = await new Promise<string | null>((resolve) => {
+        const p = spawn(this.tools!.mount!, args, { env: HOST_HELPER_ENV, cwd: '/', stdio: ['ignore', 'ignore', 'pipe', mntFd] });
+        let err = '';
+        p.stderr!.on('data', (b: Buffer) => (err = (err + b.toString()).slice(0, 1000)));
+        p.on('error', (e) => resolve(e.message));
+        p.on('close', (code) => resolve(code === 0 ? null : err.trim().split('\n')[0] || `exit ${code}`));
+      });
+      if (said !== null) throw new BoxStartError(`could not make the box's ${target} read-only: ${said}`);
+    }
   }
 
   /** @internal */
@@ -596,6 +624,8 @@ class LocalBox implements Box {
     // Opened from the right process: it still is the box's pid 1.
     if (startTime(pid) !== this.pid1Start) throw new BoxStartError('the box exited while starting');
     this.assertIsolated();
+    // A root server's box is host uid 0 outside, the owner of the host's device nodes bound in.
+    if (process.getuid?.() === 0) await this.driver.sealDevices(pid, this.nsFds[BOX_NAMESPACES.findIndex(([k]) => k === 'mnt')]);
     // bwrap's stderr is needed only to say why a start failed. Its write end is held by the box's
     // pid 1, which box code can ptrace (same uid, no Yama): left open, box code could feed this
     // server an endless stream through it. Closed, such writes fail in the box.

@@ -2,7 +2,7 @@
  * The bubblewrap planner (pure): what a box's /proc covers. The real boxes are in hostile-host.
  */
 import { describe, expect, it } from 'vitest';
-import { bwrapArgs, PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READ_ONLY, type BwrapPlan } from '../../src/sandbox/bwrap.js';
+import { bwrapArgs, deviceRemountOptions, PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READ_ONLY, type BwrapPlan } from '../../src/sandbox/bwrap.js';
 
 function plan(procNames: string[]): BwrapPlan {
   return { rootDir: '', entries: [], etcEntries: [], files: {}, workspace: '/w', infoFd: 3, disableUserns: true, tmpfsMb: { tmp: 8, shm: 8 }, procNames };
@@ -39,5 +39,12 @@ describe('bwrapArgs: /proc', () => {
   it("fails closed without the host's /proc/sys to bind: the box's is an empty read-only tmpfs", () => {
     const s = procPart(bwrapArgs(plan(['irq']))).join(' ');
     expect(s).toBe('--proc /proc --perms 0555 --tmpfs /proc/sys --remount-ro /proc/sys --ro-bind /proc/irq /proc/irq');
+  });
+});
+
+describe('deviceRemountOptions', () => {
+  it('read-only, nosuid and noexec, never nodev unless the mount already is (a locked flag must be kept)', () => {
+    expect(deviceRemountOptions(['rw', 'nosuid', 'relatime'])).toBe('remount,bind,ro,nosuid,noexec');
+    expect(deviceRemountOptions(['rw', 'nosuid', 'nodev', 'noexec', 'relatime'])).toBe('remount,bind,ro,nosuid,noexec,nodev');
   });
 });

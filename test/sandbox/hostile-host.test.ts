@@ -145,6 +145,32 @@ describe.skipIf(!probe.ok)(`local driver: the host's kernel settings and devices
     expect(r.stdout).toBe('checked\n');
   });
 
+  it('the host device nodes bound in cannot be changed (mode, times), and still work', async () => {
+    const devs = ['null', 'zero', 'full', 'random', 'urandom'];
+    const before = devs.map((d) => statSync(`/dev/${d}`));
+    // chmod to the mode it already has: harmless on the host if allowed, but it still changes the
+    // host inode's ctime, which is compared below.
+    const r = await run(box, [
+      'sh',
+      '-c',
+      `for d in ${devs.join(' ')}; do m=$(stat -c %a /dev/$d); chmod "$m" /dev/$d 2>/dev/null && echo "CHMOD $d"; touch -c /dev/$d 2>/dev/null && echo "TOUCH $d"; done; echo x > /dev/null && head -c 4 /dev/zero | wc -c && head -c 4 /dev/urandom | wc -c`,
+    ]);
+    expect(r.stdout).toBe('4\n4\n');
+    if (root) {
+      // Sealed by the server: read-only mounts that still allow devices.
+      const m = await run(box, ['sh', '-c', `awk '$5 ~ "^/dev/" && $5 != "/dev/shm" {print $5, $6}' /proc/self/mountinfo`]);
+      const lines = m.stdout.trim().split('\n');
+      expect(lines.map((l) => l.split(' ')[0]).sort()).toEqual(devs.map((d) => `/dev/${d}`).sort());
+      for (const l of lines) expect(l).toMatch(/ ro,nosuid,noexec,relatime$/);
+    }
+    devs.forEach((d, i) => {
+      const now = statSync(`/dev/${d}`);
+      expect(now.mode, d).toBe(before[i].mode);
+      expect(now.ctimeMs, d).toBe(before[i].ctimeMs);
+      expect(now.mtimeMs, d).toBe(before[i].mtimeMs);
+    });
+  });
+
   it("the box sees no cgroup file system and cannot mount one: it cannot raise its own limits", async () => {
     const r = await run(box, ['sh', '-c', `ls /sys 2>&1; awk '{print $9}' /proc/self/mountinfo | sort -u | tr "\\n" " "; echo; mkdir -p /tmp/cg; mount -t cgroup2 none /tmp/cg 2>&1; echo "mount=$?"; mount -t cgroup -o pids none /tmp/cg 2>&1; echo "mount1=$?"; mount -t sysfs none /tmp/cg 2>&1; echo "sysfs=$?"`]);
     expect(r.stdout).toMatch(/ls: cannot access '\/sys': No such file or directory/);
