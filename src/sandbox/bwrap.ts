@@ -32,6 +32,12 @@ export interface BwrapPlan {
   workspace: string;
   /** bwrap writes `{"child-pid": N, ...}` to this fd once the box's namespaces exist. */
   infoFd: number;
+  /**
+   * bwrap builds the box, drops its privileges, then waits for a byte on this fd before it starts
+   * the box's main process (a template's own `sleep`: box code). The server finishes the box
+   * meanwhile (sealDevices), so that no box code ever sees it unfinished.
+   */
+  blockFd: number;
   /** `--disable-userns` (a root server only: see bwrapArgs). */
   disableUserns: boolean;
   /**
@@ -161,7 +167,7 @@ export function bwrapArgs(plan: BwrapPlan): string[] {
   // Last, once every mount point is made: the root tmpfs (/, /etc, /run) becomes read-only, so the
   // box can neither fill it nor swap what keygate put there (/etc/keygate, /bin).
   a.push('--remount-ro', '/');
-  a.push('--info-fd', String(plan.infoFd));
+  a.push('--info-fd', String(plan.infoFd), '--block-fd', String(plan.blockFd));
   return a;
 }
 

@@ -329,6 +329,7 @@ export class LocalDriver implements SandboxDriver {
       files: fileArgs,
       workspace,
       infoFd: 3,
+      blockFd: 5 + fileFds.length,
       disableUserns: process.getuid?.() === 0,
       lent: layout ? undefined : { dir: BOX_RUNTIME_DIR, files: { [BOX_TINI]: tools.tini! } },
       tmpfsMb: tmpfsSizes(spec.resources.memory_mb),
@@ -347,8 +348,9 @@ export class LocalDriver implements SandboxDriver {
     let prefix: string[];
     try {
       if (layout) cg = createCgroup(layout, spec.id, spec.resources);
-      // bwrap keeps fd 3 (its info), 4 (its arguments) and the files it copies in (from 5 on).
-      prefix = this.wrap(4 + fileFds.length, cg, spec.resources);
+      // bwrap keeps fd 3 (its info), 4 (its arguments), the files it copies in (from 5 on), then
+      // the one it waits on before starting the box's main process.
+      prefix = this.wrap(5 + fileFds.length, cg, spec.resources);
     } catch (e) {
       for (const fd of fileFds) closeSync(fd);
       if (this.diskBound) await unmountWorkspace(spec.stateDir);
@@ -361,7 +363,7 @@ export class LocalDriver implements SandboxDriver {
     // cwd `/`: bwrap's init is pid 1 in the box, whose environment (PWD) the box reads.
     let child: ChildProcess;
     try {
-      child = spawn(cmd[0], cmd.slice(1), { env: HOST_HELPER_ENV, cwd: '/', stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe', ...fileFds] });
+      child = spawn(cmd[0], cmd.slice(1), { env: HOST_HELPER_ENV, cwd: '/', stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe', ...fileFds, 'pipe'] });
     } finally {
       // bwrap holds its own copies.
       for (const fd of fileFds) closeSync(fd);
@@ -369,7 +371,7 @@ export class LocalDriver implements SandboxDriver {
     const argsPipe = child.stdio[4] as NodeJS.WritableStream;
     argsPipe.on('error', () => undefined);
     argsPipe.end(args.map((a) => `${a}\0`).join(''));
-    const box = new LocalBox(this, spec, child, cg);
+    const box = new LocalBox(this, spec, child, cg, child.stdio[5 + fileFds.length] as NodeJS.WritableStream);
     try {
       await box.boot();
       this.boxes.set(spec.id, box);
@@ -571,8 +573,11 @@ class LocalBox implements Box {
     private readonly spec: BoxSpec,
     private readonly child: ChildProcess,
     private readonly cg: Cgroup | null,
+    /** Written once the box is finished: bwrap then starts its main process (BwrapPlan.blockFd). */
+    private readonly release: NodeJS.WritableStream,
   ) {
     this.id = spec.id;
+    release.on('error', () => undefined);
     this.exited = new Promise((r) => {
       if (child.exitCode !== null || child.signalCode !== null) r();
       else child.once('exit', () => r());
@@ -608,14 +613,22 @@ class LocalBox implements Box {
     this.pid1 = pid;
     this.pid1Start = startTime(pid) ?? '';
     if (!this.pid1Start) throw new BoxStartError(`the box exited at once: ${bwrapSaid(err)}`);
-    // bwrap reports pid 1 before it has built the box's root; it forks the box's main process only
-    // once the root is in place, so the root is taken when pid 1 has a child.
+    // bwrap reports pid 1 before it has built the box's root. Once built (root in place, the box's
+    // user namespace final), it drops its last capabilities (it builds with a full permitted set,
+    // which a new user namespace starts with), and waits on the block fd before it starts the
+    // box's main process: no box code runs until the server releases it below.
     const until = Date.now() + START_TIMEOUT_MS;
-    while (!readFileOrEmpty(`/proc/${pid}/task/${pid}/children`).trim()) {
-      if (startTime(pid) !== this.pid1Start) throw new BoxStartError(`the box exited at once: ${bwrapSaid(err)}`);
-      if (Date.now() > until) throw new BoxStartError('bubblewrap did not finish building the box in time');
-      await new Promise((r) => setTimeout(r, 5));
-    }
+    const waitFor = async (done: () => boolean) => {
+      while (!done()) {
+        if (startTime(pid) !== this.pid1Start) throw new BoxStartError(`the box exited at once: ${bwrapSaid(err)}`);
+        if (Date.now() > until) throw new BoxStartError('bubblewrap did not finish building the box in time');
+        await new Promise((r) => setTimeout(r, 5));
+      }
+    };
+    await waitFor(() => {
+      const status = readFileOrEmpty(`/proc/${pid}/status`);
+      return /^CapPrm:\s*0+$/m.test(status) && /^CapEff:\s*0+$/m.test(status);
+    });
     try {
       this.nsFds = [...BOX_NAMESPACES.map(([kind]) => openSync(`/proc/${pid}/ns/${kind}`, 'r')), openSync(`/proc/${pid}/root`, 'r')];
     } catch (e) {
@@ -626,6 +639,8 @@ class LocalBox implements Box {
     this.assertIsolated();
     // A root server's box is host uid 0 outside, the owner of the host's device nodes bound in.
     if (process.getuid?.() === 0) await this.driver.sealDevices(pid, this.nsFds[BOX_NAMESPACES.findIndex(([k]) => k === 'mnt')]);
+    this.release.end('1');
+    await waitFor(() => readFileOrEmpty(`/proc/${pid}/task/${pid}/children`).trim() !== '');
     // bwrap's stderr is needed only to say why a start failed. Its write end is held by the box's
     // pid 1, which box code can ptrace (same uid, no Yama): left open, box code could feed this
     // server an endless stream through it. Closed, such writes fail in the box.

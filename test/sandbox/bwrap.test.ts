@@ -5,7 +5,7 @@ import { describe, expect, it } from 'vitest';
 import { bwrapArgs, deviceRemountOptions, PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READ_ONLY, type BwrapPlan } from '../../src/sandbox/bwrap.js';
 
 function plan(procNames: string[]): BwrapPlan {
-  return { rootDir: '', entries: [], etcEntries: [], files: {}, workspace: '/w', infoFd: 3, disableUserns: true, tmpfsMb: { tmp: 8, shm: 8 }, procNames };
+  return { rootDir: '', entries: [], etcEntries: [], files: {}, workspace: '/w', infoFd: 3, blockFd: 9, disableUserns: true, tmpfsMb: { tmp: 8, shm: 8 }, procNames };
 }
 
 /** The arguments between `--proc /proc` and the next top-level mount (/dev). */

@@ -10,11 +10,12 @@
  * SAFETY: every write here is harmless if it succeeds (the current value written back), or only
  * opens a file for writing without writing; the host's values are compared before and after.
  */
-import { existsSync, readFileSync, statSync } from 'node:fs';
+import { chmodSync, copyFileSync, existsSync, mkdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Box } from '../../src/sandbox/driver.js';
 import { LocalDriver } from '../../src/sandbox/local.js';
-import { cleanupTmp, localProbe, run, RUN_DIR, spec } from './local-helpers.js';
+import { cleanupTmp, localProbe, run, RUN_DIR, spec, TMP } from './local-helpers.js';
 
 const probe = await localProbe();
 const root = process.getuid?.() === 0;
@@ -169,6 +170,31 @@ describe.skipIf(!probe.ok)(`local driver: the host's kernel settings and devices
       expect(now.ctimeMs, d).toBe(before[i].ctimeMs);
       expect(now.mtimeMs, d).toBe(before[i].mtimeMs);
     });
+  });
+
+  // A template's root file system is the box's own code from the first moment: its `sleep` is the
+  // box's main process. It must find the devices sealed already.
+  it.skipIf(!root || !existsSync('/bin/busybox'))("a template's own main process finds the device nodes sealed already", async () => {
+    const rootfs = path.join(TMP, 'early-root');
+    for (const d of ['bin', 'usr/bin', 'tmp']) mkdirSync(path.join(rootfs, d), { recursive: true });
+    copyFileSync('/bin/busybox', path.join(rootfs, 'bin/busybox'));
+    chmodSync(path.join(rootfs, 'bin/busybox'), 0o755);
+    for (const applet of ['sh', 'cat', 'chmod', 'stat']) symlinkSync('busybox', path.join(rootfs, 'bin', applet));
+    symlinkSync('../../bin/busybox', path.join(rootfs, 'usr/bin/env'));
+    writeFileSync(
+      path.join(rootfs, 'bin/sleep'),
+      '#!/bin/sh\nfor d in null zero full random urandom; do chmod "$(stat -c %a /dev/$d)" /dev/$d 2>/dev/null && echo "CHMOD $d" >>/tmp/early; done\necho tried >>/tmp/early\nexec /bin/busybox sleep "$@"\n',
+      { mode: 0o755 },
+    );
+    const before = statSync('/dev/null');
+    const early = await driver.start(spec({ template: { name: 'early-root', rootfs, environment: {} } }));
+    try {
+      const r = await run(early, ['/bin/sh', '-c', 'cat /tmp/early']);
+      expect(r.stdout).toBe('tried\n');
+      expect(statSync('/dev/null').ctimeMs).toBe(before.ctimeMs);
+    } finally {
+      await early.stop();
+    }
   });
 
   it("the box sees no cgroup file system and cannot mount one: it cannot raise its own limits", async () => {
