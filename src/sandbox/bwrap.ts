@@ -50,10 +50,17 @@ export interface BwrapPlan {
   /** Sizes (MiB) of the box's writable in-memory file systems (see tmpfsSizes). */
   tmpfsMb: { tmp: number; shm: number };
   /**
-   * Names at the top of the host's /proc (the same kernel as the box's fresh /proc): which of
-   * PROC_READ_ONLY and PROC_MASKED_* exist to be covered (bwrap cannot mount on a missing path).
+   * Names at the top of the host's /proc (the same kernel as the box's fresh /proc), and those of
+   * the deeper PROC_MASKED_FILES that exist: which of PROC_READ_ONLY and PROC_MASKED_* exist to
+   * be covered (bwrap cannot mount on a missing path).
    */
   procNames: readonly string[];
+  /**
+   * Paths under /proc (relative: `sys/kernel/cad_pid`, `tty/driver`) that only root may read on
+   * this kernel, found by the caller (procRootOnly): masked like PROC_MASKED_FILES (a directory
+   * like PROC_MASKED_DIRS). A root server's box would read them; an unprivileged user cannot.
+   */
+  procRootOnly: readonly { path: string; dir: boolean }[];
 }
 
 /**
@@ -87,6 +94,8 @@ export const PROC_MASKED_FILES = [
   'vmallocinfo',
   'pagetypeinfo',
   'kmsg',
+  // The box's own network namespace's TCP Fast Open key (root-only, like the rest).
+  'sys/net/ipv4/tcp_fastopen_key',
 ];
 /** Directories of /proc a box sees empty (a read-only tmpfs; Docker's masked directories). */
 export const PROC_MASKED_DIRS = ['acpi', 'asound', 'scsi'];
@@ -145,8 +154,12 @@ export function bwrapArgs(plan: BwrapPlan): string[] {
   // covered whole: fail closed.
   if (!inProc.has('sys')) a.push('--perms', '0555', '--tmpfs', '/proc/sys', '--remount-ro', '/proc/sys');
   for (const n of PROC_READ_ONLY) if (inProc.has(n)) a.push('--ro-bind', `/proc/${n}`, `/proc/${n}`);
-  for (const n of PROC_MASKED_FILES) if (inProc.has(n)) a.push('--ro-bind', '/dev/null', `/proc/${n}`);
-  for (const n of PROC_MASKED_DIRS) if (inProc.has(n)) a.push('--perms', '0555', '--size', '4096', '--tmpfs', `/proc/${n}`, '--remount-ro', `/proc/${n}`);
+  const maskFiles = new Set(PROC_MASKED_FILES.filter((n) => inProc.has(n)));
+  const maskDirs = new Set(PROC_MASKED_DIRS.filter((n) => inProc.has(n)));
+  for (const e of plan.procRootOnly) (e.dir ? maskDirs : maskFiles).add(e.path);
+  // Mounted over the read-only binds above where they lie inside them (/proc/sys/...).
+  for (const n of maskFiles) a.push('--ro-bind', '/dev/null', `/proc/${n}`);
+  for (const n of maskDirs) a.push('--perms', '0555', '--size', '4096', '--tmpfs', `/proc/${n}`, '--remount-ro', `/proc/${n}`);
   a.push('--tmpfs', '/dev');
   for (const d of BOX_DEVICES) a.push('--dev-bind', `/dev/${d}`, `/dev/${d}`);
   a.push('--symlink', '/proc/self/fd', '/dev/fd', '--symlink', '/proc/self/fd/0', '/dev/stdin', '--symlink', '/proc/self/fd/1', '/dev/stdout');

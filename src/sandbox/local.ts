@@ -29,7 +29,7 @@ import {
 import { BOX_TRUSTSTORE_PATH } from '../certs/env.js';
 import { readFileOrEmpty } from '../builtins/fs.js';
 import { readProcStat } from '../proc.js';
-import { BOX_DEVICES, BOX_MAIN, BOX_NAMESPACES, bwrapArgs, deviceRemountOptions, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, tmpfsSizes, type RootEntry } from './bwrap.js';
+import { BOX_DEVICES, BOX_MAIN, BOX_NAMESPACES, bwrapArgs, deviceRemountOptions, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, PROC_MASKED_FILES, tmpfsSizes, type RootEntry } from './bwrap.js';
 import { readBoxFile, writeBoxFile } from './box-files.js';
 import { DiskWatch, hostDiskUse, mountWorkspace, unmountWorkspace, WORKSPACE_DIR, workspaceBoundUnavailable } from './disk.js';
 import { BOX_RUNTIME_DIR, BOX_TINI, findTini } from './docker-relay.js';
@@ -149,6 +149,43 @@ function rootEntries(dir: string, only?: string[], files = false): RootEntry[] {
   return out;
 }
 
+/**
+ * Files and directories of the host's /proc that only root may read (no read bit for group or
+ * others), as paths relative to /proc: the box masks them (BwrapPlan.procRootOnly). Process
+ * directories are the box's own in its /proc; /proc/sys/net answers for the reader's network
+ * namespace (the box's own settings). A directory found is masked whole, not walked.
+ */
+export function procRootOnly(base = '/proc'): { path: string; dir: boolean }[] {
+  const out: { path: string; dir: boolean }[] = [];
+  const walk = (rel: string) => {
+    let names: string[];
+    try {
+      names = readdirSync(path.join(base, rel));
+    } catch {
+      return;
+    }
+    for (const name of names) {
+      const r = rel ? `${rel}/${name}` : name;
+      if (!rel && (/^[0-9]+$/.test(name) || name === 'self' || name === 'thread-self')) continue;
+      if (r === 'sys/net') continue;
+      let st;
+      try {
+        st = lstatSync(path.join(base, r));
+      } catch {
+        continue;
+      }
+      if (st.isSymbolicLink()) continue;
+      const rootOnly = (st.mode & 0o400) !== 0 && (st.mode & 0o044) === 0;
+      if (st.isDirectory()) {
+        if (rootOnly) out.push({ path: r, dir: true });
+        else walk(r);
+      } else if (rootOnly) out.push({ path: r, dir: false });
+    }
+  };
+  walk('');
+  return out;
+}
+
 async function waitGone(pid: number, start: string | null, ms: number): Promise<boolean> {
   const until = Date.now() + ms;
   while (start !== null && startTime(pid) === start) {
@@ -182,6 +219,8 @@ export class LocalDriver implements SandboxDriver {
   readonly diskBound: boolean;
   /** Every box's relay draws on it. */
   readonly relayBudget: RelayBudget;
+  /** What of this kernel's /proc only root may read (procRootOnly), found once. */
+  private rootOnlyProc: { path: string; dir: boolean }[] | null = null;
 
   constructor(opts: LocalDriverOptions) {
     this.runDir = path.resolve(opts.runDir);
@@ -333,7 +372,8 @@ export class LocalDriver implements SandboxDriver {
       disableUserns: process.getuid?.() === 0,
       lent: layout ? undefined : { dir: BOX_RUNTIME_DIR, files: { [BOX_TINI]: tools.tini! } },
       tmpfsMb: tmpfsSizes(spec.resources.memory_mb),
-      procNames: readdirSync('/proc').filter((n) => !/^[0-9]+$/.test(n)),
+      procNames: [...readdirSync('/proc').filter((n) => !/^[0-9]+$/.test(n)), ...PROC_MASKED_FILES.filter((n) => n.includes('/') && existsSync(`/proc/${n}`))],
+      procRootOnly: (this.rootOnlyProc ??= procRootOnly()),
     });
     // /workspace is a file system of its own, sized disk_mb (disk.ts): the box's user owns its root
     // (the box's uid is this server's outside).

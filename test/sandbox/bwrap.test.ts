@@ -1,11 +1,15 @@
 /**
  * The bubblewrap planner (pure): what a box's /proc covers. The real boxes are in hostile-host.
  */
+import { chmodSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { bwrapArgs, deviceRemountOptions, PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READ_ONLY, type BwrapPlan } from '../../src/sandbox/bwrap.js';
+import { procRootOnly } from '../../src/sandbox/local.js';
 
-function plan(procNames: string[]): BwrapPlan {
-  return { rootDir: '', entries: [], etcEntries: [], files: {}, workspace: '/w', infoFd: 3, blockFd: 9, disableUserns: true, tmpfsMb: { tmp: 8, shm: 8 }, procNames };
+function plan(procNames: string[], procRootOnly: BwrapPlan['procRootOnly'] = []): BwrapPlan {
+  return { rootDir: '', entries: [], etcEntries: [], files: {}, workspace: '/w', infoFd: 3, blockFd: 9, disableUserns: true, tmpfsMb: { tmp: 8, shm: 8 }, procNames, procRootOnly };
 }
 
 /** The arguments between `--proc /proc` and the next top-level mount (/dev). */
@@ -36,6 +40,13 @@ describe('bwrapArgs: /proc', () => {
     expect(s).toBe('--proc /proc --ro-bind /proc/sys /proc/sys --ro-bind /proc/irq /proc/irq --ro-bind /dev/null /proc/kcore');
   });
 
+  it('masks what the caller found root-only, over the read-only binds, once', () => {
+    const s = procPart(bwrapArgs(plan(['sys', 'kmsg'], [{ path: 'kmsg', dir: false }, { path: 'sys/kernel/cad_pid', dir: false }, { path: 'tty/driver', dir: true }]))).join(' ');
+    expect(s).toBe(
+      '--proc /proc --ro-bind /proc/sys /proc/sys --ro-bind /dev/null /proc/kmsg --ro-bind /dev/null /proc/sys/kernel/cad_pid --perms 0555 --size 4096 --tmpfs /proc/tty/driver --remount-ro /proc/tty/driver',
+    );
+  });
+
   it("fails closed without the host's /proc/sys to bind: the box's is an empty read-only tmpfs", () => {
     const s = procPart(bwrapArgs(plan(['irq']))).join(' ');
     expect(s).toBe('--proc /proc --perms 0555 --tmpfs /proc/sys --remount-ro /proc/sys --ro-bind /proc/irq /proc/irq');
@@ -46,5 +57,36 @@ describe('deviceRemountOptions', () => {
   it('read-only, nosuid and noexec, never nodev unless the mount already is (a locked flag must be kept)', () => {
     expect(deviceRemountOptions(['rw', 'nosuid', 'relatime'])).toBe('remount,bind,ro,nosuid,noexec');
     expect(deviceRemountOptions(['rw', 'nosuid', 'nodev', 'noexec', 'relatime'])).toBe('remount,bind,ro,nosuid,noexec,nodev');
+  });
+});
+
+describe('procRootOnly', () => {
+  it('finds what only root may read, masks a root-only directory whole, skips process directories and /proc/sys/net', () => {
+    const base = mkdtempSync(path.join(os.tmpdir(), 'kg-proc-'));
+    try {
+      const put = (rel: string, mode: number) => {
+        mkdirSync(path.dirname(path.join(base, rel)), { recursive: true });
+        writeFileSync(path.join(base, rel), 'x');
+        chmodSync(path.join(base, rel), mode);
+      };
+      put('kmsg', 0o400);
+      put('cpuinfo', 0o444);
+      put('sys/kernel/cad_pid', 0o600);
+      put('sys/kernel/core_pattern', 0o644);
+      put('sys/vm/drop_caches', 0o200);
+      put('sys/net/ipv4/tcp_fastopen_key', 0o600);
+      put('123/environ', 0o400);
+      put('tty/driver/serial', 0o400);
+      chmodSync(path.join(base, 'tty/driver'), 0o500);
+      symlinkSync('123', path.join(base, 'self'));
+      const found = procRootOnly(base).sort((a, b) => a.path.localeCompare(b.path));
+      expect(found).toEqual([
+        { path: 'kmsg', dir: false },
+        { path: 'sys/kernel/cad_pid', dir: false },
+        { path: 'tty/driver', dir: true },
+      ]);
+    } finally {
+      rmSync(base, { recursive: true, force: true });
+    }
   });
 });

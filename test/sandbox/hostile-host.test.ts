@@ -11,6 +11,7 @@
  * opens a file for writing without writing; the host's values are compared before and after.
  */
 import { chmodSync, copyFileSync, existsSync, mkdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Box } from '../../src/sandbox/driver.js';
@@ -80,6 +81,35 @@ except OSError as e:
     print("clock_settime", errno.errorcode[e.errno])
 `;
 
+/**
+ * Every file of /proc outside the process directories that opens for writing ("w"), or reads at
+ * least a byte ("r", never blocking), for the user that runs it.
+ */
+const PROC_ENUM = `
+import os, sys
+mode = sys.argv[1]
+out = []
+for root, dirs, files in os.walk("/proc"):
+    if root == "/proc":
+        dirs[:] = [d for d in dirs if not d.isdigit() and d not in ("self", "thread-self")]
+    for f in files:
+        p = os.path.join(root, f)
+        try:
+            fd = os.open(p, os.O_WRONLY if mode == "w" else os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            if mode == "r":
+                try:
+                    if not os.read(fd, 1): continue
+                except OSError:
+                    continue
+            out.append(p)
+        finally:
+            os.close(fd)
+print("\\n".join(sorted(out)))
+`;
+
 describe.skipIf(!probe.ok)(`local driver: the host's kernel settings and devices stay out of reach (${probe.why}${root ? '; as root' : ''})`, () => {
   let driver: LocalDriver;
   let box: Box;
@@ -144,6 +174,24 @@ describe.skipIf(!probe.ok)(`local driver: the host's kernel settings and devices
     const dirs = MASKED_DIRS.map((n) => `/proc/${n}`).join(' ');
     const r = await run(box, ['sh', '-c', `for f in ${files}; do n=$(timeout 5 head -c 64 "$f" 2>/dev/null | wc -c); [ "$n" -gt 0 ] && echo "READ $f"; done; for d in ${dirs}; do [ -n "$(ls -A "$d" 2>/dev/null)" ] && echo "LISTED $d"; done; echo checked`]);
     expect(r.stdout).toBe('checked\n');
+  });
+
+  // The whole class at once: nothing in the box's /proc opens for writing, or reads, that the
+  // host's /proc would not give an unprivileged host user (nobody).
+  it.skipIf(!root || !existsSync('/usr/bin/python3'))("the box's /proc gives its user no more than the host's gives nobody", async () => {
+    const asNobody = (mode: string) => {
+      const r = spawnSync('setpriv', ['--reuid', '65534', '--regid', '65534', '--clear-groups', '/usr/bin/python3', '-c', PROC_ENUM, mode], { encoding: 'utf8', env: { PATH: '/usr/bin:/bin' } });
+      expect(r.status, r.stderr).toBe(0);
+      return new Set(r.stdout.trim().split('\n'));
+    };
+    for (const mode of ['w', 'r']) {
+      const nobody = asNobody(mode);
+      const inBox = await run(box, ['python3', '-c', PROC_ENUM, mode]);
+      expect(inBox.exitCode, inBox.stderr).toBe(0);
+      const files = inBox.stdout.trim().split('\n').filter(Boolean);
+      if (mode === 'r') expect(files).toContain('/proc/sys/kernel/core_pattern'); // the walk reached it
+      expect(files.filter((f) => !nobody.has(f)), mode).toEqual([]);
+    }
   });
 
   it('the host device nodes bound in cannot be changed (mode, times), and still work', async () => {
