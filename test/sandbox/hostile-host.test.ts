@@ -220,6 +220,18 @@ describe.skipIf(!probe.ok)(`local driver: the host's kernel settings and devices
     });
   });
 
+  // The whole class for mounts: every mount that is not the box's own is read-only, so no host
+  // inode in it (owned by the box's user for a root server) can be changed.
+  it("the only writable mounts are the box's own (/proc, /dev/shm, /tmp, /workspace); bound host files cannot be changed", async () => {
+    const m = await run(box, ['sh', '-c', `awk '$6 ~ /^rw/ {print $5}' /proc/self/mountinfo`]);
+    expect(m.stdout.trim().split('\n').sort()).toEqual(['/dev/shm', '/proc', '/tmp', '/workspace']);
+    const targets = ['/usr/bin/env', '/usr/lib', '/etc/ld.so.cache', '/etc/keygate/ca.pem', '/etc/passwd', '/', '/proc/sys/kernel/core_pattern', '/proc/kmsg'].filter((t) => t.startsWith('/etc/keygate') || t === '/etc/passwd' || t === '/' || existsSync(t));
+    const before = statSync('/usr/bin/env');
+    const r = await run(box, ['sh', '-c', `for t in ${targets.join(' ')}; do m=$(stat -c %a "$t"); chmod "$m" "$t" 2>/dev/null && echo "CHMOD $t"; touch -c "$t" 2>/dev/null && echo "TOUCH $t"; done; echo checked`]);
+    expect(r.stdout).toBe('checked\n');
+    expect(statSync('/usr/bin/env').ctimeMs).toBe(before.ctimeMs);
+  });
+
   // A template's root file system is the box's own code from the first moment: its `sleep` is the
   // box's main process. It must find the devices sealed already.
   it.skipIf(!root || !existsSync('/bin/busybox'))("a template's own main process finds the device nodes sealed already", async () => {
