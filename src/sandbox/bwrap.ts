@@ -32,6 +32,12 @@ export interface BwrapPlan {
   workspace: string;
   /** bwrap writes `{"child-pid": N, ...}` to this fd once the box's namespaces exist. */
   infoFd: number;
+  /**
+   * bwrap builds the box, drops its privileges, then waits for a byte on this fd before it starts
+   * the box's main process (a template's own `sleep`: box code). The server finishes the box
+   * meanwhile (sealDevices), so that no box code ever sees it unfinished.
+   */
+  blockFd: number;
   /** `--disable-userns` (a root server only: see bwrapArgs). */
   disableUserns: boolean;
   /**
@@ -43,7 +49,56 @@ export interface BwrapPlan {
   lent?: { dir: string; files: Record<string, string> };
   /** Sizes (MiB) of the box's writable in-memory file systems (see tmpfsSizes). */
   tmpfsMb: { tmp: number; shm: number };
+  /**
+   * Names at the top of the host's /proc (the same kernel as the box's fresh /proc), and those of
+   * the deeper PROC_MASKED_FILES that exist: which of PROC_READ_ONLY and PROC_MASKED_* exist to
+   * be covered (bwrap cannot mount on a missing path).
+   */
+  procNames: readonly string[];
+  /**
+   * Paths under /proc (relative: `sys/kernel/cad_pid`, `tty/driver`) that only root may read on
+   * this kernel, found by the caller (procRootOnly): masked like PROC_MASKED_FILES (a directory
+   * like PROC_MASKED_DIRS). A root server's box would read them; an unprivileged user cannot.
+   */
+  procRootOnly: readonly { path: string; dir: boolean }[];
 }
+
+/**
+ * Host-global places of /proc that the box sees read-only (Docker's read-only paths). The box's
+ * user is the server's uid outside: for a root server, host uid 0, for which plain file
+ * permissions pass on everything procfs gives to root, capabilities or not. Writable, they let a
+ * box set `kernel.core_pattern` (`|/prog`: a program run as host root on the next crash) or any
+ * sysctl, IRQ affinities, or PCI configuration space (`/proc/bus/pci`). bwrap's own cover of some
+ * of them skips a directory that is not writable to begin with (mode 0555), which left every file
+ * in /proc/sys writable. Bound from the host's /proc: a sysctl file answers for the namespaces of
+ * the process that reads it (the box's network, UTS and IPC settings read as the box's).
+ */
+export const PROC_READ_ONLY = ['sys', 'sysrq-trigger', 'irq', 'bus', 'fs'];
+/**
+ * Files of /proc a box gets nothing from (the host's /dev/null, bound read-only and so without
+ * devices: opening one fails, as for an unprivileged user): Docker's masked files, and every
+ * file that only root may read (which a root server's box otherwise could): kernel memory, page
+ * and slab layouts, other users' keys, host-wide timers with their processes, the kernel log.
+ */
+export const PROC_MASKED_FILES = [
+  'kcore',
+  'keys',
+  'latency_stats',
+  'timer_list',
+  'timer_stats',
+  'sched_debug',
+  'kpagecount',
+  'kpageflags',
+  'kpagecgroup',
+  'slabinfo',
+  'vmallocinfo',
+  'pagetypeinfo',
+  'kmsg',
+  // The box's own network namespace's TCP Fast Open key (root-only, like the rest).
+  'sys/net/ipv4/tcp_fastopen_key',
+];
+/** Directories of /proc a box sees empty (a read-only tmpfs; Docker's masked directories). */
+export const PROC_MASKED_DIRS = ['acpi', 'asound', 'scsi'];
 
 /**
  * Sizes of /tmp and /dev/shm for a box of `memoryMb`: half of it for /tmp (as the docker driver
@@ -59,7 +114,8 @@ export function tmpfsSizes(memoryMb: number): { tmp: number; shm: number } {
 
 const MiB = 1024 * 1024;
 
-const DEVICES = ['null', 'zero', 'full', 'random', 'urandom'];
+/** The host device nodes bound into every box's /dev. */
+export const BOX_DEVICES = ['null', 'zero', 'full', 'random', 'urandom'];
 
 /** Names never taken from a root file system: made fresh for every box. */
 const OWN = new Set(['proc', 'dev', 'tmp', 'workspace', 'etc', 'run', 'sys']);
@@ -92,8 +148,20 @@ export function bwrapArgs(plan: BwrapPlan): string[] {
   }
   // The device nodes a program needs, bound one by one: bwrap's `--dev` mounts a devpts, which makes
   // an unprivileged bwrap nest a second user namespace that nsenter could not cross.
-  a.push('--proc', '/proc', '--tmpfs', '/dev');
-  for (const d of DEVICES) a.push('--dev-bind', `/dev/${d}`, `/dev/${d}`);
+  a.push('--proc', '/proc');
+  const inProc = new Set(plan.procNames);
+  // Without the host's /proc/sys to bind read-only (a /proc mounted with subset=pid), the box's is
+  // covered whole: fail closed.
+  if (!inProc.has('sys')) a.push('--perms', '0555', '--tmpfs', '/proc/sys', '--remount-ro', '/proc/sys');
+  for (const n of PROC_READ_ONLY) if (inProc.has(n)) a.push('--ro-bind', `/proc/${n}`, `/proc/${n}`);
+  const maskFiles = new Set(PROC_MASKED_FILES.filter((n) => inProc.has(n)));
+  const maskDirs = new Set(PROC_MASKED_DIRS.filter((n) => inProc.has(n)));
+  for (const e of plan.procRootOnly) (e.dir ? maskDirs : maskFiles).add(e.path);
+  // Mounted over the read-only binds above where they lie inside them (/proc/sys/...).
+  for (const n of maskFiles) a.push('--ro-bind', '/dev/null', `/proc/${n}`);
+  for (const n of maskDirs) a.push('--perms', '0555', '--size', '4096', '--tmpfs', `/proc/${n}`, '--remount-ro', `/proc/${n}`);
+  a.push('--tmpfs', '/dev');
+  for (const d of BOX_DEVICES) a.push('--dev-bind', `/dev/${d}`, `/dev/${d}`);
   a.push('--symlink', '/proc/self/fd', '/dev/fd', '--symlink', '/proc/self/fd/0', '/dev/stdin', '--symlink', '/proc/self/fd/1', '/dev/stdout');
   a.push('--symlink', '/proc/self/fd/2', '/dev/stderr', '--size', String(plan.tmpfsMb.shm * MiB), '--tmpfs', '/dev/shm', '--remount-ro', '/dev');
   a.push('--size', String(plan.tmpfsMb.tmp * MiB), '--tmpfs', '/tmp', '--dir', '/run', '--dir', '/etc');
@@ -112,8 +180,23 @@ export function bwrapArgs(plan: BwrapPlan): string[] {
   // Last, once every mount point is made: the root tmpfs (/, /etc, /run) becomes read-only, so the
   // box can neither fill it nor swap what keygate put there (/etc/keygate, /bin).
   a.push('--remount-ro', '/');
-  a.push('--info-fd', String(plan.infoFd));
+  a.push('--info-fd', String(plan.infoFd), '--block-fd', String(plan.blockFd));
   return a;
+}
+
+/**
+ * `mount` options that make one of BOX_DEVICES, a bind of the host's device node, a read-only
+ * mount that still allows devices: `mount -N <box mount ns> -o ... /dev/<name>`, run by a root
+ * server once the box is built. The box's user is the server's uid outside, and for a root
+ * server the owner of the host's /dev/null: on a writable bind it could chmod or touch the
+ * host's node itself (chmod 0 /dev/null breaks every unprivileged program of the host). bwrap
+ * has no read-only bind that keeps devices (its `--remount-ro` adds nodev). A device written
+ * through a read-only mount is still written (/dev/null still swallows); only its inode is
+ * sealed. `current` are the mount's options now (mountinfo): a flag locked on it (nodev,
+ * noexec) must be kept or the kernel refuses the remount; noexec is added, atime is kept.
+ */
+export function deviceRemountOptions(current: readonly string[]): string {
+  return ['remount', 'bind', 'ro', 'nosuid', 'noexec', ...(current.includes('nodev') ? ['nodev'] : [])].join(',');
 }
 
 /** The box's one long-lived process (after `--`, on bwrap's own command line: `--args` cannot carry it). */

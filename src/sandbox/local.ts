@@ -29,7 +29,7 @@ import {
 import { BOX_TRUSTSTORE_PATH } from '../certs/env.js';
 import { readFileOrEmpty } from '../builtins/fs.js';
 import { readProcStat } from '../proc.js';
-import { BOX_MAIN, BOX_NAMESPACES, bwrapArgs, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, tmpfsSizes, type RootEntry } from './bwrap.js';
+import { BOX_DEVICES, BOX_MAIN, BOX_NAMESPACES, bwrapArgs, deviceRemountOptions, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, PROC_MASKED_FILES, tmpfsSizes, type RootEntry } from './bwrap.js';
 import { readBoxFile, writeBoxFile } from './box-files.js';
 import { DiskWatch, hostDiskUse, mountWorkspace, unmountWorkspace, WORKSPACE_DIR, workspaceBoundUnavailable } from './disk.js';
 import { BOX_RUNTIME_DIR, BOX_TINI, findTini } from './docker-relay.js';
@@ -149,6 +149,43 @@ function rootEntries(dir: string, only?: string[], files = false): RootEntry[] {
   return out;
 }
 
+/**
+ * Files and directories of the host's /proc that only root may read (no read bit for group or
+ * others), as paths relative to /proc: the box masks them (BwrapPlan.procRootOnly). Process
+ * directories are the box's own in its /proc; /proc/sys/net answers for the reader's network
+ * namespace (the box's own settings). A directory found is masked whole, not walked.
+ */
+export function procRootOnly(base = '/proc'): { path: string; dir: boolean }[] {
+  const out: { path: string; dir: boolean }[] = [];
+  const walk = (rel: string) => {
+    let names: string[];
+    try {
+      names = readdirSync(path.join(base, rel));
+    } catch {
+      return;
+    }
+    for (const name of names) {
+      const r = rel ? `${rel}/${name}` : name;
+      if (!rel && (/^[0-9]+$/.test(name) || name === 'self' || name === 'thread-self')) continue;
+      if (r === 'sys/net') continue;
+      let st;
+      try {
+        st = lstatSync(path.join(base, r));
+      } catch {
+        continue;
+      }
+      if (st.isSymbolicLink()) continue;
+      const rootOnly = (st.mode & 0o400) !== 0 && (st.mode & 0o044) === 0;
+      if (st.isDirectory()) {
+        if (rootOnly) out.push({ path: r, dir: true });
+        else walk(r);
+      } else if (rootOnly) out.push({ path: r, dir: false });
+    }
+  };
+  walk('');
+  return out;
+}
+
 async function waitGone(pid: number, start: string | null, ms: number): Promise<boolean> {
   const until = Date.now() + ms;
   while (start !== null && startTime(pid) === start) {
@@ -176,12 +213,14 @@ export class LocalDriver implements SandboxDriver {
   private readonly tiniOpt: string | undefined;
   private readonly boxes = new Map<string, LocalBox>();
   private probed: Promise<DriverProbe> | null = null;
-  private tools: { bwrap: string; nsenter: string; setpriv: string; bash: string; prlimit: string | null; tini: string | null } | null = null;
+  private tools: { bwrap: string; nsenter: string; setpriv: string; bash: string; prlimit: string | null; tini: string | null; mount: string | null } | null = null;
   private layout: { ok: true; layout: CgroupLayout } | { ok: false; why: string } | null = null;
   /** /workspace is a sized file system of its own (disk.ts); else see LocalBox's disk watch. */
   readonly diskBound: boolean;
   /** Every box's relay draws on it. */
   readonly relayBudget: RelayBudget;
+  /** What of this kernel's /proc only root may read (procRootOnly), found once. */
+  private rootOnlyProc: { path: string; dir: boolean }[] | null = null;
 
   constructor(opts: LocalDriverOptions) {
     this.runDir = path.resolve(opts.runDir);
@@ -214,7 +253,10 @@ export class LocalDriver implements SandboxDriver {
     const bash = which('bash');
     if (!bash) return { ok: false, reason: 'bash is missing', hint: 'install bash (apt-get install bash)' };
     const tini = this.tiniOpt === undefined ? findTini() : existsSync(this.tiniOpt) ? path.resolve(this.tiniOpt) : null;
-    this.tools = { bwrap, nsenter, setpriv, bash, prlimit: which('prlimit'), tini };
+    // A root server seals the host device nodes it binds into a box (sealDevices): fail closed without mount.
+    const mount = which('mount');
+    if (!mount && process.getuid?.() === 0) return { ok: false, reason: 'mount is missing (a root server makes the device nodes of a box read-only with it)', hint: 'install util-linux (apt-get install util-linux)' };
+    this.tools = { bwrap, nsenter, setpriv, bash, prlimit: which('prlimit'), tini, mount };
     const tried = spawnSync(bwrap, ['--unshare-all', '--unshare-user', '--die-with-parent', '--ro-bind', '/', '/', '--', 'true'], {
       encoding: 'utf8',
       timeout: 10_000,
@@ -326,9 +368,12 @@ export class LocalDriver implements SandboxDriver {
       files: fileArgs,
       workspace,
       infoFd: 3,
+      blockFd: 5 + fileFds.length,
       disableUserns: process.getuid?.() === 0,
       lent: layout ? undefined : { dir: BOX_RUNTIME_DIR, files: { [BOX_TINI]: tools.tini! } },
       tmpfsMb: tmpfsSizes(spec.resources.memory_mb),
+      procNames: [...readdirSync('/proc').filter((n) => !/^[0-9]+$/.test(n)), ...PROC_MASKED_FILES.filter((n) => n.includes('/') && existsSync(`/proc/${n}`))],
+      procRootOnly: (this.rootOnlyProc ??= procRootOnly()),
     });
     // /workspace is a file system of its own, sized disk_mb (disk.ts): the box's user owns its root
     // (the box's uid is this server's outside).
@@ -343,8 +388,9 @@ export class LocalDriver implements SandboxDriver {
     let prefix: string[];
     try {
       if (layout) cg = createCgroup(layout, spec.id, spec.resources);
-      // bwrap keeps fd 3 (its info), 4 (its arguments) and the files it copies in (from 5 on).
-      prefix = this.wrap(4 + fileFds.length, cg, spec.resources);
+      // bwrap keeps fd 3 (its info), 4 (its arguments), the files it copies in (from 5 on), then
+      // the one it waits on before starting the box's main process.
+      prefix = this.wrap(5 + fileFds.length, cg, spec.resources);
     } catch (e) {
       for (const fd of fileFds) closeSync(fd);
       if (this.diskBound) await unmountWorkspace(spec.stateDir);
@@ -357,7 +403,7 @@ export class LocalDriver implements SandboxDriver {
     // cwd `/`: bwrap's init is pid 1 in the box, whose environment (PWD) the box reads.
     let child: ChildProcess;
     try {
-      child = spawn(cmd[0], cmd.slice(1), { env: HOST_HELPER_ENV, cwd: '/', stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe', ...fileFds] });
+      child = spawn(cmd[0], cmd.slice(1), { env: HOST_HELPER_ENV, cwd: '/', stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe', ...fileFds, 'pipe'] });
     } finally {
       // bwrap holds its own copies.
       for (const fd of fileFds) closeSync(fd);
@@ -365,7 +411,7 @@ export class LocalDriver implements SandboxDriver {
     const argsPipe = child.stdio[4] as NodeJS.WritableStream;
     argsPipe.on('error', () => undefined);
     argsPipe.end(args.map((a) => `${a}\0`).join(''));
-    const box = new LocalBox(this, spec, child, cg);
+    const box = new LocalBox(this, spec, child, cg, child.stdio[5 + fileFds.length] as NodeJS.WritableStream);
     try {
       await box.boot();
       this.boxes.set(spec.id, box);
@@ -402,6 +448,31 @@ export class LocalDriver implements SandboxDriver {
     // --norc: bash reads ~/.bashrc of the server's user when its stdin is a socket (Node's pipes are socketpairs), the rshd rule.
     const w = [t.bash, '--norc', '--noprofile', '-c', ENTER_WRAPPER, 'keygate-box', String(keepFd), ...(cg ? procsFiles(cg) : []), '--'];
     return cg ? w : [...w, t.prlimit!, ...rlimitArgs(res), '--'];
+  }
+
+  /**
+   * @internal As root: the host device nodes bound into the box become read-only mounts (see
+   * deviceRemountOptions), in the box's mount namespace, before any command runs there. `mount`
+   * is the host's, started on the host; it enters only the mount namespace (through the
+   * descriptor the server holds), keeps its host credentials, and reads no configuration of the
+   * box's (`--options-source=disable`). Fails closed.
+   */
+  async sealDevices(pid1: number, mntFd: number): Promise<void> {
+    const mountinfo = readFileOrEmpty(`/proc/${pid1}/mountinfo`).split('\n').map((l) => l.split(' '));
+    for (const d of BOX_DEVICES) {
+      const target = `/dev/${d}`;
+      const current = mountinfo.find((f) => f[4] === target)?.[5]?.split(',');
+      if (!current) throw new BoxStartError(`the box has no ${target} mount to make read-only`);
+      const args = ['-N', '/proc/self/fd/3', '--options-source=disable', '--no-canonicalize', '-o', deviceRemountOptions(current), target];
+      const said = await new Promise<string | null>((resolve) => {
+        const p = spawn(this.tools!.mount!, args, { env: HOST_HELPER_ENV, cwd: '/', stdio: ['ignore', 'ignore', 'pipe', mntFd] });
+        let err = '';
+        p.stderr!.on('data', (b: Buffer) => (err = (err + b.toString()).slice(0, 1000)));
+        p.on('error', (e) => resolve(e.message));
+        p.on('close', (code) => resolve(code === 0 ? null : err.trim().split('\n')[0] || `exit ${code}`));
+      });
+      if (said !== null) throw new BoxStartError(`could not make the box's ${target} read-only: ${said}`);
+    }
   }
 
   /** @internal */
@@ -542,8 +613,11 @@ class LocalBox implements Box {
     private readonly spec: BoxSpec,
     private readonly child: ChildProcess,
     private readonly cg: Cgroup | null,
+    /** Written once the box is finished: bwrap then starts its main process (BwrapPlan.blockFd). */
+    private readonly release: NodeJS.WritableStream,
   ) {
     this.id = spec.id;
+    release.on('error', () => undefined);
     this.exited = new Promise((r) => {
       if (child.exitCode !== null || child.signalCode !== null) r();
       else child.once('exit', () => r());
@@ -579,14 +653,22 @@ class LocalBox implements Box {
     this.pid1 = pid;
     this.pid1Start = startTime(pid) ?? '';
     if (!this.pid1Start) throw new BoxStartError(`the box exited at once: ${bwrapSaid(err)}`);
-    // bwrap reports pid 1 before it has built the box's root; it forks the box's main process only
-    // once the root is in place, so the root is taken when pid 1 has a child.
+    // bwrap reports pid 1 before it has built the box's root. Once built (root in place, the box's
+    // user namespace final), it drops its last capabilities (it builds with a full permitted set,
+    // which a new user namespace starts with), and waits on the block fd before it starts the
+    // box's main process: no box code runs until the server releases it below.
     const until = Date.now() + START_TIMEOUT_MS;
-    while (!readFileOrEmpty(`/proc/${pid}/task/${pid}/children`).trim()) {
-      if (startTime(pid) !== this.pid1Start) throw new BoxStartError(`the box exited at once: ${bwrapSaid(err)}`);
-      if (Date.now() > until) throw new BoxStartError('bubblewrap did not finish building the box in time');
-      await new Promise((r) => setTimeout(r, 5));
-    }
+    const waitFor = async (done: () => boolean) => {
+      while (!done()) {
+        if (startTime(pid) !== this.pid1Start) throw new BoxStartError(`the box exited at once: ${bwrapSaid(err)}`);
+        if (Date.now() > until) throw new BoxStartError('bubblewrap did not finish building the box in time');
+        await new Promise((r) => setTimeout(r, 5));
+      }
+    };
+    await waitFor(() => {
+      const status = readFileOrEmpty(`/proc/${pid}/status`);
+      return /^CapPrm:\s*0+$/m.test(status) && /^CapEff:\s*0+$/m.test(status);
+    });
     try {
       this.nsFds = [...BOX_NAMESPACES.map(([kind]) => openSync(`/proc/${pid}/ns/${kind}`, 'r')), openSync(`/proc/${pid}/root`, 'r')];
     } catch (e) {
@@ -595,6 +677,10 @@ class LocalBox implements Box {
     // Opened from the right process: it still is the box's pid 1.
     if (startTime(pid) !== this.pid1Start) throw new BoxStartError('the box exited while starting');
     this.assertIsolated();
+    // A root server's box is host uid 0 outside, the owner of the host's device nodes bound in.
+    if (process.getuid?.() === 0) await this.driver.sealDevices(pid, this.nsFds[BOX_NAMESPACES.findIndex(([k]) => k === 'mnt')]);
+    this.release.end('1');
+    await waitFor(() => readFileOrEmpty(`/proc/${pid}/task/${pid}/children`).trim() !== '');
     // bwrap's stderr is needed only to say why a start failed. Its write end is held by the box's
     // pid 1, which box code can ptrace (same uid, no Yama): left open, box code could feed this
     // server an endless stream through it. Closed, such writes fail in the box.
