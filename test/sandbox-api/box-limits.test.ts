@@ -21,28 +21,34 @@ const MAX_PER_WORKSPACE = 4;
 const RELAY_TOTAL = 300;
 
 /**
- * Run in a box by node: opens N connections to the relay at 127.0.0.1:3128, holds them HOLD ms,
- * then says how many are still open, how many were answered 503 (and the first answer's text),
- * and how many were closed without a word.
+ * Run in a box by node: opens N connections to the relay at 127.0.0.1:3128, holds them at least
+ * HOLD ms and until none has changed state for 500 ms (a loaded machine answers the refusals
+ * late: counted too early, they would look alive), then says how many are still open, how many
+ * were answered 503 (and the first answer's text), and how many were closed without a word.
  */
 const HOLD_JS = `
 const net = require('net');
 const [n, hold] = process.argv.slice(1).map(Number);
-let refused = 0, closed = 0, msg = '';
+let refused = 0, closed = 0, msg = '', changed = Date.now();
+const started = Date.now();
 const socks = [];
 for (let i = 0; i < n; i++) {
   const s = net.connect(3128, '127.0.0.1');
   let data = '';
+  s.on('connect', () => (changed = Date.now()));
   s.on('data', (d) => (data += d));
   s.on('error', () => {});
-  s.on('close', () => { if (data.startsWith('HTTP/1.1 503')) { refused++; msg = msg || data.split('\\r\\n\\r\\n')[1]; } else closed++; });
+  s.on('close', () => { changed = Date.now(); if (data.startsWith('HTTP/1.1 503')) { refused++; msg = msg || data.split('\\r\\n\\r\\n')[1]; } else closed++; });
   socks.push(s);
 }
-setTimeout(() => {
+const check = setInterval(() => {
+  const now = Date.now();
+  if (now - started < hold || (now - changed < 500 && now - started < hold + 15000)) return;
+  clearInterval(check);
   const alive = socks.filter((s) => !s.destroyed && s.readyState === 'open').length;
   console.log(JSON.stringify({ alive, refused, closed, msg }));
   process.exit(0);
-}, hold);
+}, 50);
 `;
 
 /** Host mounts (this process's view) whose line names `dir`. */
