@@ -123,8 +123,8 @@ describe.each(['fast', 'node'] as const)('the %s exchange', (name) => {
     const { first, next } = await twoRequests(name, '/case/trailers');
     expect(first.status).toBe(200);
     expect(first.body.toString()).toBe('hello');
-    // The Node path relays no trailers to HTTP/1.1 clients; the fast path relays the allowed ones.
-    expect(first.trailers).toEqual(name === 'fast' ? ['X-Checksum: abc'] : []);
+    // Both paths relay the allowed ones, through the one trailer policy (headers.ts, relayedTrailers).
+    expect(first.trailers).toEqual(['X-Checksum: abc']);
     expect(next.body.toString()).toBe('next');
   });
 
@@ -137,7 +137,7 @@ describe.each(['fast', 'node'] as const)('the %s exchange', (name) => {
   it('the same trailer section arriving in pieces: filtered the same', async () => {
     const { first, next } = await twoRequests(name, '/case/splitTrailers');
     expect([first.status, first.body.toString()]).toEqual([200, 'hello']);
-    expect(first.trailers).toEqual(name === 'fast' ? ['X-Checksum: abc'] : []);
+    expect(first.trailers).toEqual(['X-Checksum: abc']);
     expect(next.body.toString()).toBe('next');
   });
 
