@@ -5,7 +5,7 @@ import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore, RequestRecord } from './context.js';
 import { finishRecord } from './record.js';
 import { invalidAnswer, ProxyError, sendError, upstreamError } from './errors.js';
-import { filterRawResponseHeaders, relayedTrailers, upstreamRequestHeaders } from './headers.js';
+import { filterRawResponseHeaders, relayedTrailers, trailerProblem, upstreamRequestHeaders } from './headers.js';
 import { answerProblem, bodilessAnswer } from './answer.js';
 import { idleCutsExchange } from './limits.js';
 import { upstreamAnswerVersion, upstreamEnding } from './upstream.js';
@@ -59,9 +59,9 @@ function latin1(raw: (Buffer | string)[]): string[] {
 
 /**
  * Upstream trailers, as relayed by every path (headers.ts, relayedTrailers), as `[name, value]`
- * pairs: undici gives a raw list from an HTTP/1.1 origin and a header object from an HTTP/2 one.
+ * pairs, or undefined when the section is not relayed at all (trailerProblem): undici gives a raw list from an HTTP/1.1 origin and a header object from an HTTP/2 one.
  */
-function trailerPairs(given: (Buffer | string)[] | Record<string, string | string[] | undefined>, head: string[]): [string, string][] {
+function trailerPairs(given: (Buffer | string)[] | Record<string, string | string[] | undefined>, head: string[]): [string, string][] | undefined {
   let raw: string[];
   if (Array.isArray(given)) raw = latin1(given);
   else {
@@ -71,6 +71,7 @@ function trailerPairs(given: (Buffer | string)[] | Record<string, string | strin
       for (const v of Array.isArray(value) ? value : [value]) raw.push(name, v);
     }
   }
+  if (trailerProblem(raw)) return undefined;
   const kept = relayedTrailers(raw, head);
   const out: [string, string][] = [];
   for (let i = 0; i < kept.length; i += 2) out.push([kept[i], kept[i + 1]]);
@@ -160,6 +161,16 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
   res.on('timeout', () => {
     if (idleCutsExchange(!req.complete, res.headersSent && (res.socket?.writableLength ?? 0) > 0)) res.destroy();
   });
+
+  /**
+   * The answer is broken after its head went out: the client must see a broken response, not a
+   * complete one. An HTTP/2 stream destroyed without an error ends with RST_STREAM(NO_ERROR),
+   * which a client may take for the end of a complete answer: INTERNAL_ERROR says it is not.
+   */
+  const cut = () => {
+    if (t.h2) (res as unknown as Http2ServerResponse).stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR);
+    else res.destroy();
+  };
 
   const flush = () => {
     flushScheduled = false;
@@ -251,6 +262,12 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         const given = trailers as unknown as Parameters<typeof trailerPairs>[0] | null;
         if (given && Object.keys(given).length) {
           const pairs = trailerPairs(given, headFields);
+          if (pairs === undefined) {
+            // A section not relayed at all (headers.ts, trailerProblem): the answer is cut.
+            cut();
+            done('upstream sent a malformed trailer section');
+            return;
+          }
           if (pairs.length) {
             if (t.h2) {
               const obj: Record<string, string[]> = {};
@@ -278,10 +295,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         }
         if (res.headersSent || rec.status !== 0) {
           // Part of the answer is out: the client must see a broken response, not a complete one.
-          // An HTTP/2 stream destroyed without an error ends with RST_STREAM(NO_ERROR), which a
-          // client may take for the end of a complete answer: INTERNAL_ERROR says it is not.
-          if (t.h2) (res as unknown as Http2ServerResponse).stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR);
-          else res.destroy();
+          cut();
           done('response stream interrupted');
           return;
         }

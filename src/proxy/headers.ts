@@ -146,11 +146,26 @@ function trailerFieldKept(name: string, value: string, listed: Set<string> | und
 }
 
 /**
+ * Why a trailer section is not relayed at all (the answer is then cut, on every path, as a
+ * broken one): a field that is not a field (a name that is no token, control bytes in a value),
+ * or one that names the message's framing, which a client merging trailers would act on.
+ * undici's parser refuses most of these itself; this is the one rule all paths apply.
+ */
+export function trailerProblem(raw: readonly string[]): string | undefined {
+  for (let i = 0; i < raw.length; i += 2) {
+    if (!TOKEN.test(raw[i])) return 'malformed trailer field';
+    if (!FIELD_VALUE.test(raw[i + 1])) return 'control bytes in a trailer field';
+    const lower = raw[i].toLowerCase();
+    if (lower === 'content-length' || lower === 'transfer-encoding') return 'framing field in the trailers';
+  }
+  return undefined;
+}
+
+/**
  * The one trailer policy of every path: the trailer fields of `raw` (`[name, value, ...]`)
- * that are relayed, a flat list in order. A field is relayed when its name is a token, its
- * value has no control bytes, and it is neither hop-by-hop, nor named by a `Connection` of the
- * head (`headFields`) or of the trailers, nor one of NEVER_IN_TRAILERS. Everything else is
- * dropped (the rest of the answer is still relayed).
+ * that are relayed, a flat list in order (the section passed trailerProblem). A field is relayed
+ * unless it is hop-by-hop, named by a `Connection` of the head (`headFields`) or of the
+ * trailers, or one of NEVER_IN_TRAILERS.
  */
 export function relayedTrailers(raw: readonly string[], headFields: readonly string[] = []): string[] {
   const listed = connectionListed([...headFields, ...raw]);
@@ -161,20 +176,20 @@ export function relayedTrailers(raw: readonly string[], headFields: readonly str
 
 /**
  * The lines of an HTTP/1.1 trailer section (`name: value`, CRLF-separated, without the final
- * empty line) that may be relayed, by the same policy (relayedTrailers); a line that is not a
- * field is dropped. Lines are kept byte for byte.
+ * empty line) that may be relayed, by the same policy; undefined when the section is not relayed
+ * at all (trailerProblem, or a line that is not a field: no colon, or obs-fold). Lines are kept
+ * byte for byte.
  */
-export function relayedTrailerLines(lines: string[], headFields: string[]): string[] {
+export function relayedTrailerLines(lines: string[], headFields: string[]): string[] | undefined {
   const fields: string[] = [];
-  const kept: string[] = [];
   for (const line of lines) {
     const colon = line.indexOf(':');
-    if (colon <= 0) continue;
+    if (colon <= 0) return undefined;
     fields.push(line.slice(0, colon), line.slice(colon + 1).replace(/^[ \t]+|[ \t]+$/g, ''));
-    kept.push(line);
   }
+  if (trailerProblem(fields)) return undefined;
   const listed = connectionListed([...headFields, ...fields]);
-  return kept.filter((_line, i) => trailerFieldKept(fields[2 * i], fields[2 * i + 1], listed));
+  return lines.filter((_line, i) => trailerFieldKept(fields[2 * i], fields[2 * i + 1], listed));
 }
 
 /**

@@ -7,7 +7,7 @@ import type { ForwardTarget } from './forward.js';
 import { afterEarlierAnswers } from './boundary.js';
 import { finishRecord, newRecord } from './record.js';
 import { invalidAnswer, malformed, ProxyError, upstreamError, writeRawError } from './errors.js';
-import { filterRawResponseHeaders, relayedTrailers, upstreamRequestHeaders } from './headers.js';
+import { filterRawResponseHeaders, relayedTrailers, trailerProblem, upstreamRequestHeaders } from './headers.js';
 import { answerProblem, bodilessAnswer, MAX_ANSWER_FIELDS, MAX_ANSWER_HEAD } from './answer.js';
 import type { RequestRecord } from './context.js';
 
@@ -193,6 +193,12 @@ function relayRefusedHandshake(core: ProxyCore, res: IncomingMessage, socket: Du
   });
   res.on('end', () => {
     if (chunked) {
+      if (trailerProblem(res.rawTrailers)) {
+        rec.error = 'upstream sent a malformed trailer section';
+        socket.destroy();
+        finishRecord(core, rec, started);
+        return;
+      }
       const trailers = relayedTrailers(res.rawTrailers, res.rawHeaders);
       let section = '0\r\n';
       for (let i = 0; i < trailers.length; i += 2) section += `${trailers[i]}: ${trailers[i + 1]}\r\n`;

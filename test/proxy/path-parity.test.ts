@@ -116,6 +116,12 @@ const ROWS: Record<string, Row> = {
     want: { status: 200, body: 'hello', trailers: { 'x-checksum': 'abc', 'server-timing': 'db;dur=53' }, trailersAbsent: DENIED_TRAILERS },
     ws: false,
   },
+  // A trailer section that is not well-formed, or names the framing.
+  trailerNotAField: { answer: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Checksum: abc\r\nnot a field\r\n\r\n', want: 'cut', ws: false },
+  trailerWithLength: { answer: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nContent-Length: 99\r\n\r\n', want: 'cut', ws: false },
+  trailerWithCoding: { answer: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nTransfer-Encoding: chunked\r\n\r\n', want: 'cut', ws: false },
+  trailerCtl: { answer: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-A: a\x01b\r\n\r\n', want: 'cut', ws: false },
+  trailerObsFold: { answer: 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-A: a\r\n b\r\n\r\n', want: 'cut', ws: false },
   // WebSocket handshakes: a 101 must switch to what was asked for.
   ws101: { answer: 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: x\r\n\r\n', want: { status: 101, body: '' }, wsOnly: true },
   ws101NoUpgrade: { answer: 'HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n\r\n', want: BAD, wsOnly: true },

@@ -541,9 +541,10 @@ class FastConnection {
    * `chunk[from, upTo)` is trailer section: kept until it is complete (`done`), then relayed
    * with the fields a trailer may not carry removed (hop-by-hop, framing, routing: headers.ts),
    * the rest byte for byte. Returns what goes to the client now: `chunk` before `from`, then the
-   * filtered section once complete.
+   * filtered section once complete; undefined when the section is not relayed at all (the answer
+   * is cut: headers.ts, relayedTrailerLines).
    */
-  private trailerPart(chunk: Buffer, from: number, upTo: number, done: boolean): Buffer {
+  private trailerPart(chunk: Buffer, from: number, upTo: number, done: boolean): Buffer | undefined {
     this.trailer = this.trailer.length ? Buffer.concat([this.trailer, chunk.subarray(from, upTo)]) : chunk.subarray(from, upTo);
     const head = chunk.subarray(0, from);
     if (!done) return head;
@@ -552,6 +553,11 @@ class FastConnection {
     // `name: value CRLF ... CRLF`, or the final CRLF alone.
     const lines = section.length > 2 ? section.slice(0, -4).split('\r\n') : [];
     const kept = relayedTrailerLines(lines, this.resp!.rawHeaders);
+    // A section that is not relayed at all: the answer is cut, as on the paths undici reads.
+    if (kept === undefined) {
+      this.broken('upstream sent a malformed trailer section');
+      return undefined;
+    }
     if (kept.length === lines.length) return Buffer.concat([head, Buffer.from(section, 'latin1')]);
     return Buffer.concat([head, Buffer.from(kept.map((l) => l + '\r\n').join('') + '\r\n', 'latin1')]);
   }
