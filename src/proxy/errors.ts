@@ -56,6 +56,8 @@ export const chunkExtensionsTooLarge = () => new ProxyError(413, 'http_request_e
 export const headTimeout = () => new ProxyError(408, 'http_request_error', 'request head not received in time', 'KEYGATE_HEAD_TIMEOUT');
 export const overloaded = (reason: string) => new ProxyError(503, 'proxy_internal_response', reason, 'KEYGATE_OVERLOADED');
 export const shuttingDown = () => new ProxyError(503, 'proxy_internal_response', 'proxy is shutting down', 'KEYGATE_SHUTTING_DOWN');
+/** An origin's answer the proxy does not relay (answer.ts, or a parser's refusal): the same 502 on every path. `why` is a fixed sentence. */
+export const invalidAnswer = (host: string, why: string) => new ProxyError(502, 'http_protocol_error', `upstream ${host} sent an invalid response (${why})`);
 export const internal = (reason: string) => new ProxyError(500, 'proxy_internal_error', reason, 'KEYGATE_INTERNAL');
 
 function clean(reason: string): string {
@@ -168,6 +170,8 @@ export function upstreamError(err: unknown, host: string): ProxyError {
   if (code.startsWith('HPE_') || (err as { name?: unknown } | undefined)?.name === 'HTTPParserError' || code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH') {
     return new ProxyError(502, 'http_protocol_error', `upstream ${host} sent an invalid response (${code === 'UNKNOWN' ? 'not HTTP' : code})`);
   }
+  // undici's own bound on an answer head (Agent maxHeaderSize, the answer check's limit).
+  if (code === 'UND_ERR_HEADERS_OVERFLOW') return invalidAnswer(host, 'response head too large');
   switch (code) {
     case 'ECONNREFUSED':
       return new ProxyError(502, 'connection_refused', `upstream ${host} refused the connection`);

@@ -4,11 +4,12 @@ import type { CompiledRule, Decision } from '../rules/compile.js';
 import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore, RequestRecord } from './context.js';
 import { finishRecord } from './record.js';
-import { ProxyError, sendError, upstreamError } from './errors.js';
-import { filterRawResponseHeaders, filterResponseHeaderObject, upstreamRequestHeaders } from './headers.js';
-import { bodilessAnswer } from './h1/head.js';
+import { invalidAnswer, ProxyError, sendError, upstreamError } from './errors.js';
+import { filterRawResponseHeaders, relayedTrailers, trailerProblem, upstreamRequestHeaders } from './headers.js';
+import { answerProblem, bodilessAnswer } from './answer.js';
 import { idleCutsExchange } from './limits.js';
-import { upstreamEnding } from './upstream.js';
+import { upstreamAnswerVersion, upstreamEnding } from './upstream.js';
+import http2, { type Http2ServerResponse } from 'node:http2';
 import { chunkRelayed } from './buffer-gc.js';
 
 export interface ForwardTarget {
@@ -46,43 +47,35 @@ async function* counted(src: Readable, rec: RequestRecord): AsyncGenerator<Buffe
   }
 }
 
-/** undici's raw response headers (latin1 bytes, as on the wire) without hop-by-hop fields. */
-function responseHeaders(raw: Buffer[]): string[] {
+/** undici's raw fields (latin1 bytes, as on the wire, from an HTTP/1.1 origin; strings from an HTTP/2 one) as strings. */
+function latin1(raw: (Buffer | string)[]): string[] {
   const strings = new Array<string>(raw.length);
-  for (let i = 0; i < raw.length; i++) strings[i] = raw[i].toString('latin1');
-  return filterRawResponseHeaders(strings, false);
+  for (let i = 0; i < raw.length; i++) {
+    const v = raw[i];
+    strings[i] = typeof v === 'string' ? v : v.toString('latin1');
+  }
+  return strings;
 }
 
 /**
- * Upstream trailers for an HTTP/2 answer, without hop-by-hop or pseudo fields, lower case: undici
- * gives a raw list from an HTTP/1.1 origin and a header object from an HTTP/2 one.
+ * Upstream trailers, as relayed by every path (headers.ts, relayedTrailers), as `[name, value]`
+ * pairs, or undefined when the section is not relayed at all (trailerProblem): undici gives a raw list from an HTTP/1.1 origin and a header object from an HTTP/2 one.
  */
-function trailerObject(given: (Buffer | string)[] | Record<string, string | string[] | undefined>): Record<string, string[]> {
-  const out: Record<string, string[]> = {};
-  const kept = Array.isArray(given) ? filterRawResponseHeaders(given.map((b) => (typeof b === 'string' ? b : b.toString('latin1'))), false) : filterResponseHeaderObject(given);
-  for (let i = 0; i < kept.length; i += 2) {
-    const name = kept[i].toLowerCase();
-    if (name.startsWith(':') || name === 'content-length') continue;
-    (out[name] ??= []).push(kept[i + 1]);
+function trailerPairs(given: (Buffer | string)[] | Record<string, string | string[] | undefined>, head: string[]): [string, string][] | undefined {
+  let raw: string[];
+  if (Array.isArray(given)) raw = latin1(given);
+  else {
+    raw = [];
+    for (const [name, value] of Object.entries(given)) {
+      if (value === undefined || name.startsWith(':')) continue;
+      for (const v of Array.isArray(value) ? value : [value]) raw.push(name, v);
+    }
   }
+  if (trailerProblem(raw)) return undefined;
+  const kept = relayedTrailers(raw, head);
+  const out: [string, string][] = [];
+  for (let i = 0; i < kept.length; i += 2) out.push([kept[i], kept[i + 1]]);
   return out;
-}
-
-/**
- * A response framing the proxy cannot re-frame faithfully: any Transfer-Encoding but exactly one
- * `chunked` (undici removes `chunked` and would relay a body still under `gzip`, say, as if it had
- * no coding). The fast path refuses the same (h1/head.ts, parseResponseHead). Only for an answer
- * with a body: a HEAD, 204 or 304 may name the codings a GET's answer would have had.
- */
-function codingProblem(raw: Buffer[]): boolean {
-  let count = 0;
-  let chunked = false;
-  for (let i = 0; i < raw.length; i += 2) {
-    if (raw[i].length !== 17 || raw[i].toString('latin1').toLowerCase() !== 'transfer-encoding') continue;
-    count++;
-    chunked = raw[i + 1].toString('latin1').trim().toLowerCase() === 'chunked';
-  }
-  return count > 1 || (count === 1 && !chunked);
 }
 
 const GRPC_STATUS_FIELDS = new Set(['grpc-status', 'grpc-message', 'grpc-status-details-bin']);
@@ -143,6 +136,8 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
   let finished = false;
   let waitingForDrain = false;
   let flushScheduled = false;
+  /** The answer head's fields (their `Connection` names fields the trailers may not carry). */
+  let headFields: string[] = [];
 
   const done = (error?: string) => {
     if (finished) return;
@@ -167,6 +162,16 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
     if (idleCutsExchange(!req.complete, res.headersSent && (res.socket?.writableLength ?? 0) > 0)) res.destroy();
   });
 
+  /**
+   * The answer is broken after its head went out: the client must see a broken response, not a
+   * complete one. An HTTP/2 stream destroyed without an error ends with RST_STREAM(NO_ERROR),
+   * which a client may take for the end of a complete answer: INTERNAL_ERROR says it is not.
+   */
+  const cut = () => {
+    if (t.h2) (res as unknown as Http2ServerResponse).stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR);
+    else res.destroy();
+  };
+
   const flush = () => {
     flushScheduled = false;
     if (!finished && !res.headersSent) res.flushHeaders();
@@ -190,24 +195,29 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
       // upstream request is aborted and whatever undici still delivers is dropped, never paused:
       // a parser paused at that point and then ended by the origin trips an assertion inside
       // undici (Parser.finish) that takes the whole process down.
-      onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void) {
+      onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void, statusText?: string) {
         if (clientGone || res.destroyed) return true;
+        const raw = latin1(rawHeaders);
+        // The check every path holds an answer head to (answer.ts), interim answers included.
+        const problem = answerProblem({ version: upstreamAnswerVersion(), status: statusCode, reason: statusText ?? '', raw, method: req.method ?? '' });
+        if (problem) {
+          // Finished first: undici reports the abort to onError at once, which would cut the answer.
+          finished = true;
+          res.off('close', onClose);
+          abortUpstream?.(new Error('upstream answer not accepted'));
+          const perr = invalidAnswer(t.host, problem);
+          core.events.emit('upstream_error', { host: t.host, reason: perr.reason });
+          refuse(core, res, rec, started, perr);
+          return true;
+        }
         // undici hands informational answers (103 Early Hints, 102) here too: they are not relayed
         // (as on the fast path), the final answer follows. Written, it would make the final one a
         // second head, which fails the whole response.
         if (statusCode < 200) return true;
         rec.status = statusCode;
-        if (!bodilessAnswer(req.method, statusCode) && codingProblem(rawHeaders)) {
-          // Finished first: undici reports the abort to onError at once, which would cut the answer.
-          finished = true;
-          res.off('close', onClose);
-          abortUpstream?.(new Error('upstream framing not accepted'));
-          core.events.emit('upstream_error', { host: t.host, reason: 'transfer coding not accepted' });
-          refuse(core, res, rec, started, new ProxyError(502, 'http_protocol_error', `upstream ${t.host} sent an invalid response (upstream framing not accepted (Transfer-Encoding))`));
-          return true;
-        }
+        headFields = raw;
         if (core.draining()) res.shouldKeepAlive = false;
-        let headers = responseHeaders(rawHeaders);
+        let headers = filterRawResponseHeaders(raw, false, statusCode);
         // A gRPC "trailers-only" answer (grpc-status in a HEADERS frame that ends the stream)
         // cannot be re-sent as one frame through Node's compatibility API: its status fields go
         // in the trailers instead, an equivalent gRPC answer with no message.
@@ -247,9 +257,25 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
       },
       onComplete(trailers: string[] | null) {
         if (finished) return;
-        // HTTP/2 carries trailers (gRPC's grpc-status); an HTTP/1.1 answer here never has them.
-        const given = trailers as unknown as Parameters<typeof trailerObject>[0] | null;
-        if (t.h2 && given && Object.keys(given).length) (res as unknown as { addTrailers(h: Record<string, string[]>): void }).addTrailers(trailerObject(given));
+        // Trailers (gRPC's grpc-status over HTTP/2; any chunked HTTP/1.1 answer's), through the
+        // one trailer policy. Node writes them to an HTTP/1.1 client only on a chunked answer.
+        const given = trailers as unknown as Parameters<typeof trailerPairs>[0] | null;
+        if (given && Object.keys(given).length) {
+          const pairs = trailerPairs(given, headFields);
+          if (pairs === undefined) {
+            // A section not relayed at all (headers.ts, trailerProblem): the answer is cut.
+            cut();
+            done('upstream sent a malformed trailer section');
+            return;
+          }
+          if (pairs.length) {
+            if (t.h2) {
+              const obj: Record<string, string[]> = {};
+              for (const [name, value] of pairs) (obj[name.toLowerCase()] ??= []).push(value);
+              (res as unknown as { addTrailers(h: Record<string, string[]>): void }).addTrailers(obj);
+            } else res.addTrailers(pairs);
+          }
+        }
         res.end();
         done();
       },
@@ -262,14 +288,14 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         // undici holds a 304 (or 204, or an answer to HEAD) to its Content-Length and fails it
         // when no body follows; such an answer has no body (a 304 names the representation's
         // length, RFC 9110 8.6): it is complete. undici closes that connection, nothing is reused.
-        if ((err as NodeJS.ErrnoException).code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH' && bodilessAnswer(req.method, rec.status) && rec.bytes_out === 0 && !res.destroyed) {
+        if ((err as NodeJS.ErrnoException).code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH' && rec.status >= 200 && bodilessAnswer(req.method, rec.status) && rec.bytes_out === 0 && !res.destroyed) {
           res.end();
           done();
           return;
         }
         if (res.headersSent || rec.status !== 0) {
           // Part of the answer is out: the client must see a broken response, not a complete one.
-          res.destroy();
+          cut();
           done('response stream interrupted');
           return;
         }

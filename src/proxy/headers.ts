@@ -3,10 +3,13 @@ import { asVariable, type CompiledRule } from '../rules/compile.js';
 /**
  * Headers that belong to one connection and are never forwarded (RFC 9110 7.6.1), plus the
  * proxy's own credentials and framing the next hop recomputes. `upgrade` is kept only for a
- * WebSocket handshake.
+ * WebSocket handshake. `http2-settings` belongs to the h2c upgrade of one connection (RFC 9113
+ * 3.2.1 made it connection-specific; Node's http2 throws on it, an answer carrying it would
+ * fail an HTTP/2 client's stream).
  */
 const HOP_BY_HOP = new Set([
   'connection',
+  'http2-settings',
   'keep-alive',
   'proxy-authorization',
   'proxy-authenticate',
@@ -67,12 +70,19 @@ export function upstreamRequestHeaders(raw: string[], opts: RequestHeaderOptions
   return out;
 }
 
-/** Response headers passed back to the client: a raw header list without hop-by-hop fields (`upgrade` and `connection` kept for a 101). */
-export function filterRawResponseHeaders(raw: string[], keepUpgrade: boolean): string[] {
+/**
+ * Response headers passed back to the client: a raw header list without hop-by-hop fields
+ * (`upgrade` and `connection` kept for a 101). With `status`, also without the framing fields an
+ * answer of that status must not carry (RFC 9110 8.6, RFC 9112 6.1: no Content-Length in a 1xx
+ * or 204; Transfer-Encoding is hop-by-hop anyway), whatever the origin sent.
+ */
+export function filterRawResponseHeaders(raw: string[], keepUpgrade: boolean, status?: number): string[] {
   const listed = connectionListed(raw);
+  const noLength = status !== undefined && (status < 200 || status === 204);
   const out: string[] = [];
   for (let i = 0; i < raw.length; i += 2) {
     const lower = raw[i].toLowerCase();
+    if (noLength && lower === 'content-length') continue;
     if (keepUpgrade && (lower === 'upgrade' || lower === 'connection')) {
       out.push(raw[i], raw[i + 1]);
       continue;
@@ -84,30 +94,102 @@ export function filterRawResponseHeaders(raw: string[], keepUpgrade: boolean): s
 }
 
 /**
- * Fields that mean something only in a head: framing and routing (RFC 9110 6.5.1). In a trailer
- * section a client that merges trailers into the head would take them for the message's own.
+ * Fields never relayed in a trailer section, on any path (RFC 9110 6.5.1: a trailer must not
+ * carry what frames, routes, modifies or authenticates a message, controls a response or says
+ * how to process its content). A client that merges trailers into the head would take them for
+ * the message's own. Besides these, hop-by-hop fields and those any `Connection` names.
  */
-const HEAD_ONLY = new Set(['content-length', 'host']);
+const NEVER_IN_TRAILERS = new Set([
+  // framing, routing
+  'content-length',
+  'host',
+  // request modifiers
+  'cache-control',
+  'expect',
+  'max-forwards',
+  'pragma',
+  'range',
+  'if-match',
+  'if-none-match',
+  'if-modified-since',
+  'if-unmodified-since',
+  'if-range',
+  // authentication, state
+  'authorization',
+  'www-authenticate',
+  'authentication-info',
+  'proxy-authentication-info',
+  'cookie',
+  'set-cookie',
+  // response control data
+  'age',
+  'expires',
+  'date',
+  'location',
+  'retry-after',
+  'vary',
+  'warning',
+  // how to process the content
+  'content-encoding',
+  'content-type',
+  'content-range',
+]);
+
+const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+/** HTAB, SP, VCHAR, obs-text. */
+const FIELD_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
+
+function trailerFieldKept(name: string, value: string, listed: Set<string> | undefined): boolean {
+  if (!TOKEN.test(name) || !FIELD_VALUE.test(value)) return false;
+  const lower = name.toLowerCase();
+  return !HOP_BY_HOP.has(lower) && !NEVER_IN_TRAILERS.has(lower) && !listed?.has(lower);
+}
+
+/**
+ * Why a trailer section is not relayed at all (the answer is then cut, on every path, as a
+ * broken one): a field that is not a field (a name that is no token, control bytes in a value),
+ * or one that names the message's framing, which a client merging trailers would act on.
+ * undici's parser refuses most of these itself; this is the one rule all paths apply.
+ */
+export function trailerProblem(raw: readonly string[]): string | undefined {
+  for (let i = 0; i < raw.length; i += 2) {
+    if (!TOKEN.test(raw[i])) return 'malformed trailer field';
+    if (!FIELD_VALUE.test(raw[i + 1])) return 'control bytes in a trailer field';
+    const lower = raw[i].toLowerCase();
+    if (lower === 'content-length' || lower === 'transfer-encoding') return 'framing field in the trailers';
+  }
+  return undefined;
+}
+
+/**
+ * The one trailer policy of every path: the trailer fields of `raw` (`[name, value, ...]`)
+ * that are relayed, a flat list in order (the section passed trailerProblem). A field is relayed
+ * unless it is hop-by-hop, named by a `Connection` of the head (`headFields`) or of the
+ * trailers, or one of NEVER_IN_TRAILERS.
+ */
+export function relayedTrailers(raw: readonly string[], headFields: readonly string[] = []): string[] {
+  const listed = connectionListed([...headFields, ...raw]);
+  const out: string[] = [];
+  for (let i = 0; i < raw.length; i += 2) if (trailerFieldKept(raw[i], raw[i + 1], listed)) out.push(raw[i], raw[i + 1]);
+  return out;
+}
 
 /**
  * The lines of an HTTP/1.1 trailer section (`name: value`, CRLF-separated, without the final
- * empty line) that may be relayed: not hop-by-hop, not named in the head's or the trailers'
- * `Connection`, not head-only, and well formed (a line that is not a field is dropped). Lines
- * are kept byte for byte.
+ * empty line) that may be relayed, by the same policy; undefined when the section is not relayed
+ * at all (trailerProblem, or a line that is not a field: no colon, or obs-fold). Lines are kept
+ * byte for byte.
  */
-export function relayedTrailerLines(lines: string[], headFields: string[]): string[] {
-  const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+export function relayedTrailerLines(lines: string[], headFields: string[]): string[] | undefined {
   const fields: string[] = [];
-  const kept: { line: string; lower: string }[] = [];
   for (const line of lines) {
     const colon = line.indexOf(':');
-    const name = line.slice(0, colon);
-    if (colon <= 0 || !TOKEN.test(name)) continue;
-    fields.push(name, line.slice(colon + 1));
-    kept.push({ line, lower: name.toLowerCase() });
+    if (colon <= 0) return undefined;
+    fields.push(line.slice(0, colon), line.slice(colon + 1).replace(/^[ \t]+|[ \t]+$/g, ''));
   }
+  if (trailerProblem(fields)) return undefined;
   const listed = connectionListed([...headFields, ...fields]);
-  return kept.filter((k) => !HOP_BY_HOP.has(k.lower) && !HEAD_ONLY.has(k.lower) && !listed?.has(k.lower)).map((k) => k.line);
+  return lines.filter((_line, i) => trailerFieldKept(fields[2 * i], fields[2 * i + 1], listed));
 }
 
 /**

@@ -8,6 +8,7 @@ import { formatAuthority, urlAuthority } from '../rules/host.js';
 import type { EgressPolicy } from '../rules/egress.js';
 import { EgressDenied, resolveAllowed } from './egress.js';
 import { H1Pool } from './h1/pool.js';
+import { MAX_ANSWER_HEAD } from './answer.js';
 
 const requireCjs = createRequire(import.meta.url);
 /**
@@ -123,17 +124,41 @@ function guardPausedParserOnEnd(socket: net.Socket): void {
  */
 interface H1Parser {
   socket: net.Socket;
+  statusText: string;
+  onStatus(buf: Buffer): number;
+  llhttp?: { llhttp_get_http_major?(ptr: number): number; llhttp_get_http_minor?(ptr: number): number };
+  ptr?: number;
   connection: string;
   onMessageComplete(): number;
   onHeadersComplete(statusCode: number, upgrade: boolean, shouldKeepAlive: boolean): number;
 }
 let parserPatched = false;
+/** The HTTP version (major * 10 + minor) of the answer head undici is handing on now, if known. */
+let answerVersion: number | undefined;
+
+/**
+ * The HTTP version of the HTTP/1.x answer whose head undici is handing to a dispatch handler
+ * (read from llhttp: undici does not say, and llhttp accepts `HTTP/2.0` or `HTTP/0.9` status
+ * lines); undefined for an HTTP/2 answer, or before the parser is patched.
+ */
+export function upstreamAnswerVersion(): number | undefined {
+  return answerVersion;
+}
 const CLOSE_TOKEN = /(?:^|[\s,])close(?:[\s,]|$)/i;
 
 function patchParserClass(proto: H1Parser): void {
   const complete = proto.onMessageComplete;
   const headers = proto.onHeadersComplete;
-  if (typeof complete !== 'function' || typeof headers !== 'function') return;
+  const status = proto.onStatus;
+  if (typeof complete !== 'function' || typeof headers !== 'function' || typeof status !== 'function') return;
+  // llhttp hands a reason phrase split across reads in pieces, and undici keeps only the last:
+  // the whole phrase (bounded: past the answer check's limit it is refused anyway) is kept instead.
+  proto.onStatus = function (this: H1Parser, buf: Buffer) {
+    const before = this.statusText ?? '';
+    const ret = status.call(this, buf);
+    if (before.length > 0) this.statusText = (before + this.statusText).slice(0, MAX_ANSWER_HEAD + 1);
+    return ret;
+  };
   proto.onMessageComplete = function (this: H1Parser) {
     if (this.connection && CLOSE_TOKEN.test(this.connection)) {
       const reset = Object.getOwnPropertySymbols(this.socket).find((x) => x.description === 'reset');
@@ -142,7 +167,14 @@ function patchParserClass(proto: H1Parser): void {
     return complete.call(this);
   };
   proto.onHeadersComplete = function (this: H1Parser, statusCode: number, upgrade: boolean, shouldKeepAlive: boolean) {
-    return headers.call(this, statusCode === 100 ? 102 : statusCode, upgrade, shouldKeepAlive);
+    // The answer's HTTP version, for the answer check (answer.ts) while undici hands the head on.
+    const ll = this.llhttp;
+    answerVersion = ll?.llhttp_get_http_major && ll.llhttp_get_http_minor && this.ptr !== undefined ? ll.llhttp_get_http_major(this.ptr) * 10 + ll.llhttp_get_http_minor(this.ptr) : undefined;
+    try {
+      return headers.call(this, statusCode === 100 ? 102 : statusCode, upgrade, shouldKeepAlive);
+    } finally {
+      answerVersion = undefined;
+    }
   };
 }
 
@@ -425,6 +457,9 @@ export class Upstream {
       keepAliveTimeout: opts.timeouts.keepAliveMs,
       keepAliveMaxTimeout: 10 * 60_000,
       headersTimeout: opts.timeouts.headersMs,
+      // The answer check's limit (answer.ts), not Node's 16 KiB default: undici counts field bytes
+      // only, so the check (which counts the whole head) always decides first.
+      maxHeaderSize: MAX_ANSWER_HEAD,
       bodyTimeout: opts.timeouts.bodyMs,
       pipelining: 1,
     });

@@ -6,8 +6,10 @@ import type { ProxyCore } from './context.js';
 import type { ForwardTarget } from './forward.js';
 import { afterEarlierAnswers } from './boundary.js';
 import { finishRecord, newRecord } from './record.js';
-import { malformed, ProxyError, upstreamError, writeRawError } from './errors.js';
-import { filterRawResponseHeaders, upstreamRequestHeaders } from './headers.js';
+import { invalidAnswer, malformed, ProxyError, upstreamError, writeRawError } from './errors.js';
+import { filterRawResponseHeaders, relayedTrailers, trailerProblem, upstreamRequestHeaders } from './headers.js';
+import { answerProblem, bodilessAnswer, MAX_ANSWER_FIELDS, MAX_ANSWER_HEAD } from './answer.js';
+import type { RequestRecord } from './context.js';
 
 /** Where an upgrade goes: the same target a forwarded request has. */
 export type UpgradeTarget = ForwardTarget;
@@ -78,15 +80,39 @@ function relayTo(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Bu
     path: t.pathAndQuery,
     headers,
     setHost: false,
+    maxHeaderSize: MAX_ANSWER_HEAD + 1024,
     // No agent: with createConnection, node:http uses our (verified) socket for this one request.
     createConnection: () => (t.scheme === 'https' ? core.upstream.connectTls(t.host, t.port, address) : core.upstream.connectTcp(t.host, t.port, address)),
   } as RequestOptions);
+  // The answer check's own bounds decide (answer.ts), not Node's 16 KiB and 2,000-field defaults
+  // (past 2,000 Node drops fields silently): one field more than the check allows is kept.
+  upReq.maxHeadersCount = MAX_ANSWER_FIELDS + 1;
   const timer = setTimeout(() => upReq.destroy(Object.assign(new Error('timeout'), { code: 'UND_ERR_HEADERS_TIMEOUT' })), core.timeouts.headersMs);
   socket.on('error', () => upReq.destroy());
+
+  /** The answer check every path shares (answer.ts), for this handshake's answer; a 502 and true when it fails. */
+  const refused = (res: IncomingMessage, why?: string): boolean => {
+    const problem =
+      why ??
+      answerProblem({ version: res.httpVersionMajor * 10 + res.httpVersionMinor, status: res.statusCode ?? 0, reason: res.statusMessage ?? '', raw: res.rawHeaders, method: req.method ?? 'GET', websocket: true });
+    if (!problem) return false;
+    upReq.destroy();
+    const perr = invalidAnswer(t.host, problem);
+    core.events.emit('upstream_error', { host: t.host, reason: perr.reason });
+    rec.status = perr.status;
+    rec.error = perr.reason;
+    writeRawError(socket, perr);
+    finishRecord(core, rec, started);
+    return true;
+  };
 
   upReq.on('upgrade', (res, upSocket, upHead) => {
     settled = true;
     clearTimeout(timer);
+    if (refused(res)) {
+      upSocket.destroy();
+      return;
+    }
     rec.status = res.statusCode ?? 101;
     socket.write(rawHead(rec.status, res.statusMessage, filterRawResponseHeaders(res.rawHeaders, true)));
     if (upHead.length) socket.write(upHead);
@@ -111,29 +137,9 @@ function relayTo(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Bu
   upReq.on('response', (res) => {
     settled = true;
     clearTimeout(timer);
-    // Framing is redone here: the body is relayed decoded and ends with the connection. A coding
-    // besides chunked would reach the client still applied, unannounced: refused, as by forward.ts.
-    const te = res.headers['transfer-encoding'];
-    if (te !== undefined && te.trim().toLowerCase() !== 'chunked') {
-      upReq.destroy();
-      const perr = new ProxyError(502, 'http_protocol_error', `upstream ${t.host} sent an invalid response (upstream framing not accepted (Transfer-Encoding))`);
-      rec.status = perr.status;
-      rec.error = perr.reason;
-      writeRawError(socket, perr);
-      finishRecord(core, rec, started);
-      return;
-    }
-    rec.status = res.statusCode ?? 502;
-    const kept = filterRawResponseHeaders(res.rawHeaders, false);
-    const pairs: string[] = [];
-    for (let i = 0; i < kept.length; i += 2) if (kept[i].toLowerCase() !== 'content-length') pairs.push(kept[i], kept[i + 1]);
-    socket.write(rawHead(rec.status, res.statusMessage, [...pairs, 'Connection', 'close']));
-    res.on('data', (c: Buffer) => {
-      rec.bytes_out += c.length;
-    });
-    res.pipe(socket);
-    res.on('end', () => finishRecord(core, rec, started));
-    res.on('error', () => socket.destroy());
+    // A 101 that Node did not take for a switch (no Upgrade field): no protocol to splice to.
+    if (refused(res, res.statusCode === 101 ? 'protocol switch without Upgrade' : undefined)) return;
+    relayRefusedHandshake(core, res, socket, rec, started);
   });
 
   upReq.on('error', (err) => {
@@ -151,4 +157,62 @@ function relayTo(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Bu
     finishRecord(core, rec, started);
   });
   upReq.end();
+}
+
+/**
+ * An origin that did not switch (a 401, a 404, a redirect): its answer goes back as it is, in
+ * framing that keeps a cut visible (its Content-Length, or chunked as it came, the last chunk
+ * written only once the origin's was read), and the connection closes after it, so nothing the
+ * client sends afterwards reaches the origin unchecked. An answer cut by the origin is cut for
+ * the client too, never closed as if complete.
+ */
+const CRLF = Buffer.from('\r\n', 'latin1');
+
+function relayRefusedHandshake(core: ProxyCore, res: IncomingMessage, socket: Duplex, rec: RequestRecord, started: number): void {
+  const status = res.statusCode ?? 502;
+  rec.status = status;
+  const bodiless = bodilessAnswer('GET', status);
+  const length = res.headers['content-length'];
+  const chunked = !bodiless && res.headers['transfer-encoding'] !== undefined;
+  const kept = filterRawResponseHeaders(res.rawHeaders, false, status);
+  const fields: string[] = [];
+  for (let i = 0; i < kept.length; i += 2) if (bodiless || kept[i].toLowerCase() !== 'content-length') fields.push(kept[i], kept[i + 1]);
+  if (!bodiless && length !== undefined) fields.push('Content-Length', length);
+  if (chunked) fields.push('Transfer-Encoding', 'chunked');
+  fields.push('Connection', 'close');
+  socket.write(rawHead(status, res.statusMessage, fields));
+  res.on('data', (c: Buffer) => {
+    if (c.length === 0) return;
+    rec.bytes_out += c.length;
+    const flowing = chunked ? socket.write(Buffer.concat([Buffer.from(`${c.length.toString(16)}\r\n`, 'latin1'), c, CRLF])) : socket.write(c);
+    // Backpressure: the origin is read no faster than the client reads.
+    if (!flowing) {
+      res.pause();
+      socket.once('drain', () => res.resume());
+    }
+  });
+  res.on('end', () => {
+    if (chunked) {
+      if (trailerProblem(res.rawTrailers)) {
+        rec.error = 'upstream sent a malformed trailer section';
+        socket.destroy();
+        finishRecord(core, rec, started);
+        return;
+      }
+      const trailers = relayedTrailers(res.rawTrailers, res.rawHeaders);
+      let section = '0\r\n';
+      for (let i = 0; i < trailers.length; i += 2) section += `${trailers[i]}: ${trailers[i + 1]}\r\n`;
+      socket.write(section + '\r\n');
+    }
+    socket.end();
+    finishRecord(core, rec, started);
+  });
+  // Cut by the origin (or the client gone): the client's connection is cut too.
+  res.on('close', () => {
+    if (res.complete) return;
+    rec.error = 'response stream interrupted';
+    socket.destroy();
+    finishRecord(core, rec, started);
+  });
+  res.on('error', () => socket.destroy());
 }

@@ -3,7 +3,7 @@ import type { TLSSocket } from 'node:tls';
 import type { CompiledConfig, CompiledRule } from '../../rules/compile.js';
 import { urlAuthority } from '../../rules/host.js';
 import type { ProxyCore, RequestRecord, TunnelTarget } from '../context.js';
-import { errorResponse, ProxyError, upstreamError, writeRawError } from '../errors.js';
+import { errorResponse, invalidAnswer, ProxyError, upstreamError, writeRawError } from '../errors.js';
 import type { InterceptPlan, RequestFacts } from '../plan.js';
 import { finishRecord, newRecord, refusedPath } from '../record.js';
 import { filterRawResponseHeaders, relayedTrailerLines, upstreamRequestHeaders } from '../headers.js';
@@ -44,8 +44,6 @@ export interface FastPathOptions {
   fallback(socket: TLSSocket, bytes: Buffer): void;
 }
 
-/** Response heads from upstreams may be larger than the client limits (many APIs send many headers). */
-const MAX_RESPONSE_HEAD = 64 * 1024;
 /** Body bytes held while the upstream connection is being opened; past this the client is paused. */
 const MAX_QUEUED = 64 * 1024;
 
@@ -434,14 +432,14 @@ class FastConnection {
     }
     let buf = this.rbuf.length ? Buffer.concat([this.rbuf, chunk]) : chunk;
     for (;;) {
-      const r = parseResponseHead(buf, this.method, MAX_RESPONSE_HEAD);
+      const r = parseResponseHead(buf, this.method);
       if (r === 'incomplete') {
         this.rbuf = buf;
         return;
       }
       if ('error' in r) {
         this.upstreamReusable = false;
-        this.fail(new ProxyError(502, 'http_protocol_error', `upstream ${this.t.host} sent an invalid response (${r.error})`));
+        this.fail(invalidAnswer(this.t.host, r.error));
         return;
       }
       buf = buf.subarray(r.headBytes);
@@ -468,7 +466,7 @@ class FastConnection {
     // A client that half-closed is not a reason to close: what it pipelined before is answered (nextRequest).
     this.closeAfter = this.clientClose || f.kind === 'close' || this.core.draining() || this.bodyLeft > 0;
     let head = `HTTP/1.1 ${r.status} ${STATUS_CODES[r.status] ?? 'unknown'}\r\n`;
-    const hs = filterRawResponseHeaders(r.rawHeaders, false);
+    const hs = filterRawResponseHeaders(r.rawHeaders, false, r.status);
     for (let i = 0; i < hs.length; i += 2) {
       // The length toward the client is the proxy's own (a `Connection: content-length` must not drop it).
       if (f.kind === 'length' && hs[i].length === 14 && hs[i].toLowerCase() === 'content-length') continue;
@@ -543,9 +541,10 @@ class FastConnection {
    * `chunk[from, upTo)` is trailer section: kept until it is complete (`done`), then relayed
    * with the fields a trailer may not carry removed (hop-by-hop, framing, routing: headers.ts),
    * the rest byte for byte. Returns what goes to the client now: `chunk` before `from`, then the
-   * filtered section once complete.
+   * filtered section once complete; undefined when the section is not relayed at all (the answer
+   * is cut: headers.ts, relayedTrailerLines).
    */
-  private trailerPart(chunk: Buffer, from: number, upTo: number, done: boolean): Buffer {
+  private trailerPart(chunk: Buffer, from: number, upTo: number, done: boolean): Buffer | undefined {
     this.trailer = this.trailer.length ? Buffer.concat([this.trailer, chunk.subarray(from, upTo)]) : chunk.subarray(from, upTo);
     const head = chunk.subarray(0, from);
     if (!done) return head;
@@ -554,6 +553,11 @@ class FastConnection {
     // `name: value CRLF ... CRLF`, or the final CRLF alone.
     const lines = section.length > 2 ? section.slice(0, -4).split('\r\n') : [];
     const kept = relayedTrailerLines(lines, this.resp!.rawHeaders);
+    // A section that is not relayed at all: the answer is cut, as on the paths undici reads.
+    if (kept === undefined) {
+      this.broken('upstream sent a malformed trailer section');
+      return undefined;
+    }
     if (kept.length === lines.length) return Buffer.concat([head, Buffer.from(section, 'latin1')]);
     return Buffer.concat([head, Buffer.from(kept.map((l) => l + '\r\n').join('') + '\r\n', 'latin1')]);
   }

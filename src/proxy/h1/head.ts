@@ -1,3 +1,5 @@
+import { answerProblem, bodilessAnswer, MAX_ANSWER_FIELDS, MAX_ANSWER_HEAD } from '../answer.js';
+
 /**
  * Strict HTTP/1.1 head parsing for the intercepted fast path (src/proxy/h1/connection.ts). Pure.
  *
@@ -207,12 +209,10 @@ function bareLineEnding(buf: Buffer): boolean {
 
 // ---- responses --------------------------------------------------------------------------
 
-/** How a response body is delimited (RFC 9112 6.3). */
-/** An answer with no body whatever its Content-Length or codings say: to HEAD, or 204 or 304 (RFC 9110 6.4.1). */
-export function bodilessAnswer(method: string | undefined, status: number): boolean {
-  return method === 'HEAD' || status === 204 || status === 304;
-}
+/** An answer with no body whatever its Content-Length or codings say (answer.ts: one definition for every path). */
+export { bodilessAnswer } from '../answer.js';
 
+/** How a response body is delimited (RFC 9112 6.3). */
 export type Framing = { kind: 'none' } | { kind: 'length'; length: number } | { kind: 'chunked' } | { kind: 'close' };
 
 export interface ResponseHead {
@@ -229,13 +229,15 @@ export type ResponseParse = ResponseHead | 'incomplete' | { error: string };
 
 /**
  * Parses a response head at the start of `buf`, for a request of `method`. A 1xx comes back
- * as itself (framing `none`): the caller skips it and parses what follows. Errors are
- * fixed sentences (no bytes of the response in them).
+ * as itself (framing `none`): the caller skips it and parses what follows. What this parser
+ * reads is then held to the check every path shares (answer.ts): the same answer is refused
+ * here as on the paths that read answers with undici or Node's client. Errors are fixed
+ * sentences (no bytes of the response in them).
  */
-export function parseResponseHead(buf: Buffer, method: string, maxHeaderBytes: number, maxHeaderCount = 1000): ResponseParse {
+export function parseResponseHead(buf: Buffer, method: string, maxHeaderBytes = MAX_ANSWER_HEAD, maxHeaderCount = MAX_ANSWER_FIELDS): ResponseParse {
   const end = headEnd(buf, 0, maxHeaderBytes);
   if (end < 0) {
-    if (buf.length >= maxHeaderBytes) return { error: 'upstream response head too large' };
+    if (buf.length >= maxHeaderBytes) return { error: 'response head too large' };
     return bareLineEnding(buf) ? { error: 'malformed upstream response head' } : 'incomplete';
   }
   const lineEnd = buf.indexOf(CR);
@@ -244,28 +246,23 @@ export function parseResponseHead(buf: Buffer, method: string, maxHeaderBytes: n
   const version = buf.toString('latin1', 0, 9);
   if ((version !== 'HTTP/1.1 ' && version !== 'HTTP/1.0 ') || (lineEnd > 12 && buf[12] !== SP)) return { error: 'malformed upstream status line' };
   const status = digits(buf.toString('latin1', 9, 12));
-  if (status === undefined || status < 100 || status > 999) return { error: 'malformed upstream status line' };
-  for (let k = 13; k < lineEnd; k++) if (!valueByte(buf[k], true)) return { error: 'malformed upstream status line' };
-  const fields = parseFields(buf, lineEnd + 2, end, true, maxHeaderCount);
+  if (status === undefined) return { error: 'malformed upstream status line' };
+  const fields = parseFields(buf, lineEnd + 2, end, true, maxHeaderCount + 1);
   if (!fields) return { error: 'malformed upstream response header' };
   const raw = fields.raw;
+  if (raw.length / 2 > maxHeaderCount) return { error: 'too many header fields' };
   const http10 = version === 'HTTP/1.0 ';
-  let te: string | undefined;
-  let tes = 0;
+  const problem = answerProblem({ version: http10 ? 10 : 11, status, reason: lineEnd > 13 ? buf.toString('latin1', 13, lineEnd) : '', raw, method });
+  if (problem) return { error: problem };
+  let chunked = false;
   let length: number | undefined;
-  let lengths = 0;
   let close = false;
   let keepAlive = false;
   for (let k = 0; k < raw.length; k += 2) {
     const name = raw[k].toLowerCase();
-    if (name === 'transfer-encoding') {
-      tes++;
-      te = raw[k + 1];
-    } else if (name === 'content-length') {
-      lengths++;
-      length = digits(raw[k + 1]);
-      if (length === undefined) return { error: 'malformed upstream Content-Length' };
-    } else if (name === 'connection' || name === 'proxy-connection') {
+    if (name === 'transfer-encoding') chunked = true;
+    else if (name === 'content-length') length = Number(raw[k + 1]);
+    else if (name === 'connection' || name === 'proxy-connection') {
       for (const t of tokens(raw[k + 1])) {
         if (isClose(t)) close = true;
         else if (t === 'keep-alive') keepAlive = true;
@@ -274,21 +271,10 @@ export function parseResponseHead(buf: Buffer, method: string, maxHeaderBytes: n
   }
   // HTTP/1.0 closes unless it says keep-alive; `close` wins whatever the order.
   if (http10 && !keepAlive) close = true;
-  // Before the 1xx return: Node's parser refuses these in any response, 1xx included.
-  if (lengths > 1) return { error: 'conflicting upstream Content-Length' };
-  // A coding other than chunked cannot be re-framed, unless there is no body at all (HEAD, 204,
-  // 304: RFC 9112 6.1 lets such an answer name the codings a GET's would have had).
-  const bodiless = bodilessAnswer(method, status);
-  if (tes > 0 && (lengths > 0 || (!bodiless && (tes > 1 || te!.toLowerCase() !== 'chunked')))) return { error: 'upstream framing not accepted (Transfer-Encoding)' };
-  // RFC 9112 6.1: Transfer-Encoding in an HTTP/1.0 message is faulty framing.
-  if (tes > 0 && http10) return { error: 'upstream framing not accepted (Transfer-Encoding in HTTP/1.0)' };
-  if (status < 200) {
-    if (status === 101) return { error: 'unexpected protocol switch from upstream' };
-    return { status, rawHeaders: raw, framing: { kind: 'none' }, reusable: true, headBytes: fields.end };
-  }
+  if (status < 200) return { status, rawHeaders: raw, framing: { kind: 'none' }, reusable: true, headBytes: fields.end };
   let framing: Framing;
-  if (bodiless) framing = { kind: 'none' };
-  else if (tes) framing = { kind: 'chunked' };
+  if (bodilessAnswer(method, status)) framing = { kind: 'none' };
+  else if (chunked) framing = { kind: 'chunked' };
   else if (length !== undefined) framing = { kind: 'length', length };
   else framing = { kind: 'close' };
   return { status, rawHeaders: raw, framing, reusable: !close && framing.kind !== 'close', headBytes: fields.end };
