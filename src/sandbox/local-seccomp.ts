@@ -12,7 +12,7 @@
  * the helper) between its exec and its seccomp call, and run code there with no filter at all;
  * with it, such code could only add setns and chroot, which need capabilities no box process has.
  */
-import { closeSync, mkdirSync, openSync, renameSync, writeFileSync } from 'node:fs';
+import { closeSync, mkdirSync, openSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { BOX_RUNTIME_DIR } from './docker-relay.js';
 import { filterBytes, hostFilterArch, seccompHelperElf } from './seccomp-bpf.js';
@@ -85,4 +85,25 @@ export function writeEnterHelper(runDir: string, filter: LocalFilter): string {
   writeFileSync(tmp, filter.enterHelper, { mode: 0o500 });
   renameSync(tmp, f);
   return f;
+}
+
+/**
+ * Whether the process `pid` (the box's pid 1, seen from the host) runs under a seccomp filter,
+ * waiting up to `ms` for it (bwrap's init installs it after forking the main process). The probe
+ * fails closed without it: a bwrap that ignored `--seccomp` would leave the box's own processes
+ * unfiltered.
+ */
+export async function waitFiltered(pid: number, ms: number): Promise<boolean> {
+  const until = Date.now() + ms;
+  for (;;) {
+    let status = '';
+    try {
+      status = readFileSync(`/proc/${pid}/status`, 'utf8');
+    } catch {
+      return false;
+    }
+    if (/^Seccomp:\s*2$/m.test(status)) return true;
+    if (Date.now() > until) return false;
+    await new Promise((r) => setTimeout(r, 10));
+  }
 }

@@ -37,7 +37,7 @@ import { cgroupLayout, createCgroup, existingCgroup, cgroupHasProcesses, killCgr
 import { openRelay, type Relay } from './relay.js';
 import { defaultRelayLimits, RelayBudget, type RelayLimits } from './relay-budget.js';
 import { killProcessTree } from './tree-kill.js';
-import { BOX_SECCOMP, filterDetail, localFilter, openFilterFiles, writeEnterHelper } from './local-seccomp.js';
+import { BOX_SECCOMP, filterDetail, localFilter, openFilterFiles, waitFiltered, writeEnterHelper } from './local-seccomp.js';
 
 export interface LocalDriverOptions {
   /**
@@ -254,6 +254,8 @@ export class LocalDriver implements SandboxDriver {
         p.stderr.resume();
         const r = await p.done;
         if (r.exitCode !== 0) return { ok: false, reason: `a command could not run inside a box (${cg ? 'nsenter' : 'nsenter or tini'} refused)`, hint: 'run keygate as root, or allow unprivileged user namespaces' };
+        // Fail closed: bwrap must have installed the syscall filter (local-seccomp.ts).
+        if (localFilter() && !(await waitFiltered(box.pid1, 2000))) return { ok: false, reason: 'bubblewrap did not apply the seccomp filter (--seccomp) to the box', hint: 'install a bubblewrap that supports --seccomp (0.3 or later)' };
       } finally {
         await box.stop();
       }

@@ -66,3 +66,17 @@ describe.skipIf(process.arch !== 'x64' || !existsSync('/usr/bin/perl'))('the x86
     }
   });
 });
+
+describe.skipIf(process.arch !== 'x64')('waitFiltered (the probe fails closed without a filter on the box)', () => {
+  it('is false for a process without a filter, true for one with it', async () => {
+    const { waitFiltered } = await import('../../src/sandbox/local-seccomp.js');
+    expect(await waitFiltered(process.pid, 50)).toBe(false);
+    const { spawn } = await import('node:child_process');
+    const c = spawn(helper('sleeper'), ['/bin/sleep', '5'], { stdio: 'ignore' });
+    try {
+      expect(await waitFiltered(c.pid!, 5000)).toBe(true);
+    } finally {
+      c.kill('SIGKILL');
+    }
+  });
+});
