@@ -45,8 +45,12 @@ export interface BwrapPlan {
    * read-only at its box path in `dir`, a top-level directory of its own that is a read-only tmpfs.
    * Being mount points, neither `dir` nor the files in it can be renamed or replaced by the box's
    * user, who owns the box's root directory (unlike a plain directory such as /etc/keygate).
+   * `copied`: box path -> a descriptor whose content bwrap copies there, executable (the seccomp
+   * helper, made by the server: copied, not bound, as `files`).
    */
-  lent?: { dir: string; files: Record<string, string> };
+  lent?: { dir: string; files: Record<string, string>; copied?: Record<string, number> };
+  /** A compiled seccomp filter (seccomp-bpf.ts) bwrap reads from this fd and installs for the box's main process. */
+  seccompFd?: number;
   /** Sizes (MiB) of the box's writable in-memory file systems (see tmpfsSizes). */
   tmpfsMb: { tmp: number; shm: number };
   /**
@@ -174,12 +178,14 @@ export function bwrapArgs(plan: BwrapPlan): string[] {
   if (plan.lent) {
     a.push('--tmpfs', plan.lent.dir);
     for (const [boxPath, hostFile] of Object.entries(plan.lent.files)) a.push('--ro-bind', hostFile, boxPath);
+    for (const [boxPath, fd] of Object.entries(plan.lent.copied ?? {})) a.push('--perms', '0555', '--file', String(fd), boxPath);
     a.push('--remount-ro', plan.lent.dir);
   }
   a.push('--bind', plan.workspace, '/workspace', '--chdir', '/workspace');
   // Last, once every mount point is made: the root tmpfs (/, /etc, /run) becomes read-only, so the
   // box can neither fill it nor swap what keygate put there (/etc/keygate, /bin).
   a.push('--remount-ro', '/');
+  if (plan.seccompFd !== undefined) a.push('--seccomp', String(plan.seccompFd));
   a.push('--info-fd', String(plan.infoFd), '--block-fd', String(plan.blockFd));
   return a;
 }

@@ -11,6 +11,7 @@ import { readBoxFile, writeBoxFile, type FilesContext } from './docker-files.js'
 import { defaultRelayLimits, RelayBudget, type RelayLimits } from './relay-budget.js';
 import { DiskWatch, mountRunDir, mountWorkspace, unmountRunDir, unmountWorkspace, WORKSPACE_DIR, WORKSPACE_IMAGE, workspaceBoundUnavailable } from './disk.js';
 import { BOX_RELAY_DIR, HostRelay, hostRuntime, RELAY_READY, relayCommand, type HostRuntime } from './docker-relay.js';
+import { dockerSeccompOpt } from './docker-seccomp.js';
 
 /**
  * The `docker` box driver (sandbox.md, "Drivers"): a container per box from the template's local
@@ -302,7 +303,8 @@ export class DockerBoxDriver implements SandboxDriver {
         HostConfig: {
           NetworkMode: 'none',
           CapDrop: ['ALL'],
-          SecurityOpt: ['no-new-privileges'],
+          // The syscall policy (syscall-policy.ts) as a profile of keygate's own, in place of the engine's default.
+          SecurityOpt: ['no-new-privileges', dockerSeccompOpt()],
           ReadonlyRootfs: true,
           Init: true,
           IpcMode: 'private',
@@ -386,8 +388,9 @@ export class DockerBoxDriver implements SandboxDriver {
       h.ReadonlyRootfs === true &&
       h.Privileged !== true &&
       (h.CapDrop ?? []).some((c) => c.toUpperCase() === 'ALL' || c.toUpperCase() === 'CAP_ALL') &&
-      (h.SecurityOpt ?? []).some((o) => o.startsWith('no-new-privileges'));
-    if (!ok) throw new BoxStartError('the engine did not apply the box isolation (network none, read-only root, no capabilities, no-new-privileges)');
+      (h.SecurityOpt ?? []).some((o) => o.startsWith('no-new-privileges')) &&
+      (h.SecurityOpt ?? []).includes(dockerSeccompOpt());
+    if (!ok) throw new BoxStartError("the engine did not apply the box isolation (network none, read-only root, no capabilities, no-new-privileges, keygate's seccomp profile)");
   }
 
   /**

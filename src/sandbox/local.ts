@@ -37,6 +37,7 @@ import { cgroupLayout, createCgroup, existingCgroup, cgroupHasProcesses, killCgr
 import { openRelay, type Relay } from './relay.js';
 import { defaultRelayLimits, RelayBudget, type RelayLimits } from './relay-budget.js';
 import { killProcessTree } from './tree-kill.js';
+import { BOX_SECCOMP, filterDetail, localFilter, openFilterFiles, waitFiltered, writeEnterHelper } from './local-seccomp.js';
 
 export interface LocalDriverOptions {
   /**
@@ -213,7 +214,7 @@ export class LocalDriver implements SandboxDriver {
   private readonly tiniOpt: string | undefined;
   private readonly boxes = new Map<string, LocalBox>();
   private probed: Promise<DriverProbe> | null = null;
-  private tools: { bwrap: string; nsenter: string; setpriv: string; bash: string; prlimit: string | null; tini: string | null; mount: string | null } | null = null;
+  private tools: { bwrap: string; nsenter: string; setpriv: string; bash: string; prlimit: string | null; tini: string | null; mount: string | null; enterFilter: string | null } | null = null;
   private layout: { ok: true; layout: CgroupLayout } | { ok: false; why: string } | null = null;
   /** /workspace is a sized file system of its own (disk.ts); else see LocalBox's disk watch. */
   readonly diskBound: boolean;
@@ -256,7 +257,14 @@ export class LocalDriver implements SandboxDriver {
     // A root server seals the host device nodes it binds into a box (sealDevices): fail closed without mount.
     const mount = which('mount');
     if (!mount && process.getuid?.() === 0) return { ok: false, reason: 'mount is missing (a root server makes the device nodes of a box read-only with it)', hint: 'install util-linux (apt-get install util-linux)' };
-    this.tools = { bwrap, nsenter, setpriv, bash, prlimit: which('prlimit'), tini, mount };
+    const filter = localFilter();
+    let enterFilter: string | null = null;
+    try {
+      if (filter) enterFilter = writeEnterHelper(this.runDir, filter);
+    } catch (e) {
+      return { ok: false, reason: `cannot write the seccomp helper into ${this.runDir}: ${(e as NodeJS.ErrnoException).code ?? 'error'}`, hint: 'make the data directory writable by keygate' };
+    }
+    this.tools = { bwrap, nsenter, setpriv, bash, prlimit: which('prlimit'), tini, mount, enterFilter };
     const tried = spawnSync(bwrap, ['--unshare-all', '--unshare-user', '--die-with-parent', '--ro-bind', '/', '/', '--', 'true'], {
       encoding: 'utf8',
       timeout: 10_000,
@@ -288,6 +296,8 @@ export class LocalDriver implements SandboxDriver {
         p.stderr.resume();
         const r = await p.done;
         if (r.exitCode !== 0) return { ok: false, reason: `a command could not run inside a box (${cg ? 'nsenter' : 'nsenter or tini'} refused)`, hint: 'run keygate as root, or allow unprivileged user namespaces' };
+        // Fail closed: bwrap must have installed the syscall filter (local-seccomp.ts).
+        if (localFilter() && !(await waitFiltered(box.pid1, 2000))) return { ok: false, reason: 'bubblewrap did not apply the seccomp filter (--seccomp) to the box', hint: 'install a bubblewrap that supports --seccomp (0.3 or later)' };
       } finally {
         await box.stop();
       }
@@ -300,7 +310,7 @@ export class LocalDriver implements SandboxDriver {
     }
     const limits = cg ? `cgroup v${cg.version}` : `rlimits (${this.layout && !this.layout.ok ? this.layout.why : ''}${root ? '; as root: no process limit' : ''})`;
     const trees = cg ? 'their cgroup' : `a subreaper tini (${tini}) and the host's /proc`;
-    return { ok: true, detail: `bubblewrap ${bwrap}: new user, pid, ipc, uts, mount, cgroup and network namespaces; limits through ${limits}; execution trees killed through ${trees}` };
+    return { ok: true, detail: `bubblewrap ${bwrap}: new user, pid, ipc, uts, mount, cgroup and network namespaces; ${filterDetail()}; limits through ${limits}; execution trees killed through ${trees}` };
   }
 
   async start(spec: BoxSpec): Promise<Box> {
@@ -351,10 +361,18 @@ export class LocalDriver implements SandboxDriver {
     // The files are handed to bwrap as descriptors (fd 5 on) that it copies into the box's root.
     const fileFds: number[] = [];
     const fileArgs: Record<string, number> = {};
+    let seccomp: { program: number; helper: number } | undefined;
     try {
       for (const [boxPath, hostFile] of Object.entries(files)) {
         fileFds.push(openSync(hostFile, 'r'));
         fileArgs[boxPath] = 4 + fileFds.length;
+      }
+      // The syscall filter (local-seccomp.ts), for the main process and, through the helper, every execution.
+      const filter = localFilter();
+      if (filter) {
+        const { program, helper } = openFilterFiles(filesDir, filter);
+        fileFds.push(program, helper);
+        seccomp = { program: 3 + fileFds.length, helper: 4 + fileFds.length };
       }
     } catch (e) {
       for (const fd of fileFds) closeSync(fd);
@@ -370,7 +388,8 @@ export class LocalDriver implements SandboxDriver {
       infoFd: 3,
       blockFd: 5 + fileFds.length,
       disableUserns: process.getuid?.() === 0,
-      lent: layout ? undefined : { dir: BOX_RUNTIME_DIR, files: { [BOX_TINI]: tools.tini! } },
+      lent: layout && !seccomp ? undefined : { dir: BOX_RUNTIME_DIR, files: layout ? {} : { [BOX_TINI]: tools.tini! }, copied: seccomp ? { [BOX_SECCOMP]: seccomp.helper } : {} },
+      seccompFd: seccomp?.program,
       tmpfsMb: tmpfsSizes(spec.resources.memory_mb),
       procNames: [...readdirSync('/proc').filter((n) => !/^[0-9]+$/.test(n)), ...PROC_MASKED_FILES.filter((n) => n.includes('/') && existsSync(`/proc/${n}`))],
       procRootOnly: (this.rootOnlyProc ??= procRootOnly()),
@@ -439,7 +458,8 @@ export class LocalDriver implements SandboxDriver {
     // Nothing past stdio is kept: nsenter opens the box's namespaces and root from this server's
     // own descriptors (enterArgs).
     const join = this.wrap(2, cg, res);
-    return [...join, t.setpriv, '--no-new-privs', t.nsenter, ...enterArgs(process.pid, box.namespaceFds(), cwd), ...argv];
+    // The host side of the syscall filter (local-seccomp.ts) before setpriv and nsenter.
+    return [...join, ...(t.enterFilter ? [t.enterFilter] : []), t.setpriv, '--no-new-privs', t.nsenter, ...enterArgs(process.pid, box.namespaceFds(), cwd), ...argv];
   }
 
   /** The host-side start of every command line that ends in a box: clean descriptors, then cgroup or rlimits. */
@@ -771,7 +791,8 @@ class LocalBox implements Box {
     const cg = this.cg ? this.driver.execCgroup(this.id, ++execCounter) : null;
     if (this.cg && !cg) throw new Error('the box cgroup layout is gone');
     const underTini = !cg;
-    const inBox = [...(underTini ? [BOX_TINI, '-s', '--'] : []), '/usr/bin/env', '-i', ...env.map(([k, v]) => `${k}=${v}`), ...argv];
+    // The seccomp helper first (local-seccomp.ts): nothing of the box runs before the filter is on.
+    const inBox = [...(localFilter() ? [BOX_SECCOMP] : []), ...(underTini ? [BOX_TINI, '-s', '--'] : []), '/usr/bin/env', '-i', ...env.map(([k, v]) => `${k}=${v}`), ...argv];
     const cmd = this.driver.enterCommand(this, cwd, inBox, cg, this.spec.resources);
     let child: ChildProcess;
     try {

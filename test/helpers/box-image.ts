@@ -5,7 +5,7 @@
  * Cached by tag: the tag is a hash of what goes in, so a second run reuses the image. Older tags are
  * left alone (another checkout's tests may be using one): remove `keygate-test-box:*` by hand.
  *
- * Inside: /bin/busybox and its applets, /usr/bin/curl, an unprivileged user 1000 (the image's USER)
+ * Inside: /bin/busybox and its applets, /usr/bin/curl, /usr/bin/perl (no modules), an unprivileged user 1000 (the image's USER)
  * owning /workspace, and /suid/busybox (a setuid-root copy of busybox, to show no-new-privileges).
  * Needs `apt-get install busybox-static curl` on the host.
  */
@@ -22,12 +22,15 @@ export const TEST_IMAGE_REPO = 'keygate-test-box';
 export const BOX_UID = 1000;
 const BUSYBOX = '/bin/busybox';
 const CURL = '/usr/bin/curl';
-const LAYOUT_VERSION = '4';
+/** The host's perl (binary and libraries, no modules): box code calling the kernel directly (syscall, socket). */
+const PERL = '/usr/bin/perl';
+const LAYOUT_VERSION = '5';
 
 /** Why the test image cannot be built here (a missing host package), or null. */
 export function boxImageUnavailableReason(): string | null {
   if (!existsSync(BUSYBOX)) return `${BUSYBOX} is missing: apt-get install busybox-static`;
   if (!existsSync(CURL)) return `${CURL} is missing: apt-get install curl`;
+  if (!existsSync(PERL)) return `${PERL} is missing: apt-get install perl-base`;
   return null;
 }
 
@@ -70,6 +73,7 @@ function buildRootfs(root: string, libs: string[]): void {
   const applets = execFileSync(BUSYBOX, ['--list'], { encoding: 'utf8' }).split('\n').filter((a) => a && a !== 'busybox');
   for (const a of applets) symlinkSync('busybox', path.join(root, 'bin', a));
   put(root, CURL);
+  put(root, PERL);
   for (const lib of libs) put(root, lib);
   // A setuid-root program: with no-new-privileges the box user stays itself when running it.
   // (busybox picks its applet from argv[0], hence the name: `/suid/busybox id -u`.)
@@ -85,8 +89,8 @@ function buildRootfs(root: string, libs: string[]): void {
 /** Returns the image reference, importing the image first if this engine does not have it yet. */
 export async function ensureBoxImage(engine: DockerEngine): Promise<string> {
   // busybox-static needs no library; Debian's dynamic busybox would need its own.
-  const libs = [...new Set([...sharedLibraries(CURL), ...sharedLibraries(BUSYBOX)])];
-  const tag = fingerprint([BUSYBOX, CURL, ...libs]);
+  const libs = [...new Set([...sharedLibraries(CURL), ...sharedLibraries(BUSYBOX), ...sharedLibraries(PERL)])];
+  const tag = fingerprint([BUSYBOX, CURL, PERL, ...libs]);
   const ref = `${TEST_IMAGE_REPO}:${tag}`;
   const have = await engine.json('GET', `/images/${encodeURIComponent(ref)}/json`);
   if (have.status === 200) return ref;

@@ -484,6 +484,41 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
     });
   });
 
+  describe('syscall filter (syscall-policy.ts as a seccomp profile of its own)', () => {
+    // perl's syscall() calls the kernel as attacking box code would. The AF_VSOCK socket is only
+    // created (never connected): vsock is not network-namespaced and reaches the hypervisor.
+    const PERL = [
+      'print "io_uring=", (syscall(425, 8, 0) == -1 ? $!+0 : "ok"), "\\n";',
+      'print "vsock=", (socket(my $v, 40, 1, 0) ? "ok" : $!+0), "\\n";',
+      'print "unshare_user=", (syscall(272, 0x10000000) == -1 ? $!+0 : "ok"), "\\n";',
+      'print "keyctl=", (syscall(250, 0, -3, 0) == -1 ? $!+0 : "ok"), "\\n";',
+      'print "clone3=", (syscall(435, 0, 0) == -1 ? $!+0 : "ok"), "\\n";',
+      'print "personality_exec=", (syscall(135, 0x400000) == -1 ? $!+0 : "ok"), "\\n";',
+      'print "inet=", (socket(my $i, 2, 1, 0) ? "ok" : $!+0), "\\n";',
+      'print "personality_query=", (syscall(135, 0xffffffff) == -1 ? $!+0 : "ok"), "\\n";',
+      'my $p = fork(); if (!$p) { exit 7 } waitpid($p, 0); print "fork=", $? >> 8, "\\n";',
+    ].join(' ');
+
+    it.skipIf(process.arch !== 'x64')('io_uring, AF_VSOCK, namespaces and the keyring fail with EPERM (clone3 ENOSYS); sockets, fork, sh and applets work', async () => {
+      const r = await run(box, ['/usr/bin/perl', '-e', PERL]);
+      expect(r.err).toBe('');
+      expect(r.out).toBe('io_uring=1\nvsock=1\nunshare_user=1\nkeyctl=1\nclone3=38\npersonality_exec=1\ninet=ok\npersonality_query=ok\nfork=7\n');
+      const sh = await run(box, 'grep ^Seccomp: /proc/self/status; echo a b | wc -w; ls / | grep -c workspace; (sleep 0.1 &) ; date +%Y >/dev/null && echo ok');
+      expect(sh.out.replace(/[ \t]+/g, ' ')).toBe('Seccomp: 2\n2\n1\nok\n');
+    });
+
+    it("the engine was given keygate's profile (verifyIsolation fails closed without it)", async () => {
+      const info = await engine.json<{ Id: string; HostConfig: { SecurityOpt: string[] } }>('GET', `/containers/${(await containersOf('main'))[0].Id}/json`);
+      const seccomp = info.body.HostConfig.SecurityOpt.filter((o) => o.startsWith('seccomp='));
+      expect(seccomp).toHaveLength(1);
+      const profile = JSON.parse(seccomp[0].slice('seccomp='.length)) as { defaultAction: string; syscalls: { names: string[]; action: string }[] };
+      expect(profile.defaultAction).toBe('SCMP_ACT_ERRNO');
+      const allowed = new Set(profile.syscalls.filter((x) => x.action === 'SCMP_ACT_ALLOW').flatMap((x) => x.names));
+      for (const n of ['read', 'write', 'execve', 'openat', 'futex', 'epoll_pwait', 'clone', 'socket']) expect(allowed.has(n), n).toBe(true);
+      for (const n of ['io_uring_setup', 'unshare', 'setns', 'keyctl', 'bpf', 'ptrace', 'mount', 'clone3']) expect(allowed.has(n), n).toBe(false);
+    });
+  });
+
   describe('limits', () => {
     it('PidsLimit caps the processes a box may hold; a timeout still kills the tree of a box at its limit', async () => {
       const b = await driver.start(spec('limits', { resources: { memory_mb: 256, cpus: 0.5, pids: 40, disk_mb: 64 } }));
