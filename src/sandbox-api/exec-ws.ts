@@ -1,4 +1,4 @@
-import websocket from '@fastify/websocket';
+import '@fastify/websocket'; // the route option `websocket` (the plugin itself is registered at the root: src/server/app.ts)
 import { Ajv } from 'ajv';
 import type { FastifyInstance } from 'fastify';
 import { StringDecoder } from 'node:string_decoder';
@@ -69,7 +69,6 @@ function forward(ws: WebSocket, stream: Readable, type: 'stdout' | 'stderr', cap
 }
 
 export async function registerExecWebSocket(app: FastifyInstance, service: SandboxService): Promise<void> {
-  await app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
   app.get<{ Params: { name: string } }>(
     '/api/v2/sandboxes/boxes/:name/execute/ws',
     {

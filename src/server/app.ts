@@ -1,6 +1,7 @@
 import { Ajv, type Options as AjvOptions } from 'ajv';
 import addFormatsModule from 'ajv-formats';
-import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply } from 'fastify';
+import websocket from '@fastify/websocket';
+import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from '../log.js';
@@ -8,7 +9,7 @@ import { loadKeyring } from '../secrets/keyring.js';
 import { openDb, type Db } from '../store/db.js';
 import { apiKeyAuthenticator, authenticate, bootstrapAuth, type Authenticator } from './auth.js';
 import type { ServerContext } from './context.js';
-import { errorResponse, HttpValidationError, loggableMessage, unavailable } from './errors.js';
+import { errorResponse, HttpError, HttpValidationError, loggableMessage, unavailable } from './errors.js';
 import { lingerIfUnread, onClientError } from './http-errors.js';
 import { registerOpenApi } from './openapi.js';
 import type { Area } from './area.js';
@@ -51,6 +52,28 @@ const MAX_PARAM_LENGTH = 64 * 1024;
 /** True when the request carries no body at all (no Transfer-Encoding, Content-Length absent or 0). */
 function bodyless(headers: Record<string, string | string[] | undefined>): boolean {
   return headers['transfer-encoding'] === undefined && (headers['content-length'] === undefined || headers['content-length'] === '0');
+}
+
+/** Node's parser marks a request that asked to switch protocols (not in @types/node). */
+function isUpgrade(req: FastifyRequest): boolean {
+  return (req.raw as { upgrade?: boolean }).upgrade === true;
+}
+
+/**
+ * A request Node handed over as an upgrade (`Upgrade:` with `Connection: Upgrade`) has left the
+ * HTTP parser: nothing closes its socket after an ordinary answer (a 401, a 404), and an open one
+ * would also hold `close()` forever. Once such an answer is written the socket is ended; an
+ * accepted WebSocket hijacks the reply and never gets here.
+ */
+function closeUpgradeAfterAnswer(req: FastifyRequest, reply: FastifyReply): void {
+  if (!isUpgrade(req)) return;
+  const socket = req.raw.socket;
+  reply.raw.once('finish', () => {
+    if (!reply.sent || socket.destroyed) return;
+    socket.end();
+    // A client that does not close its side is not waited for.
+    setTimeout(() => socket.destroy(), 1000).unref();
+  });
 }
 
 /**
@@ -120,7 +143,8 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
     return503OnClosing: false,
     forceCloseConnections: 'idle',
     clientErrorHandler: onClientError,
-    frameworkErrors: (err, _req, reply) => {
+    frameworkErrors: (err, req, reply) => {
+      closeUpgradeAfterAnswer(req as unknown as FastifyRequest, reply as unknown as FastifyReply);
       const r = errorResponse(err);
       // Typed for the route that was not found; the answer is the same for any.
       void (reply as unknown as FastifyReply).status(r.status).send(r.body);
@@ -175,11 +199,28 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
     closing = true;
   });
   // First hook of every request: a request with no body is never parsed, whatever Content-Type
-  // it names (a DELETE sent by a client whose default headers include application/json).
-  app.addHook('onRequest', async (req) => {
+  // it names (a DELETE sent by a client whose default headers include application/json). An
+  // upgrade is answered like any request, then its socket closed (unless a WebSocket route took
+  // it); only a WebSocket route takes an upgrade, and only to WebSocket: anything else (h2c, a
+  // WebSocket to a plain route) is a 400, like routing checked before the credentials.
+  app.addHook('onRequest', async (req, reply) => {
+    closeUpgradeAfterAnswer(req, reply);
     if (closing) throw unavailable('The server is shutting down.');
     if (req.headers['content-type'] !== undefined && bodyless(req.headers)) delete req.headers['content-type'];
+    if (isUpgrade(req) && req.routeOptions.url) {
+      const protocol = String(req.headers.upgrade ?? '').trim().toLowerCase();
+      if (protocol !== 'websocket') throw new HttpError(400, 'Protocol upgrade not supported: only WebSocket routes accept an upgrade, and only to websocket.');
+      if (!req.routeOptions.config?.websocket) throw new HttpError(400, 'This route does not accept a WebSocket upgrade.');
+    }
   });
+  // Routes are marked at registration: a WebSocket route by `websocket: true`.
+  app.addHook('onRoute', (route) => {
+    if ((route as { websocket?: boolean }).websocket) route.config = { ...(route.config as object), websocket: true } as typeof route.config;
+  });
+  // The WebSocket plugin sits at the root, under the hooks above and the authentication below:
+  // an upgrade to any route passes through them like a request (and is answered like one when
+  // refused); the upgrade itself happens only in a WebSocket route's handler.
+  await app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
 
   const authenticators: Authenticator[] = [apiKeyAuthenticator(db)];
   app.addHook('onRequest', async (req) => {

@@ -22,6 +22,8 @@ declare module 'fastify' {
   interface FastifyContextConfig {
     /** Routes that answer without credentials (health checks, OAuth callbacks, the OpenAPI document). */
     public?: boolean;
+    /** Set for routes declared `websocket: true` (src/server/app.ts): the only ones an upgrade may reach. */
+    websocket?: boolean;
   }
 }
 
