@@ -9,6 +9,7 @@ import { registerRoutes } from './routes.js';
 import { ControlPlaneStore, migrateControlPlane } from './store.js';
 import { positiveInt, tarLimitsFromEnv } from './tarball.js';
 import { loggableMessage } from '../server/errors.js';
+import { streamHeartbeatMs } from '../server/streams.js';
 
 /**
  * The deployment control plane (`/v2/uploads`, `/v2/deployments...`): its tables, routes, and the
@@ -44,7 +45,7 @@ export const controlPlaneArea: Area = {
         stopGraceMs: positiveInt(env.KEYGATE_STOP_GRACE_MS, 10_000),
       },
     );
-    registerRoutes(app, ctx, store, manager, { maxUploadBytes: positiveInt(env.KEYGATE_MAX_UPLOAD_BYTES, 100 * 1024 * 1024), tarLimits });
+    registerRoutes(app, ctx, store, manager, { maxUploadBytes: positiveInt(env.KEYGATE_MAX_UPLOAD_BYTES, 100 * 1024 * 1024), tarLimits, heartbeatMs: streamHeartbeatMs(env) });
     // Restoring starts processes and health-checks them: it runs in the background, so the API
     // answers at once (restored deployments report their revisions as they come back).
     app.addHook('onReady', async () => {

@@ -4,6 +4,7 @@ import path from 'node:path';
 import type { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { principalOf } from '../server/auth.js';
+import { guardStream } from '../server/streams.js';
 import type { ServerContext } from '../server/context.js';
 import { conflict, notFound, HttpValidationError } from '../server/errors.js';
 import type { ValidationIssue } from '../validation/errors.js';
@@ -18,6 +19,8 @@ import { RESERVED_SECRET_NAME, type DeploymentRow, type DeploymentStatus, type D
 export interface RouteConfig {
   maxUploadBytes: number;
   tarLimits: TarLimits;
+  /** The log stream's heartbeat, and how often it re-checks its caller and its deployment. */
+  heartbeatMs: number;
 }
 
 interface SecretIn {
@@ -279,9 +282,19 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
       // Subscribe before reading the backlog, and hold live lines until it is written: no gap.
       let held: LogEntry[] | null = [];
       const unsubscribe = manager.logs.subscribe(dep.id, (e) => (held ? held.push(e) : write(e)));
-      const heartbeat = setInterval(() => res.write(': heartbeat\n\n'), 10_000);
+      // At every heartbeat the caller's credential and the deployment are checked again: a
+      // deleted key, an expired token or a deleted deployment ends the stream (an error event,
+      // then the end of the response), never a stream that follows on forever.
+      const stopGuard = guardStream(req, cfg.heartbeatMs, {
+        beat: () => res.write(': heartbeat\n\n'),
+        stillThere: () => loadDeployment(req),
+        end: (detail) => {
+          res.write(`event: error\ndata: ${JSON.stringify({ detail })}\n\n`);
+          res.end();
+        },
+      });
       const end = () => {
-        clearInterval(heartbeat);
+        stopGuard();
         unsubscribe();
       };
       req.raw.once('close', end);

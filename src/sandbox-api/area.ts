@@ -16,6 +16,7 @@ import { DEFAULT_MAX_PER_WORKSPACE, SandboxService } from './service.js';
 import { SandboxStore } from './storage.js';
 import { loadTemplates } from './templates.js';
 import { loggableMessage } from '../server/errors.js';
+import { streamHeartbeatMs } from '../server/streams.js';
 
 export interface SandboxAreaOptions {
   /** `host:port` -> address pins for every sandbox proxy's upstream connections. */
@@ -124,7 +125,7 @@ export function createSandboxArea(opts: SandboxAreaOptions = {}): Area {
       opts.onService?.(service);
 
       registerSandboxRoutes(app, service, { maxFileBytes: maxFileBytes(ctx.env.KEYGATE_SANDBOX_MAX_FILE_BYTES) });
-      await registerExecWebSocket(app, service);
+      await registerExecWebSocket(app, service, { heartbeatMs: streamHeartbeatMs(ctx.env) });
       registerSecretRoutes(app, service);
 
       // The API answers at once; boxes read `provisioning` until the background restore has

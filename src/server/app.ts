@@ -7,11 +7,12 @@ import { fileURLToPath } from 'node:url';
 import type { Logger } from '../log.js';
 import { loadKeyring } from '../secrets/keyring.js';
 import { openDb, type Db } from '../store/db.js';
-import { apiKeyAuthenticator, authenticate, bootstrapAuth, type Authenticator } from './auth.js';
+import { apiKeyAuthenticator, authenticateRequest, bootstrapAuth, type Authenticator } from './auth.js';
 import type { ServerContext } from './context.js';
 import { errorResponse, HttpError, HttpValidationError, loggableMessage, unavailable } from './errors.js';
 import { lingerIfUnread, onClientError } from './http-errors.js';
 import { registerOpenApi } from './openapi.js';
+import { registerApiKeyRoutes } from './api-keys.js';
 import type { Area } from './area.js';
 import { loadAreas } from './plugins.js';
 import { followHeadLines } from './head-lines.js';
@@ -226,7 +227,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
   app.addHook('onRequest', async (req) => {
     if (req.routeOptions.config?.public) return;
     if (!req.routeOptions.url) return; // unknown route: answered 404 by the not-found handler
-    req.principal = await authenticate(req, authenticators);
+    await authenticateRequest(req, authenticators);
   });
 
   registerOpenApi(app, {
@@ -238,6 +239,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
     await db.get('SELECT 1 AS one');
     return { ready: true };
   });
+  registerApiKeyRoutes(app, db);
 
   // Set from the bound address as soon as the server listens, before the areas' onListen hooks
   // run (they read ctx.publicUrl()); a wildcard bind is reached on loopback.
