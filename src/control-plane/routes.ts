@@ -117,6 +117,13 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
     return { source_tarball_path: null, image_uri: c.image_uri };
   };
 
+  // Open log streams follow until their client leaves: a closing server ends them (else its
+  // close would wait for every follower to hang up).
+  const openStreams = new Set<() => void>();
+  app.addHook('preClose', async () => {
+    for (const finish of [...openStreams]) finish();
+  });
+
   // The upload body is a raw stream: handed to the route untouched, written to disk as it comes.
   app.addContentTypeParser(['application/gzip', 'application/x-gzip', 'application/octet-stream', 'application/x-tar'], (_req, payload, done) => done(null, payload));
 
@@ -296,7 +303,13 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
       const end = () => {
         stopGuard();
         unsubscribe();
+        openStreams.delete(finish);
       };
+      const finish = () => {
+        end();
+        res.end();
+      };
+      openStreams.add(finish);
       req.raw.once('close', end);
       res.once('close', end);
       try {

@@ -72,3 +72,20 @@ describe('the log stream re-checks its caller', () => {
     expect(lastEvent(text)).toEqual({ event: 'error', data: { detail: `Deployment ID ${dep} not found.` } });
   });
 });
+
+describe('the log stream and shutdown', () => {
+  it('an open log stream is ended when the server closes, and does not hold close() open', async () => {
+    const own = await startInProcess({ env: { KEYGATE_STREAM_HEARTBEAT_MS: '60000' } });
+    const mine = api(own.url, own.key);
+    const up = await mine.upload(await packDir(echoVariant({ 'keygate.json': '{ not json' })));
+    const dep = (await mine.call('POST', '/v2/deployments', { name: 'closing', source: 'internal_source', source_revision_config: { source_tarball_path: up.body.source_tarball_path } })).body.id;
+    const res = await fetch(`${own.url}/v2/deployments/${dep}/logs/stream`, { headers: { 'x-api-key': own.key } });
+    expect(res.status).toBe(200);
+    const reader = res.body!.getReader();
+    const ended = (async () => {
+      for (;;) if ((await reader.read()).done) return true;
+    })();
+    await own.close();
+    expect(await ended).toBe(true);
+  });
+});
