@@ -103,6 +103,13 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
   /** Checks the revision config against the source; returns the normalised config to store. */
   const checkRevisionConfig = async (workspaceId: string, source: Source, c: SourceRevisionConfig): Promise<SourceRevisionConfig> => {
     const loc = ['body', 'source_revision_config'];
+    // A field the source does not use is refused, not stored and ignored: the caller meant
+    // something by it (null stands for "not given").
+    const unused: keyof SourceRevisionConfig = source === 'internal_source' ? 'image_uri' : 'source_tarball_path';
+    if (c[unused] !== null && c[unused] !== undefined) {
+      const takes = source === 'internal_source' ? 'source_tarball_path (an upload)' : 'image_uri';
+      throw new HttpValidationError([{ loc: [...loc, unused], msg: `${unused} is not used by source ${source} (it takes ${takes}); leave it out`, type: 'value_error' }]);
+    }
     if (source === 'internal_source') {
       const p = c.source_tarball_path;
       if (!p) throw new HttpValidationError([{ loc: [...loc, 'source_tarball_path'], msg: 'Field required for source internal_source (upload with POST /v2/uploads first)', type: 'missing' }]);
