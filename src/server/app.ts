@@ -33,8 +33,19 @@ export interface BuildServerOptions {
   bodyLimit?: number;
 }
 
+/** One registered route: every route of the server is listed (test/server/authz-matrix.test.ts checks each). */
+export interface RouteInfo {
+  method: string;
+  url: string;
+  /** Answers without credentials (`config.public`). */
+  public: boolean;
+  websocket: boolean;
+}
+
 export interface BuiltServer {
   app: FastifyInstance;
+  /** Every route registered, in registration order (HEAD routes fastify adds for GET included). */
+  routes: readonly RouteInfo[];
   ctx: ServerContext;
   /** Starts listening; returns the base URL. */
   listen(host: string, port: number): Promise<string>;
@@ -214,9 +225,14 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
       if (!req.routeOptions.config?.websocket) throw new HttpError(400, 'This route does not accept a WebSocket upgrade.');
     }
   });
-  // Routes are marked at registration: a WebSocket route by `websocket: true`.
+  // Routes are marked at registration: a WebSocket route by `websocket: true`. Every route is
+  // listed, with whether it is public: nothing is reachable that the list does not show.
+  const routes: RouteInfo[] = [];
   app.addHook('onRoute', (route) => {
-    if ((route as { websocket?: boolean }).websocket) route.config = { ...(route.config as object), websocket: true } as typeof route.config;
+    const ws = Boolean((route as { websocket?: boolean }).websocket);
+    if (ws) route.config = { ...(route.config as object), websocket: true } as typeof route.config;
+    const isPublic = Boolean((route.config as { public?: boolean } | undefined)?.public);
+    for (const method of [route.method].flat()) routes.push({ method: String(method).toUpperCase(), url: route.url, public: isPublic, websocket: ws });
   });
   // The WebSocket plugin sits at the root, under the hooks above and the authentication below:
   // an upgrade to any route passes through them like a request (and is answered like one when
@@ -262,6 +278,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
 
   return {
     app,
+    routes,
     ctx,
     keyFile,
     async listen(host: string, port: number) {
