@@ -74,7 +74,7 @@ export function parseProvidersFile(file: string, env: NodeJS.ProcessEnv): Config
       provider.client_secret = secret;
     }
     const problem = secretProblem(provider.token_endpoint_auth_method, Boolean(provider.client_secret));
-    if (problem) throw new ProviderConfigError(`${file}: [${i}]: ${problem}`);
+    if (problem) throw new ProviderConfigError(`${file}: [${i}]: ${problem.msg}`);
     const insecure = plainHttpProblems(provider)[0];
     if (insecure) throw new ProviderConfigError(`${file}: [${i}].${insecure.field}: ${insecure.msg}`);
     provider.scopes = normaliseScopes(provider.scopes ?? []);

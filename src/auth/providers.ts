@@ -80,8 +80,11 @@ export function clientOf(row: ProviderRow, envelope: Envelope): OAuthClient {
  * A confidential client without a secret cannot authenticate, and a secret on a public client
  * would never be used: both are configuration mistakes worth refusing up front.
  */
-export function secretProblem(method: ClientAuthMethod, hasSecret: boolean): string | undefined {
-  if (method !== 'none' && !hasSecret) return `token_endpoint_auth_method ${method} needs a client_secret`;
+export function secretProblem(method: ClientAuthMethod, hasSecret: boolean): { msg: string; type: 'missing' | 'value_error' } | undefined {
+  if (method !== 'none' && !hasSecret) return { msg: `token_endpoint_auth_method ${method} needs a client_secret`, type: 'missing' };
+  if (method === 'none' && hasSecret) {
+    return { msg: 'a public client (token_endpoint_auth_method none) sends no client_secret: leave it out (client_secret null clears a stored one)', type: 'value_error' };
+  }
   return undefined;
 }
 

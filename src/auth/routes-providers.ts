@@ -27,7 +27,7 @@ export function registerProviderRoutes(app: FastifyInstance, ctx: ServerContext)
       const { workspaceId } = principalOf(req);
       const body = { ...req.body, scopes: normaliseScopes(req.body.scopes ?? []) };
       const problem = secretProblem(body.token_endpoint_auth_method, Boolean(body.client_secret));
-      if (problem) throw new HttpValidationError([{ loc: ['body', 'client_secret'], msg: problem, type: 'missing' }]);
+      if (problem) throw new HttpValidationError([{ loc: ['body', 'client_secret'], ...problem }]);
       refusePlainHttp(body);
       if (!(await insertProvider(ctx.db, ctx.envelope, workspaceId, body, 'api'))) throw conflict(`Provider '${body.provider_id}' already exists.`);
       req.log.info({ provider_id: body.provider_id }, 'OAuth provider registered');
@@ -62,8 +62,9 @@ export function registerProviderRoutes(app: FastifyInstance, ctx: ServerContext)
         if (!current) throw providerNotFound(id);
         const method = patch.token_endpoint_auth_method ?? current.token_endpoint_auth_method;
         const hasSecret = patch.client_secret !== undefined ? patch.client_secret !== null : current.client_secret_sealed !== null;
-        const problem = secretProblem(method, hasSecret) ?? secretRebindProblem(current, patch);
-        if (problem) throw new HttpValidationError([{ loc: ['body', 'client_secret'], msg: problem, type: 'missing' }]);
+        const rebind = secretRebindProblem(current, patch);
+        const problem = secretProblem(method, hasSecret) ?? (rebind ? { msg: rebind, type: 'missing' as const } : undefined);
+        if (problem) throw new HttpValidationError([{ loc: ['body', 'client_secret'], ...problem }]);
         return patchProvider(tx, ctx.envelope, workspaceId, id, patch);
       });
       req.log.info({ provider_id: id, fields: Object.keys(patch), user_id: principalOf(req).userId }, 'OAuth provider updated');

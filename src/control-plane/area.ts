@@ -10,6 +10,7 @@ import { ControlPlaneStore, migrateControlPlane } from './store.js';
 import { intSetting, switchSetting } from '../settings.js';
 import { tarLimitsFromEnv } from './tarball.js';
 import { loggableMessage } from '../server/errors.js';
+import { streamHeartbeatMs } from '../server/streams.js';
 
 /**
  * The deployment control plane (`/v2/uploads`, `/v2/deployments...`): its tables, routes, and the
@@ -47,7 +48,7 @@ export const controlPlaneArea: Area = {
         stopGraceMs: intSetting(env, 'KEYGATE_STOP_GRACE_MS', 10_000, ms),
       },
     );
-    registerRoutes(app, ctx, store, manager, { maxUploadBytes: intSetting(env, 'KEYGATE_MAX_UPLOAD_BYTES', 100 * 1024 * 1024, { min: 1, unit: 'bytes' }), tarLimits });
+    registerRoutes(app, ctx, store, manager, { maxUploadBytes: intSetting(env, 'KEYGATE_MAX_UPLOAD_BYTES', 100 * 1024 * 1024, { min: 1, unit: 'bytes' }), tarLimits, heartbeatMs: streamHeartbeatMs(env) });
     // Restoring starts processes and health-checks them: it runs in the background, so the API
     // answers at once (restored deployments report their revisions as they come back).
     app.addHook('onReady', async () => {

@@ -4,6 +4,7 @@ import path from 'node:path';
 import type { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { principalOf } from '../server/auth.js';
+import { guardStream } from '../server/streams.js';
 import type { ServerContext } from '../server/context.js';
 import { conflict, notFound, HttpValidationError } from '../server/errors.js';
 import type { ValidationIssue } from '../validation/errors.js';
@@ -18,6 +19,8 @@ import { RESERVED_SECRET_NAME, type DeploymentRow, type DeploymentStatus, type D
 export interface RouteConfig {
   maxUploadBytes: number;
   tarLimits: TarLimits;
+  /** The log stream's heartbeat, and how often it re-checks its caller and its deployment. */
+  heartbeatMs: number;
 }
 
 interface SecretIn {
@@ -100,6 +103,13 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
   /** Checks the revision config against the source; returns the normalised config to store. */
   const checkRevisionConfig = async (workspaceId: string, source: Source, c: SourceRevisionConfig): Promise<SourceRevisionConfig> => {
     const loc = ['body', 'source_revision_config'];
+    // A field the source does not use is refused, not stored and ignored: the caller meant
+    // something by it (null stands for "not given").
+    const unused: keyof SourceRevisionConfig = source === 'internal_source' ? 'image_uri' : 'source_tarball_path';
+    if (c[unused] !== null && c[unused] !== undefined) {
+      const takes = source === 'internal_source' ? 'source_tarball_path (an upload)' : 'image_uri';
+      throw new HttpValidationError([{ loc: [...loc, unused], msg: `${unused} is not used by source ${source} (it takes ${takes}); leave it out`, type: 'value_error' }]);
+    }
     if (source === 'internal_source') {
       const p = c.source_tarball_path;
       if (!p) throw new HttpValidationError([{ loc: [...loc, 'source_tarball_path'], msg: 'Field required for source internal_source (upload with POST /v2/uploads first)', type: 'missing' }]);
@@ -113,6 +123,13 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
     if (why) throw new HttpValidationError([{ loc: ['body', 'source'], msg: `Source ${source} cannot run here: ${why}`, type: 'value_error' }]);
     return { source_tarball_path: null, image_uri: c.image_uri };
   };
+
+  // Open log streams follow until their client leaves: a closing server ends them (else its
+  // close would wait for every follower to hang up).
+  const openStreams = new Set<() => void>();
+  app.addHook('preClose', async () => {
+    for (const finish of [...openStreams]) finish();
+  });
 
   // The upload body is a raw stream: handed to the route untouched, written to disk as it comes.
   app.addContentTypeParser(['application/gzip', 'application/x-gzip', 'application/octet-stream', 'application/x-tar'], (_req, payload, done) => done(null, payload));
@@ -279,11 +296,27 @@ export function registerRoutes(app: FastifyInstance, ctx: ServerContext, store: 
       // Subscribe before reading the backlog, and hold live lines until it is written: no gap.
       let held: LogEntry[] | null = [];
       const unsubscribe = manager.logs.subscribe(dep.id, (e) => (held ? held.push(e) : write(e)));
-      const heartbeat = setInterval(() => res.write(': heartbeat\n\n'), 10_000);
+      // At every heartbeat the caller's credential and the deployment are checked again: a
+      // deleted key, an expired token or a deleted deployment ends the stream (an error event,
+      // then the end of the response), never a stream that follows on forever.
+      const stopGuard = guardStream(req, cfg.heartbeatMs, {
+        beat: () => res.write(': heartbeat\n\n'),
+        stillThere: () => loadDeployment(req),
+        end: (detail) => {
+          res.write(`event: error\ndata: ${JSON.stringify({ detail })}\n\n`);
+          res.end();
+        },
+      });
       const end = () => {
-        clearInterval(heartbeat);
+        stopGuard();
         unsubscribe();
+        openStreams.delete(finish);
       };
+      const finish = () => {
+        end();
+        res.end();
+      };
+      openStreams.add(finish);
       req.raw.once('close', end);
       res.once('close', end);
       try {

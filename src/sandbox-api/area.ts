@@ -17,6 +17,7 @@ import { SandboxStore } from './storage.js';
 import { loadTemplates } from './templates.js';
 import { loggableMessage } from '../server/errors.js';
 import { intSetting } from '../settings.js';
+import { streamHeartbeatMs } from '../server/streams.js';
 
 export interface SandboxAreaOptions {
   /** `host:port` -> address pins for every sandbox proxy's upstream connections. */
@@ -119,7 +120,7 @@ export function createSandboxArea(opts: SandboxAreaOptions = {}): Area {
       opts.onService?.(service);
 
       registerSandboxRoutes(app, service, { maxFileBytes: maxFileBytes(ctx.env) });
-      await registerExecWebSocket(app, service);
+      await registerExecWebSocket(app, service, { heartbeatMs: streamHeartbeatMs(ctx.env) });
       registerSecretRoutes(app, service);
 
       // The API answers at once; boxes read `provisioning` until the background restore has

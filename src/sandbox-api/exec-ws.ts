@@ -1,4 +1,4 @@
-import websocket from '@fastify/websocket';
+import '@fastify/websocket'; // the route option `websocket` (the plugin itself is registered at the root: src/server/app.ts)
 import { Ajv } from 'ajv';
 import type { FastifyInstance } from 'fastify';
 import { StringDecoder } from 'node:string_decoder';
@@ -7,6 +7,7 @@ import type { WebSocket } from 'ws';
 import type { ExecProcess } from '../sandbox/driver.js';
 import { principalOf } from '../server/auth.js';
 import { HttpError, HttpValidationError } from '../server/errors.js';
+import { guardStream } from '../server/streams.js';
 import { ajvToIssues } from '../validation/errors.js';
 import { exitCodeOf } from './exec.js';
 import { CappedOutput } from './output.js';
@@ -68,8 +69,12 @@ function forward(ws: WebSocket, stream: Readable, type: 'stdout' | 'stderr', cap
   });
 }
 
-export async function registerExecWebSocket(app: FastifyInstance, service: SandboxService): Promise<void> {
-  await app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
+/**
+ * `heartbeatMs`: how often an open socket is pinged and its caller checked again (the credential
+ * it was opened with, the box): a deleted API key, an expired token or a deleted box ends the
+ * execution with `{"type":"error"}` and close 1008.
+ */
+export async function registerExecWebSocket(app: FastifyInstance, service: SandboxService, opts: { heartbeatMs: number }): Promise<void> {
   app.get<{ Params: { name: string } }>(
     '/api/v2/sandboxes/boxes/:name/execute/ws',
     {
@@ -95,8 +100,19 @@ export async function registerExecWebSocket(app: FastifyInstance, service: Sandb
         ws.resume(); // the closing handshake reads the client's close frame
         ws.close(1008);
       };
+      const stopGuard = guardStream(req, opts.heartbeatMs, {
+        beat: () => {
+          if (ws.readyState === ws.OPEN) ws.ping();
+        },
+        stillThere: () => service.get(workspaceId, req.params.name),
+        end: (detail) => {
+          proc?.kill('SIGKILL');
+          fail(new HttpError(401, detail));
+        },
+      });
       ws.on('close', () => {
         closed = true;
+        stopGuard();
         proc?.kill('SIGKILL'); // the client went away: so does its command
       });
       // Frames that arrive while the execution is starting wait here, in order (bounded: the

@@ -274,7 +274,14 @@ export function registerSecretRoutes(app: FastifyInstance, service: SandboxServi
           }
         }
       });
-      if (issues.length) throw new HttpValidationError(issues);
+      if (issues.length) {
+        // A value refused for what a header cannot carry, in a secret a sandbox uses: the message
+        // that names the sandbox and header it would break says more than the generic one.
+        const breaking = await service.secretChangeIssues(workspaceId, items);
+        const at = (i: ValidationIssue) => JSON.stringify(i.loc);
+        const specific = new Set(breaking.map(at));
+        throw new HttpValidationError([...issues.filter((i) => !specific.has(at(i))), ...breaking.filter((b) => issues.some((i) => at(i) === at(b)))]);
+      }
 
       return service.withWorkspace(workspaceId, async () => {
         const store = await service.secrets(workspaceId);

@@ -44,9 +44,19 @@ export function assertSecretKey(key: string): void {
   }
 }
 
+/**
+ * Control characters a header value cannot carry (RFC 9110 5.5: a field value is VCHAR, SP, HTAB
+ * and obs-text): every C0 control but HTAB, and DEL. A secret's use is a header the proxy injects,
+ * so such a value could only be refused later, or worse, split a request.
+ */
+const FIELD_CONTROL_CHAR = /[\x00-\x08\x0a-\x1f\x7f]/;
+
 export function assertSecretValue(key: string, value: string): void {
   if (typeof value !== 'string') throw new SecretStoreError(`secret ${key}: the value must be a string`);
   if (value.length === 0) throw new SecretStoreError(`secret ${key}: the value is empty`);
+  if (FIELD_CONTROL_CHAR.test(value)) {
+    throw new SecretStoreError(`secret ${key}: the value contains a control character (such as NUL, CR, LF, ESC or DEL); a header value can only carry visible characters, spaces and tabs`);
+  }
   if (Buffer.byteLength(value, 'utf8') > MAX_SECRET_BYTES) throw new SecretStoreError(`secret ${key}: the value is larger than ${MAX_SECRET_BYTES} bytes`);
 }
 

@@ -1,16 +1,18 @@
 import { Ajv, type Options as AjvOptions } from 'ajv';
 import addFormatsModule from 'ajv-formats';
-import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply } from 'fastify';
+import websocket from '@fastify/websocket';
+import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from '../log.js';
 import { loadKeyring } from '../secrets/keyring.js';
 import { openDb, type Db } from '../store/db.js';
-import { apiKeyAuthenticator, authenticate, bootstrapAuth, type Authenticator } from './auth.js';
+import { apiKeyAuthenticator, authenticateRequest, bootstrapAuth, type Authenticator } from './auth.js';
 import type { ServerContext } from './context.js';
-import { errorResponse, HttpValidationError, loggableMessage, unavailable } from './errors.js';
+import { errorResponse, HttpError, HttpValidationError, loggableMessage, unavailable } from './errors.js';
 import { lingerIfUnread, onClientError } from './http-errors.js';
 import { registerOpenApi } from './openapi.js';
+import { registerApiKeyRoutes } from './api-keys.js';
 import type { Area } from './area.js';
 import { loadAreas } from './plugins.js';
 import { followHeadLines } from './head-lines.js';
@@ -31,8 +33,19 @@ export interface BuildServerOptions {
   bodyLimit?: number;
 }
 
+/** One registered route: every route of the server is listed (test/server/authz-matrix.test.ts checks each). */
+export interface RouteInfo {
+  method: string;
+  url: string;
+  /** Answers without credentials (`config.public`). */
+  public: boolean;
+  websocket: boolean;
+}
+
 export interface BuiltServer {
   app: FastifyInstance;
+  /** Every route registered, in registration order (HEAD routes fastify adds for GET included). */
+  routes: readonly RouteInfo[];
   ctx: ServerContext;
   /** Starts listening; returns the base URL. */
   listen(host: string, port: number): Promise<string>;
@@ -51,6 +64,28 @@ const MAX_PARAM_LENGTH = 64 * 1024;
 /** True when the request carries no body at all (no Transfer-Encoding, Content-Length absent or 0). */
 function bodyless(headers: Record<string, string | string[] | undefined>): boolean {
   return headers['transfer-encoding'] === undefined && (headers['content-length'] === undefined || headers['content-length'] === '0');
+}
+
+/** Node's parser marks a request that asked to switch protocols (not in @types/node). */
+function isUpgrade(req: FastifyRequest): boolean {
+  return (req.raw as { upgrade?: boolean }).upgrade === true;
+}
+
+/**
+ * A request Node handed over as an upgrade (`Upgrade:` with `Connection: Upgrade`) has left the
+ * HTTP parser: nothing closes its socket after an ordinary answer (a 401, a 404), and an open one
+ * would also hold `close()` forever. Once such an answer is written the socket is ended; an
+ * accepted WebSocket hijacks the reply and never gets here.
+ */
+function closeUpgradeAfterAnswer(req: FastifyRequest, reply: FastifyReply): void {
+  if (!isUpgrade(req)) return;
+  const socket = req.raw.socket;
+  reply.raw.once('finish', () => {
+    if (!reply.sent || socket.destroyed) return;
+    socket.end();
+    // A client that does not close its side is not waited for.
+    setTimeout(() => socket.destroy(), 1000).unref();
+  });
 }
 
 /**
@@ -120,7 +155,8 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
     return503OnClosing: false,
     forceCloseConnections: 'idle',
     clientErrorHandler: onClientError,
-    frameworkErrors: (err, _req, reply) => {
+    frameworkErrors: (err, req, reply) => {
+      closeUpgradeAfterAnswer(req as unknown as FastifyRequest, reply as unknown as FastifyReply);
       const r = errorResponse(err);
       // Typed for the route that was not found; the answer is the same for any.
       void (reply as unknown as FastifyReply).status(r.status).send(r.body);
@@ -175,17 +211,39 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
     closing = true;
   });
   // First hook of every request: a request with no body is never parsed, whatever Content-Type
-  // it names (a DELETE sent by a client whose default headers include application/json).
-  app.addHook('onRequest', async (req) => {
+  // it names (a DELETE sent by a client whose default headers include application/json). An
+  // upgrade is answered like any request, then its socket closed (unless a WebSocket route took
+  // it); only a WebSocket route takes an upgrade, and only to WebSocket: anything else (h2c, a
+  // WebSocket to a plain route) is a 400, like routing checked before the credentials.
+  app.addHook('onRequest', async (req, reply) => {
+    closeUpgradeAfterAnswer(req, reply);
     if (closing) throw unavailable('The server is shutting down.');
     if (req.headers['content-type'] !== undefined && bodyless(req.headers)) delete req.headers['content-type'];
+    if (isUpgrade(req) && req.routeOptions.url) {
+      const protocol = String(req.headers.upgrade ?? '').trim().toLowerCase();
+      if (protocol !== 'websocket') throw new HttpError(400, 'Protocol upgrade not supported: only WebSocket routes accept an upgrade, and only to websocket.');
+      if (!req.routeOptions.config?.websocket) throw new HttpError(400, 'This route does not accept a WebSocket upgrade.');
+    }
   });
+  // Routes are marked at registration: a WebSocket route by `websocket: true`. Every route is
+  // listed, with whether it is public: nothing is reachable that the list does not show.
+  const routes: RouteInfo[] = [];
+  app.addHook('onRoute', (route) => {
+    const ws = Boolean((route as { websocket?: boolean }).websocket);
+    if (ws) route.config = { ...(route.config as object), websocket: true } as typeof route.config;
+    const isPublic = Boolean((route.config as { public?: boolean } | undefined)?.public);
+    for (const method of [route.method].flat()) routes.push({ method: String(method).toUpperCase(), url: route.url, public: isPublic, websocket: ws });
+  });
+  // The WebSocket plugin sits at the root, under the hooks above and the authentication below:
+  // an upgrade to any route passes through them like a request (and is answered like one when
+  // refused); the upgrade itself happens only in a WebSocket route's handler.
+  await app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
 
   const authenticators: Authenticator[] = [apiKeyAuthenticator(db)];
   app.addHook('onRequest', async (req) => {
     if (req.routeOptions.config?.public) return;
     if (!req.routeOptions.url) return; // unknown route: answered 404 by the not-found handler
-    req.principal = await authenticate(req, authenticators);
+    await authenticateRequest(req, authenticators);
   });
 
   registerOpenApi(app, {
@@ -197,6 +255,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
     await db.get('SELECT 1 AS one');
     return { ready: true };
   });
+  registerApiKeyRoutes(app, db);
 
   // Set from the bound address as soon as the server listens, before the areas' onListen hooks
   // run (they read ctx.publicUrl()); a wildcard bind is reached on loopback.
@@ -219,6 +278,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
 
   return {
     app,
+    routes,
     ctx,
     keyFile,
     async listen(host: string, port: number) {

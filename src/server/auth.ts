@@ -19,10 +19,17 @@ export interface Principal {
 declare module 'fastify' {
   interface FastifyRequest {
     principal?: Principal;
+    /**
+     * Authenticates the request's credential again (set with `principal`): true while it still
+     * names the same user of the same workspace. Long-lived streams ask it at every heartbeat.
+     */
+    stillAuthorized?: () => Promise<boolean>;
   }
   interface FastifyContextConfig {
     /** Routes that answer without credentials (health checks, OAuth callbacks, the OpenAPI document). */
     public?: boolean;
+    /** Set for routes declared `websocket: true` (src/server/app.ts): the only ones an upgrade may reach. */
+    websocket?: boolean;
   }
 }
 
@@ -157,6 +164,30 @@ export async function authenticate(req: FastifyRequest, authenticators: Authenti
     throw new HttpError(401, 'X-Tenant-Id selects a workspace but is not a credential: send it with an API key (X-Api-Key) or a bearer token (Authorization: Bearer).');
   }
   throw new HttpError(401, 'Missing credentials: send an API key in the X-Api-Key header.');
+}
+
+/**
+ * Authenticates `req` and remembers how to do it again: {@link credentialStillValid} answers
+ * later whether the same credential still names the same caller (a deleted API key, an expired
+ * bearer token do not).
+ */
+export async function authenticateRequest(req: FastifyRequest, authenticators: Authenticator[]): Promise<Principal> {
+  const first = await authenticate(req, authenticators);
+  req.principal = first;
+  req.stillAuthorized = async () => {
+    try {
+      const now = await authenticate(req, authenticators);
+      return now.workspaceId === first.workspaceId && now.userId === first.userId;
+    } catch {
+      return false;
+    }
+  };
+  return first;
+}
+
+/** Whether the credential `req` was authenticated with is still valid now (fails closed). */
+export async function credentialStillValid(req: FastifyRequest): Promise<boolean> {
+  return req.stillAuthorized ? req.stillAuthorized() : false;
 }
 
 /** The caller of an authenticated route (the auth hook guarantees it is set). */

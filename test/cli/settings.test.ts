@@ -37,6 +37,7 @@ const cases: [string, string, string[], RegExp][] = [
   ['KEYGATE_LOG_LEVEL (serve)', 'verbose', serve(), /^keygate: KEYGATE_LOG_LEVEL must be one of fatal, error, warn, info, debug, trace, silent, got 'verbose'\n$/],
   ['KEYGATE_LOG_LEVEL (proxy)', 'verbose', proxy, /^keygate: KEYGATE_LOG_LEVEL must be one of fatal, error, warn, info, debug, trace, silent, got 'verbose'\n$/],
   ['KEYGATE_LOG_LEVEL (app serve)', 'verbose', app, /^keygate: KEYGATE_LOG_LEVEL must be one of fatal, error, warn, info, debug, trace, silent, got 'verbose'\n$/],
+  ['KEYGATE_STREAM_HEARTBEAT_MS', '10s', serve(), /^keygate: KEYGATE_STREAM_HEARTBEAT_MS must be an integer from 100 to 600000 \(milliseconds\), got '10s'\n$/],
   ['KEYGATE_BUILD_INSTALL_SCRIPTS', 'true', serve(), /^keygate: KEYGATE_BUILD_INSTALL_SCRIPTS must be 0 or 1, got 'true'\n$/],
   ['KEYGATE_NODE_FLAGS', 'off', proxy, /^keygate: KEYGATE_NODE_FLAGS must be 0 or 1, got 'off'\n$/],
   ['KEYGATE_FAST_PATH', 'no', proxy, /^keygate: KEYGATE_FAST_PATH must be 0 or 1, got 'no'\n$/],
