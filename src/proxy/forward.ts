@@ -9,8 +9,11 @@ import { filterRawResponseHeaders, relayedTrailers, trailerProblem, upstreamRequ
 import { answerProblem, bodilessAnswer } from './answer.js';
 import { idleCutsExchange } from './limits.js';
 import { upstreamAnswerVersion, upstreamEnding } from './upstream.js';
-import http2, { type Http2ServerResponse } from 'node:http2';
+import type { Http2ServerResponse } from 'node:http2';
 import { chunkRelayed } from './buffer-gc.js';
+
+/** RFC 9113 INTERNAL_ERROR, as a number: importing node:http2 for its constant would load HTTP/2 into every sidecar (test/cli/proxy-imports.test.ts). */
+const H2_INTERNAL_ERROR = 2;
 
 export interface ForwardTarget {
   scheme: 'https' | 'http';
@@ -168,7 +171,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
    * which a client may take for the end of a complete answer: INTERNAL_ERROR says it is not.
    */
   const cut = () => {
-    if (t.h2) (res as unknown as Http2ServerResponse).stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR);
+    if (t.h2) (res as unknown as Http2ServerResponse).stream.close(H2_INTERNAL_ERROR);
     else res.destroy();
   };
 

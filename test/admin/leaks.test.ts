@@ -1,7 +1,7 @@
 // A configuration push that cannot be applied says where and why, and never what: no secret value,
 // opaque value or pushed secret in the 422 body or in a log line. Real admin listener, real proxy,
-// real encrypted secret store, undici client.
-import { mkdtempSync, rmSync } from 'node:fs';
+// real mounted secret store, undici client.
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Writable } from 'node:stream';
@@ -14,7 +14,7 @@ import { ensureCa } from '../../src/certs/index.js';
 import { createLogger } from '../../src/log.js';
 import { startProxy, type ProxyHandle } from '../../src/proxy/server.js';
 import { loadKeyring } from '../../src/secrets/keyring.js';
-import { EncryptedFileSecretStore } from '../../src/secrets/store.js';
+import { DirectorySecretStore } from '../../src/secrets/store.js';
 
 const ADMIN_TOKEN = 'admin-token-for-leak-tests-0123456789';
 const auth = { authorization: `Bearer ${ADMIN_TOKEN}` };
@@ -32,7 +32,7 @@ let dir: string;
 let proxy: ProxyHandle;
 let admin: AdminHandle;
 let holder: ConfigHolder;
-let store: EncryptedFileSecretStore;
+let store: DirectorySecretStore;
 let logs = '';
 
 async function push(body: unknown) {
@@ -45,9 +45,14 @@ const rule = (headers: object[]) => ({ rules: [{ name: 'api', match_hosts: ['api
 
 beforeAll(async () => {
   dir = mkdtempSync(path.join(os.tmpdir(), 'kg-admin-leaks-'));
-  store = new EncryptedFileSecretStore({ file: path.join(dir, 'secrets.json'), keys: () => loadKeyring(dir, {}).envelope });
-  await store.set('GOOD', val('good-' + 'g1'.repeat(10)));
-  await store.set('CRLF_IN_STORE', `${HEAD}\r\nX-Injected: ${TAIL}`);
+  // Kubernetes-style mounted secrets, written by another tool: the writable stores refuse a value
+  // with control characters when it is set (test/secrets/control-chars.test.ts), a mounted one
+  // can still hold one, and the proxy must then refuse it at use without echoing it.
+  const mounted = path.join(dir, 'secrets');
+  mkdirSync(mounted);
+  writeFileSync(path.join(mounted, 'GOOD'), val('good-' + 'g1'.repeat(10)));
+  writeFileSync(path.join(mounted, 'CRLF_IN_STORE'), `${HEAD}\r\nX-Injected: ${TAIL}`);
+  store = new DirectorySecretStore(mounted);
   const logger = createLogger({
     level: 'debug',
     destination: new Writable({

@@ -17,9 +17,12 @@ function files(rel: string): string[] {
     .map((f) => path.join(abs, f));
 }
 
-/** Names read from an environment object: `env.KEYGATE_X`, `env?.KEYGATE_X`, `env['KEYGATE_X']`. */
+/**
+ * Names read from an environment object: `env.KEYGATE_X`, `env?.KEYGATE_X`, `env['KEYGATE_X']`,
+ * and through src/settings.ts: `intSetting(env, 'KEYGATE_X', ...)`, `switchSetting(env, 'KEYGATE_X')`.
+ */
 function variablesRead(text: string): string[] {
-  return [...text.matchAll(/env\??\.(KEYGATE_[A-Z0-9_]+)|env\[['"](KEYGATE_[A-Z0-9_]+)['"]\]/g)].map((m) => m[1] ?? m[2]);
+  return [...text.matchAll(/env\??\.(KEYGATE_[A-Z0-9_]+)|env\[['"](KEYGATE_[A-Z0-9_]+)['"]\]|Setting\([^,()]+,\s*['"](KEYGATE_[A-Z0-9_]+)['"]/g)].map((m) => m[1] ?? m[2] ?? m[3]);
 }
 
 const docs = [path.join(REPO_ROOT, 'README.md'), ...readdirSync(path.join(REPO_ROOT, 'src')).map((d) => path.join(REPO_ROOT, 'src', d, 'README.md'))]
