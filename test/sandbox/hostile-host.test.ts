@@ -85,52 +85,32 @@ except OSError as e:
  * Every file of /proc outside the process directories that opens for writing ("w"), or reads at
  * least a byte ("r", never blocking), for the user that runs it.
  */
-/** PROC_ENUM's test for the paths given on stdin: those this user can open (and read a byte of). */
-const PROC_CHECK = `
-import os, sys
-mode = sys.argv[1]
-out = []
-for p in sys.stdin.read().split("\\n"):
-    if not p: continue
-    try:
-        fd = os.open(p, os.O_WRONLY if mode == "w" else os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        continue
-    try:
-        if mode == "r":
-            try:
-                if not os.read(fd, 1): continue
-            except OSError:
-                continue
-        out.append(p)
-    finally:
-        os.close(fd)
-print("\\n".join(out))
-`;
-
 const PROC_ENUM = `
 import os, sys
 mode = sys.argv[1]
-out = []
-for root, dirs, files in os.walk("/proc"):
-    if root == "/proc":
-        dirs[:] = [d for d in dirs if not d.isdigit() and d not in ("self", "thread-self")]
-    for f in files:
-        p = os.path.join(root, f)
+def usable(p):
+    try:
+        fd = os.open(p, os.O_WRONLY if mode == "w" else os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        if mode == "w":
+            return True
         try:
-            fd = os.open(p, os.O_WRONLY if mode == "w" else os.O_RDONLY | os.O_NONBLOCK)
+            return bool(os.read(fd, 1))
         except OSError:
-            continue
-        try:
-            if mode == "r":
-                try:
-                    if not os.read(fd, 1): continue
-                except OSError:
-                    continue
-            out.append(p)
-        finally:
-            os.close(fd)
-print("\\n".join(sorted(out)))
+            return False
+    finally:
+        os.close(fd)
+def walk():
+    for root, dirs, files in os.walk("/proc"):
+        if root == "/proc":
+            dirs[:] = [d for d in dirs if not d.isdigit() and d not in ("self", "thread-self")]
+        for f in files:
+            yield os.path.join(root, f)
+# With "stdin": only the paths given there (one per line), instead of the walk.
+paths = [p for p in sys.stdin.read().split("\\n") if p] if sys.argv[2:] == ["stdin"] else walk()
+print("\\n".join(sorted(p for p in paths if usable(p))))
 `;
 
 describe.skipIf(!probe.ok)(`local driver: the host's kernel settings and devices stay out of reach (${probe.why}${root ? '; as root' : ''})`, () => {
@@ -204,7 +184,7 @@ describe.skipIf(!probe.ok)(`local driver: the host's kernel settings and devices
   it.skipIf(!root || !existsSync('/usr/bin/python3'))("the box's /proc gives its user no more than the host's gives nobody", async () => {
     // The given files nobody can open (and read a byte of) right now.
     const asNobodyNow = (mode: string, files: string[]) => {
-      const r = spawnSync('setpriv', ['--reuid', '65534', '--regid', '65534', '--clear-groups', '/usr/bin/python3', '-c', PROC_CHECK, mode], { encoding: 'utf8', input: files.join('\n'), env: { PATH: '/usr/bin:/bin' } });
+      const r = spawnSync('setpriv', ['--reuid', '65534', '--regid', '65534', '--clear-groups', '/usr/bin/python3', '-c', PROC_ENUM, mode, 'stdin'], { encoding: 'utf8', input: files.join('\n'), env: { PATH: '/usr/bin:/bin' } });
       expect(r.status, r.stderr).toBe(0);
       return new Set(r.stdout.trim().split('\n'));
     };
