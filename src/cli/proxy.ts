@@ -24,6 +24,7 @@ import type { PreparedStart, ProxyCliOptions, RunningProxy } from './proxy-types
 import { CliError } from './errors.js';
 import { untilShutdown } from './shutdown.js';
 import { releaseOptimizer } from './v8-flags.js';
+import { serverReady } from '../proxy/idle-gc.js';
 
 const USAGE = `usage: keygate proxy --config FILE [--listen HOST:PORT] [--certs DIR] [--secrets FILE]
                      [--resolve HOST:PORT:ADDR]... [--upstream-ca FILE]... [--grace SECONDS]
@@ -284,6 +285,7 @@ export async function startFromOptions(opts: ProxyCliOptions, logger: Logger = c
   }
   // Started: the optimizing compiler is for the requests from here on (v8-flags.ts).
   releaseOptimizer();
+  serverReady(); // started: start-up's garbage and bytecode go once it is quiet (idle-gc.ts)
   return { handle, ca, logger, control };
 }
 

@@ -8,6 +8,7 @@ import { resolveDataDir } from './data-dir.js';
 import { parseCliArgs } from './args.js';
 import { CliError } from './errors.js';
 import { releaseOptimizer } from './v8-flags.js';
+import { serverReady } from '../proxy/idle-gc.js';
 import { listenFailure, parseListen } from './listen.js';
 import { untilShutdown } from './shutdown.js';
 import { loggableMessage } from '../server/errors.js';
@@ -151,6 +152,7 @@ export async function run(argv: string[]): Promise<number> {
   }
   const addr = new URL(url);
   releaseOptimizer(); // started: TurboFan for the requests from here on (v8-flags.ts)
+  serverReady(); // started: start-up's garbage and bytecode go once it is quiet (idle-gc.ts)
   process.stdout.write(`keygate serve listening on ${addr.host} (data: ${dataDir}${process.env.DATABASE_URL ? ', database: PostgreSQL' : ''})\n`);
   process.stdout.write(`${choice.why}\n`);
   if (server.keyFile) process.stdout.write(`API key file: ${server.keyFile}\n`);

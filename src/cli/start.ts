@@ -15,6 +15,7 @@ import { listenFailure, parseListen } from './listen.js';
 import { areasWith, asStartupError, chooseSandboxDriver } from './serve.js';
 import { untilShutdown } from './shutdown.js';
 import { releaseOptimizer } from './v8-flags.js';
+import { serverReady } from '../proxy/idle-gc.js';
 
 const HELP = `usage: keygate start [--data DIR] [--listen HOST:PORT] [--sandbox-driver local|docker|none]
 
@@ -228,6 +229,7 @@ export async function run(argv: string[]): Promise<number> {
     const keyHeader = envKey ? '$KEYGATE_API_KEY' : server.keyFile ? `$(cat ${sh(server.keyFile)})` : '<your API key>';
     const keySource = envKey ? 'from KEYGATE_API_KEY' : server.keyFile ? `${server.keyFile} (mode 0600; never printed)` : "none on file: create one with 'keygate serve keys create'";
     releaseOptimizer(); // started: TurboFan for the requests from here on (v8-flags.ts)
+    serverReady(); // started: start-up's garbage and bytecode go once it is quiet (idle-gc.ts)
     process.stdout.write(`keygate start: API listening on ${new URL(apiUrl).host}\n`);
     // The demo box is built from the first template this server's driver can build.
     const template = [...loadTemplates(server.ctx.configDir).values()].find((t) => driversFor(t).includes(choice.driver.name))?.name ?? 'host';

@@ -43,6 +43,59 @@ describe('idle collection', () => {
     }
   });
 
+  it('once the server listens, the collection after start-up runs as soon as the process stays quiet for a moment', () => {
+    const clock = fakeClock();
+    const afterStartup: boolean[] = [];
+    const g = idleGc({ intervalMs: 60_000, quietUs: 1000, settleMs: 60_000, collect: (first) => afterStartup.push(first), cpu: clock.cpu });
+    try {
+      clock.spend(500_000); // start-up itself
+      g.ready();
+      clock.spend(5_000); // compiler threads and the first log write: not traffic (under 10 % of the moment)
+      expect(g.settled()).toBe(true);
+      expect(afterStartup).toEqual([true]);
+      // The regular checks then find nothing new while it stays quiet.
+      clock.spend(10);
+      expect(g.tick()).toBe(false);
+      // ready() again (a second server in the process) does not collect again.
+      g.ready();
+      expect(g.settled()).toBe(false);
+      expect(afterStartup).toEqual([true]);
+    } finally {
+      g.stop();
+    }
+  });
+
+  it('traffic right after listening defers the collection after start-up to the regular checks', () => {
+    const clock = fakeClock();
+    const afterStartup: boolean[] = [];
+    const g = idleGc({ intervalMs: 60_000, quietUs: 1000, settleMs: 1_000, collect: (first) => afterStartup.push(first), cpu: clock.cpu });
+    try {
+      g.ready();
+      clock.spend(100_000); // requests: 10 % of the moment
+      expect(g.settled()).toBe(false);
+      expect(afterStartup).toEqual([]);
+      clock.spend(100_000);
+      expect(g.tick()).toBe(false); // still busy
+      clock.spend(10);
+      expect(g.tick()).toBe(true); // quiet: the collection after start-up, bytecode flush included
+      expect(afterStartup).toEqual([true]);
+    } finally {
+      g.stop();
+    }
+  });
+
+  it('without ready() nothing is collected before the regular checks', () => {
+    const clock = fakeClock();
+    let collected = 0;
+    const g = idleGc({ intervalMs: 60_000, quietUs: 1000, collect: () => collected++, cpu: clock.cpu });
+    try {
+      expect(g.settled()).toBe(false);
+      expect(collected).toBe(0);
+    } finally {
+      g.stop();
+    }
+  });
+
   it("the collection's own CPU time does not count as a busy spell", () => {
     const clock = fakeClock();
     let collected = 0;
