@@ -1,6 +1,7 @@
 import type { ServerResponse } from 'node:http';
 import { STATUS_CODES } from '../node-http.js';
 import type { Duplex } from 'node:stream';
+import { RESET_IN_BODY } from './undici-reset.js';
 
 /**
  * Every error the proxy produces itself comes from this module, and every answer it writes for
@@ -191,6 +192,7 @@ export function upstreamError(err: unknown, host: string): ProxyError {
     case 'UND_ERR_BODY_TIMEOUT':
       return new ProxyError(504, 'connection_read_timeout', `upstream ${host} stalled`);
     case 'ECONNRESET':
+    case RESET_IN_BODY:
     case 'EPIPE':
     case 'UND_ERR_SOCKET':
     case 'UND_ERR_CLOSED':

@@ -8,6 +8,7 @@ import { formatAuthority, urlAuthority } from '../rules/host.js';
 import type { EgressPolicy } from '../rules/egress.js';
 import { EgressDenied, resolveAllowed } from './egress.js';
 import { H1Pool } from './h1/pool.js';
+import { guardResetInBody } from './undici-reset.js';
 import { MAX_ANSWER_HEAD } from './answer.js';
 
 const requireCjs = createRequire(import.meta.url);
@@ -362,6 +363,7 @@ export class Upstream {
           base({ ...o, hostname: address }, (err, socket) => {
             if (err || !socket) return cb(err ?? new Error('upstream connection failed'), null);
             guardPausedParserOnEnd(socket);
+            guardResetInBody(socket);
             this.count(`${o.protocol}//${o.host}`, socket);
             cb(null, socket);
           }),

@@ -29,9 +29,10 @@ import { parseRequestHead, parseResponseHead, type RequestHead, type ResponseHea
  * What it keeps of the Node path's guarantees: the request goes to the CONNECT target only
  * (the plan compares Host with it), on the normalised path; the rule's headers replace every
  * client header of the same names (upstreamRequestHeaders); hop-by-hop headers are dropped
- * both ways; framing toward each side is the proxy's own (Content-Length as counted, or
- * chunked relayed through a strict scanner), never a header the client or upstream could
- * have listed in `Connection`; bodies stream with backpressure both ways; the same clocks
+ * both ways; framing toward each side is the proxy's own (Content-Length as counted, chunked
+ * relayed through a strict scanner, or chunked for an answer the origin ends by closing, so a
+ * reset there is a cut, not an end), never a header the client or upstream could have listed in
+ * `Connection`; bodies stream with backpressure both ways; the same clocks
  * apply; one access line and 'request' event per exchange.
  */
 
@@ -48,6 +49,8 @@ export interface FastPathOptions {
 const MAX_QUEUED = 64 * 1024;
 
 const EMPTY = Buffer.alloc(0);
+const CRLF = Buffer.from('\r\n', 'latin1');
+const LAST_CHUNK = Buffer.from('0\r\n\r\n', 'latin1');
 /** RFC 9110 9.2.2: a proxy must not retry other methods on its own. */
 const IDEMPOTENT = new Set(['GET', 'HEAD', 'OPTIONS', 'PUT', 'DELETE']);
 const ignore = () => undefined;
@@ -478,6 +481,12 @@ class FastConnection {
     } else if (f.kind === 'chunked') {
       head += 'Transfer-Encoding: chunked\r\n';
       this.scanner = new ChunkedScanner();
+    } else if (f.kind === 'close') {
+      // An answer the origin delimits by ending its connection goes to the client chunked (the
+      // request was HTTP/1.1): its end is then the proxy's last chunk, sent only when the origin
+      // really ended it. Relayed as close-delimited, a connection the origin reset in the middle
+      // of the body ended toward the client exactly as a complete answer does.
+      head += 'Transfer-Encoding: chunked\r\n';
     }
     if (this.closeAfter) head += 'Connection: close\r\n';
     head += '\r\n';
@@ -533,7 +542,8 @@ class FastConnection {
       }
       case 'close':
         this.rec.bytes_out += chunk.length;
-        return chunk;
+        // One chunk per read (never an empty one: that is the last chunk).
+        return chunk.length ? Buffer.concat([Buffer.from(chunk.length.toString(16) + '\r\n', 'latin1'), chunk, CRLF]) : EMPTY;
     }
   }
 
@@ -581,7 +591,9 @@ class FastConnection {
   private readonly onUpEnd = (): void => {
     if (!this.up) return this.dropKept();
     if (this.resp?.framing.kind === 'close') {
+      // The origin ended its answer: the client's last chunk (respond: sent chunked).
       this.upstreamReusable = false;
+      this.write(LAST_CHUNK);
       this.complete();
       return;
     }
