@@ -180,7 +180,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
     if (!finished && !res.headersSent) res.flushHeaders();
   };
 
-  (t.h2 ? core.upstream.h2Agent : core.upstream.agent).dispatch(
+  (t.h2 ? core.upstream.h2 : core.upstream.agent).dispatch(
     {
       origin: `${t.scheme}://${formatAuthority(t.host, t.port)}`,
       path: t.pathAndQuery,
