@@ -29,7 +29,7 @@ export interface H2UpstreamHost {
 const requireCjs = createRequire(import.meta.url);
 /**
  * undici's index also loads fetch, WebSocket, EventSource, caches and mocks (about 8 MiB resident
- * in every sidecar); the proxy needs only the Agent and its TLS connector. Falls back to the
+ * in every sidecar); the proxy needs only the Agent (HTTP/1.1; HTTP/2 clients' h2 upstream is h2/upstream.ts) and its TLS connector. Falls back to the
  * index if a future undici moves these files.
  */
 function undiciPart<T>(file: string, name: 'Agent' | 'buildConnector'): T {
@@ -42,7 +42,7 @@ function undiciPart<T>(file: string, name: 'Agent' | 'buildConnector'): T {
 type Agent = Undici.Agent;
 /**
  * Loaded on first use, not at start-up (issue #20: a sidecar's idle memory). The Agent brings
- * undici's client, pools, HTTP/1 and HTTP/2 dispatchers (and node:http2); intercepted HTTP/1.1 on
+ * undici's client, pools and HTTP/1 dispatcher (undici's own HTTP/2 one is never given an h2 connection); intercepted HTTP/1.1 on
  * the fast path never needs it, only plain HTTP, WebSockets' fallbacks, HTTP/2 clients and
  * requests the fast path hands over do. The connector comes with the first upstream connection.
  * test/cli/proxy-imports.test.ts checks that an idle proxy has loaded neither.
@@ -306,7 +306,8 @@ interface Warm {
 }
 
 /**
- * Everything that talks to upstreams: one undici Agent (a keep-alive pool per origin) whose TLS
+ * Everything that talks to upstreams: one undici Agent for HTTP/1.1 (a keep-alive pool per
+ * origin), keygate's HTTP/2 client for HTTP/2 clients (`h2`, h2/upstream.ts), both of whose TLS
  * always verifies against one shared trust store (built once: parsing the roots per connection
  * would dominate connect cost), and the address map for --resolve.
  */

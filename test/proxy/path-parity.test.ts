@@ -6,8 +6,8 @@
  * - `plain`: absolute-form `http://` through the listener (Node's server, undici upstream),
  * - `fast`:  HTTP/1.1 inside an intercepted tunnel, the fast path (src/proxy/h1),
  * - `node`:  the same with the fast path off (Node's server, undici upstream),
- * - `h2`:    an HTTP/2 client inside an intercepted tunnel (undici's h2-capable pool; the origin
- *            offers no h2, so HTTP/1.1 upstream),
+ * - `h2`:    an HTTP/2 client inside an intercepted tunnel (keygate's HTTP/2 client, src/proxy/h2/upstream.ts;
+ *            the origin offers no h2, so HTTP/1.1 upstream through the HTTP/1.1 pool),
  * - `ws` and `ws-plain`: a WebSocket handshake (intercepted, and plain), where the row is an
  *   answer to a handshake (Node's http client upstream),
  *
@@ -323,7 +323,7 @@ type H2Row = { serve: (s: ServerHttp2Stream) => void; want: Want };
 
 const H2_ROWS: Record<string, H2Row> = {
   ok: { serve: (s) => (s.respond({ ':status': 200, 'content-length': '2' }), s.end('ok')), want: OK },
-  // RFC 9110 8.6: a 204 must not carry Content-Length. Over HTTP/2 nghttp2 (undici's h2 client)
+  // RFC 9110 8.6: a 204 must not carry Content-Length. Over HTTP/2 nghttp2 (node:http2's client)
   // refuses it as a malformed answer before the proxy sees it: a 502, not relayed.
   noContentLength: { serve: (s) => s.respond({ ':status': 204, 'content-length': '4' }, { endStream: true }), want: BAD },
   truncatedLength: {
@@ -334,7 +334,7 @@ const H2_ROWS: Record<string, H2Row> = {
     want: 'cut',
   },
   // No Content-Length, some body, then the stream reset without END_STREAM: the client must see a
-  // broken answer, never a complete one (undici's h2 client reported these as complete). Node's
+  // broken answer, never a complete one (undici's h2 client, used before, reported these as complete). Node's
   // server ends the stream (END_STREAM) before a close() of a stream whose writable side is open,
   // unless trailers are promised: waitForTrailers keeps END_STREAM back, so the origin's frames are
   // HEADERS, DATA, RST_STREAM(code) (checked with a frame dump on Node 20 and 24).
@@ -447,12 +447,12 @@ describe('an HTTP/2 origin writing what Node will not, HTTP/2 client', () => {
   it.each([
     ['status 600', [[':status', '600']], BAD],
     ['status 999', [[':status', '999']], BAD],
-    // nghttp2 (undici's h2 client) drops a field with control bytes before the proxy sees it:
+    // nghttp2 (node:http2's client) drops a field with control bytes before the proxy sees it:
     // over HTTP/2 the field never reaches the client, the rest of the answer does.
     ['a control byte in a value', [[':status', '200'], ['x-a', 'a\x01b']], { status: 200, body: '', absent: ['x-a'] }],
     ['DEL in a value', [[':status', '200'], ['x-a', 'a\x7fb']], { status: 200, body: '', absent: ['x-a'] }],
     // As many fields as the answer check allows are relayed, as on HTTP/1.1 (Node's http2 client
-    // refuses more than 128 by default: undici's h2 client made these a 502).
+    // refuses more than 128 by default: through undici's h2 client these were a 502).
     ['200 fields', [[':status', '200'], ...Array.from({ length: 200 }, (_, i): [string, string] => [`x-f${i}`, 'v'])], { status: 200, body: '' }],
     ['1,000 fields', [[':status', '200'], ...Array.from({ length: 1000 }, (_, i): [string, string] => [`x-f${i}`, 'v'])], { status: 200, body: '' }],
     ['1,001 fields', [[':status', '200'], ...Array.from({ length: 1001 }, (_, i): [string, string] => [`x-f${i}`, 'v'])], BAD],
