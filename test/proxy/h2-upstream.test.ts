@@ -27,15 +27,19 @@ afterAll(async () => {
 interface Origin {
   port: number;
   sessions: number;
+  /** Settles when the first session to the origin closes. */
+  sessionClosed: Promise<void>;
   close(): void;
 }
 
 async function h2Origin(serve: (s: ServerHttp2Stream, headers: http2.IncomingHttpHeaders) => void, settings: http2.Settings = {}): Promise<Origin> {
   const server = http2.createSecureServer({ key: pki.keyPem, cert: pki.certPem, allowHTTP1: false, settings });
-  const o: Origin = { port: 0, sessions: 0, close: () => void server.close() };
+  let closed!: () => void;
+  const o: Origin = { port: 0, sessions: 0, sessionClosed: new Promise<void>((r) => (closed = r)), close: () => void server.close() };
   server.on('session', (sess) => {
     o.sessions++;
     sess.on('error', () => undefined);
+    sess.on('close', () => closed());
   });
   server.on('stream', (s, h) => {
     s.on('error', () => undefined);
@@ -191,6 +195,68 @@ describe('HTTP/2 upstream: the client going away cancels the upstream stream', (
       const end = await originClosed;
       expect(end.code).toBe(http2.constants.NGHTTP2_CANCEL);
       expect(end.bytes).toBe(1024);
+    } finally {
+      c.destroy();
+      o.close();
+    }
+  });
+});
+
+describe('HTTP/2 upstream: the upstream clocks (response header and idle timeouts, keep-alive)', () => {
+  let short: TestProxy;
+  beforeAll(async () => {
+    short = await startTestProxy(pki, { limits: { responseHeaderTimeoutMs: 300, responseIdleTimeoutMs: 300, keepAliveTimeoutMs: 300 } });
+  });
+  afterAll(async () => {
+    await short?.close();
+  });
+
+  async function originFor(serve: (s: ServerHttp2Stream) => void): Promise<Origin> {
+    const o = await h2Origin(serve);
+    short.route(o.port);
+    return o;
+  }
+
+  it('no answer head in time: the proxy answers 504', async () => {
+    const o = await originFor(() => undefined);
+    const c = await h2Through(short.handle.port, HOST, o.port, short.caPem);
+    try {
+      const a = await h2Request(c, { ':path': '/', ':authority': `${HOST}:${o.port}` });
+      expect(a.status).toBe(504);
+      expect(a.headers['proxy-status']).toMatch(/^keygate; error=http_response_timeout/);
+    } finally {
+      c.destroy();
+      o.close();
+    }
+  });
+
+  it('an answer that stalls after its head is cut', async () => {
+    const o = await originFor((s) => {
+      s.respond({ ':status': 200 });
+      s.write('hello');
+    });
+    const c = await h2Through(short.handle.port, HOST, o.port, short.caPem);
+    try {
+      const a = await h2Request(c, { ':path': '/', ':authority': `${HOST}:${o.port}` });
+      expect(a.status).toBe(200);
+      expect(a.rstCode).toBe(http2.constants.NGHTTP2_INTERNAL_ERROR);
+    } finally {
+      c.destroy();
+      o.close();
+    }
+  });
+
+  it('an idle session is closed by the proxy after the keep-alive limit', async () => {
+    const o = await originFor((s) => {
+      s.respond({ ':status': 200 });
+      s.end('ok');
+    });
+    const c = await h2Through(short.handle.port, HOST, o.port, short.caPem);
+    try {
+      expect((await h2Request(c, { ':path': '/', ':authority': `${HOST}:${o.port}` })).status).toBe(200);
+      // The client's own connection stays open; the proxy's upstream session closes on its own.
+      await o.sessionClosed;
+      expect(o.sessions).toBe(1);
     } finally {
       c.destroy();
       o.close();
