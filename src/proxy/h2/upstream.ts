@@ -53,6 +53,8 @@ interface Session {
 type Ready = (err: Error | null, s: Session | 'h1' | null) => void;
 
 interface Origin {
+  /** Its key in H2Upstream's map. */
+  key: string;
   host: string;
   port: number;
   /** The origin chose http/1.1 in ALPN. */
@@ -111,7 +113,7 @@ export class H2Upstream implements H2Client {
     const port = Number(url.port) || 443;
     const key = `${host}|${port}`;
     let o = this.origins.get(key);
-    if (!o) this.origins.set(key, (o = { host, port, h1: false, sessions: [], waiting: [], dialing: false }));
+    if (!o) this.origins.set(key, (o = { key, host, port, h1: false, sessions: [], waiting: [], dialing: false }));
     if (o.h1) return this.up.agent.dispatch(opts, handler);
     new Exchange(this, o, opts, handler, urlAuthority(host, port, 443)).start();
     return true;
@@ -202,6 +204,8 @@ export class H2Upstream implements H2Client {
       if (i >= 0) o.sessions.splice(i, 1);
       // Requests that were waiting for room here find another session or dial one.
       if (o.waiting.length) this.serveWaiting(o);
+      // Nothing kept for an HTTP/2 origin without sessions (one remembered as HTTP/1.1 stays).
+      else if (!o.sessions.length && !o.dialing && !o.h1 && this.origins.get(o.key) === o) this.origins.delete(o.key);
     };
     // Streams the GOAWAY covers (above its last stream id) are closed by nghttp2 and fail;
     // those below it finish; no new stream goes on this session.
