@@ -346,6 +346,8 @@ const H2_ROWS: Record<string, H2Row> = {
   // The control: close() on a stream still open for writing sends END_STREAM first (then, on
   // Node 20, an RST_STREAM for the closed stream): the answer is complete on the wire and relayed.
   closeAfterWrite: { serve: (s) => (s.respond({ ':status': 200 }), s.write('hello', () => setTimeout(() => s.close(http2.constants.NGHTTP2_INTERNAL_ERROR), 20))), want: { status: 200, body: 'hello' } },
+  // An interim answer (103) is read and checked but not relayed; the final answer follows.
+  earlyHints: { serve: (s) => (s.additionalHeaders({ ':status': 103, link: '</a.css>; rel=preload' }), s.respond({ ':status': 200, 'content-length': '2' }), s.end('ok')), want: OK },
   // The origin's whole connection goes away mid-answer (the socket closed).
   sessionDestroyedMidBody: { serve: (s) => (s.respond({ ':status': 200 }), s.write('hello', () => setTimeout(() => s.session?.destroy(), 20))), want: 'cut' },
   trailers: {
