@@ -1,7 +1,7 @@
 /**
  * The one check of an origin's answer head, whichever path read it: the fast path's own parser
- * (h1/head.ts), undici's (forward.ts, plain HTTP, the Node exchange and HTTP/2 clients, over
- * HTTP/1.1 or HTTP/2 upstream) and Node's http client (websocket.ts). Each parser is strict in
+ * (h1/head.ts), undici's (forward.ts, plain HTTP, the Node exchange and HTTP/2 clients over
+ * HTTP/1.1 upstream), node:http2's (h2/upstream.ts, HTTP/2 clients over HTTP/2 upstream) and Node's http client (websocket.ts). Each parser is strict in
  * its own way; what one lets through and another refuses would make the same hostile answer a
  * 502 on one path and relayed on another. Whatever a parser accepted is held to this, and an
  * answer that fails it is a 502 `http_protocol_error` on every path. Pure; one pass over the

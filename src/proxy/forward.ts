@@ -50,7 +50,7 @@ async function* counted(src: Readable, rec: RequestRecord): AsyncGenerator<Buffe
   }
 }
 
-/** undici's raw fields (latin1 bytes, as on the wire, from an HTTP/1.1 origin; strings from an HTTP/2 one) as strings. */
+/** Raw fields as strings: undici's latin1 bytes from an HTTP/1.1 origin (as on the wire), h2/upstream.ts's strings from an HTTP/2 one. */
 function latin1(raw: (Buffer | string)[]): string[] {
   const strings = new Array<string>(raw.length);
   for (let i = 0; i < raw.length; i++) {
@@ -62,7 +62,7 @@ function latin1(raw: (Buffer | string)[]): string[] {
 
 /**
  * Upstream trailers, as relayed by every path (headers.ts, relayedTrailers), as `[name, value]`
- * pairs, or undefined when the section is not relayed at all (trailerProblem): undici gives a raw list from an HTTP/1.1 origin and a header object from an HTTP/2 one.
+ * pairs, or undefined when the section is not relayed at all (trailerProblem): a raw list from either client (a header object is taken too).
  */
 function trailerPairs(given: (Buffer | string)[] | Record<string, string | string[] | undefined>, head: string[]): [string, string][] | undefined {
   let raw: string[];
@@ -98,11 +98,13 @@ function moveGrpcStatus(headers: string[], res: ServerResponse): string[] {
 }
 
 /**
- * Sends one request upstream through the shared undici pool and streams the answer back: the
+ * Sends one request upstream and streams the answer back: HTTP/1.1 clients' through the shared
+ * undici pool, HTTP/2 clients' through keygate's own HTTP/2 client (h2/upstream.ts, the same
+ * dispatch interface; HTTP/1.1 pool for origins without h2). The
  * request body as it arrives, the response chunk by chunk with backpressure both ways. Nothing is
  * buffered.
  *
- * This uses undici's dispatch handler rather than `request()`: the response goes straight from
+ * This uses the dispatch handler interface rather than undici's `request()`: the response goes straight from
  * undici's parser to the client socket, without a body stream, a pipeline and an AbortController
  * per request (they were a large share of the CPU per request in profiles). Headers are sent with
  * the first body chunk when it is already there (one TLS record for a small response), and
@@ -180,7 +182,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
     if (!finished && !res.headersSent) res.flushHeaders();
   };
 
-  (t.h2 ? core.upstream.h2Agent : core.upstream.agent).dispatch(
+  (t.h2 ? core.upstream.h2 : core.upstream.agent).dispatch(
     {
       origin: `${t.scheme}://${formatAuthority(t.host, t.port)}`,
       path: t.pathAndQuery,

@@ -11,10 +11,26 @@ import { H1Pool } from './h1/pool.js';
 import { guardResetInBody } from './undici-reset.js';
 import { MAX_ANSWER_HEAD } from './answer.js';
 
+/** What HTTP/2 clients' requests are dispatched to (h2/upstream.ts, H2Upstream); a type only, so node:http2 is not loaded here. */
+export interface H2Client {
+  dispatch: Agent['dispatch'];
+  /** No new requests; open streams finish. */
+  close(): void;
+  destroy(): void;
+}
+
+/** What the HTTP/2 upstream client needs of Upstream (h2/upstream.ts). */
+export interface H2UpstreamHost {
+  dialAlpn(host: string, port: number, cb: (err: Error | null, socket: tls.TLSSocket | null) => void): void;
+  readonly agent: Agent;
+  adopt(host: string, port: number, socket: tls.TLSSocket): boolean;
+  readonly timeouts: ProxyTimeouts;
+}
+
 const requireCjs = createRequire(import.meta.url);
 /**
  * undici's index also loads fetch, WebSocket, EventSource, caches and mocks (about 8 MiB resident
- * in every sidecar); the proxy needs only the Agent and its TLS connector. Falls back to the
+ * in every sidecar); the proxy needs only the Agent (HTTP/1.1; HTTP/2 clients' h2 upstream is h2/upstream.ts) and its TLS connector. Falls back to the
  * index if a future undici moves these files.
  */
 function undiciPart<T>(file: string, name: 'Agent' | 'buildConnector'): T {
@@ -27,7 +43,7 @@ function undiciPart<T>(file: string, name: 'Agent' | 'buildConnector'): T {
 type Agent = Undici.Agent;
 /**
  * Loaded on first use, not at start-up (issue #20: a sidecar's idle memory). The Agent brings
- * undici's client, pools, HTTP/1 and HTTP/2 dispatchers (and node:http2); intercepted HTTP/1.1 on
+ * undici's client, pools and HTTP/1 dispatcher (undici's own HTTP/2 one is never given an h2 connection); intercepted HTTP/1.1 on
  * the fast path never needs it, only plain HTTP, WebSockets' fallbacks, HTTP/2 clients and
  * requests the fast path hands over do. The connector comes with the first upstream connection.
  * test/cli/proxy-imports.test.ts checks that an idle proxy has loaded neither.
@@ -291,14 +307,20 @@ interface Warm {
 }
 
 /**
- * Everything that talks to upstreams: one undici Agent (a keep-alive pool per origin) whose TLS
+ * Everything that talks to upstreams: one undici Agent for HTTP/1.1 (a keep-alive pool per
+ * origin), keygate's HTTP/2 client for HTTP/2 clients (`h2`, h2/upstream.ts), both of whose TLS
  * always verifies against one shared trust store (built once: parsing the roots per connection
  * would dominate connect cost), and the address map for --resolve.
  */
 export class Upstream {
   #agent: Agent | undefined;
-  /** The pool for HTTP/2 clients' requests: h2 where the origin offers it in ALPN, HTTP/1.1 otherwise. */
-  #h2Agent: Agent | undefined;
+  /**
+   * The HTTP/2 clients' requests: keygate's own HTTP/2 client (h2/upstream.ts), h2 where the
+   * origin offers it in ALPN, this HTTP/1.1 pool otherwise. Built by the HTTP/2 exchange's module
+   * (loaded with the first HTTP/2 client: node:http2 stays out of an HTTP/1.1-only sidecar).
+   */
+  #h2: H2Client | undefined;
+  #h2Factory: ((host: H2UpstreamHost) => H2Client) | undefined;
   /** The CAs given with --upstream-ca (NODE_EXTRA_CA_CERTS is read with the first dial). */
   private readonly upstreamCa: readonly string[];
   private readonly resolveMap: ReadonlyMap<string, string>;
@@ -345,9 +367,41 @@ export class Upstream {
     return (this.#dial ??= this.dialWith(loadConnector()(this.tlsOptions(false))));
   }
 
-  /** The same, offering h2 and http/1.1 in ALPN (the HTTP/2 clients' pool; never given a warm connection, which offered only http/1.1). */
+  /** The same, offering h2 and http/1.1 in ALPN (the HTTP/2 clients' requests; never given a warm connection, which offered only http/1.1). */
   private get dialH2(): Undici.buildConnector.connector {
     return (this.#dialH2 ??= this.dialWith(loadConnector()(this.tlsOptions(true))));
+  }
+
+  /** A new verified connection to host:port offering h2 and http/1.1 in ALPN (h2/upstream.ts). */
+  dialAlpn(host: string, port: number, cb: (err: Error | null, socket: tls.TLSSocket | null) => void): void {
+    this.dialH2(connectOptions(host, port), (err, socket) => cb(err, (socket as tls.TLSSocket | null) ?? null));
+  }
+
+  /**
+   * Takes a connection dialled by dialAlpn that negotiated http/1.1 as if opened ahead (prewarm):
+   * the HTTP/1.1 pool's next new connection to that origin is this one. False when a connection
+   * opened ahead is already waiting there (the caller closes its own).
+   */
+  adopt(host: string, port: number, socket: tls.TLSSocket): boolean {
+    const key = `https://${connectOptions(host, port).host}`;
+    if (this.warm.has(key) || socket.destroyed) return false;
+    const warm: Warm = { socket: socket as unknown as Connected };
+    this.warm.set(key, warm);
+    socket.once('close', () => {
+      if (this.warm.get(key) === warm) this.warm.delete(key);
+    });
+    socket.on('error', () => undefined);
+    warm.timer = setTimeout(() => {
+      if (this.warm.get(key) === warm) this.warm.delete(key);
+      socket.destroy();
+    }, this.opts.warmIdleMs ?? 5000);
+    warm.timer.unref();
+    return true;
+  }
+
+  /** The clocks every upstream request runs under. */
+  get timeouts(): ProxyTimeouts {
+    return this.opts.timeouts;
   }
 
   /** A dialler over undici's TLS connector `base`: egress policy and pins first, then verified TLS. */
@@ -443,19 +497,17 @@ export class Upstream {
     this.warm.clear();
   }
 
-  private newAgent(h2: boolean): Agent {
+  private newAgent(): Agent {
     const opts = this.opts;
     const Agent = loadAgent();
-    const dial = h2 ? (o: ConnectOptions, cb: ConnectCallback) => this.dialH2(o, cb) : this.connector;
     return new Agent({
       // Only connections undici gets: the fast path's (same connector, src/proxy/h1) have no parser.
       connect: (o, cb) =>
-        dial(o, (err, socket) => {
+        this.connector(o, (err, socket) => {
           if (err || !socket) return cb(err ?? new Error('upstream connection failed'), null);
           guardParser(socket);
           cb(null, socket);
         }),
-      allowH2: h2,
       keepAliveTimeout: opts.timeouts.keepAliveMs,
       keepAliveMaxTimeout: 10 * 60_000,
       headersTimeout: opts.timeouts.headersMs,
@@ -469,12 +521,18 @@ export class Upstream {
 
   /** The pool requests go through. */
   get agent(): Agent {
-    return (this.#agent ??= this.newAgent(false));
+    return (this.#agent ??= this.newAgent());
   }
 
-  /** The pool HTTP/2 clients' requests go through (h2 upstream where the origin offers it). */
-  get h2Agent(): Agent {
-    return (this.#h2Agent ??= this.newAgent(true));
+  /** Called by the HTTP/2 exchange's module when it loads: how to build the HTTP/2 clients' upstream client. */
+  useH2(factory: (host: H2UpstreamHost) => H2Client): void {
+    this.#h2Factory ??= factory;
+  }
+
+  /** What HTTP/2 clients' requests go through (h2 upstream where the origin offers it, this HTTP/1.1 pool otherwise). */
+  get h2(): H2Client {
+    if (!this.#h2Factory) throw new Error('the HTTP/2 upstream client is not loaded');
+    return (this.#h2 ??= this.#h2Factory(this));
   }
 
   /**
@@ -485,9 +543,11 @@ export class Upstream {
     this.dropWarm();
     this.h1.clear();
     // The next request makes a new pool (as at start-up: only when one is needed).
-    const old = [this.#agent, this.#h2Agent];
-    this.#agent = this.#h2Agent = undefined;
-    for (const a of old) void a?.close().catch(() => undefined);
+    const old = this.#agent;
+    this.#agent = undefined;
+    void old?.close().catch(() => undefined);
+    this.#h2?.close();
+    this.#h2 = undefined;
   }
 
   /**
@@ -533,13 +593,14 @@ export class Upstream {
   async close(): Promise<void> {
     this.dropWarm();
     this.h1.clear();
-    await Promise.all([this.#agent?.close().catch(() => undefined), this.#h2Agent?.close().catch(() => undefined)]);
+    this.#h2?.close();
+    await this.#agent?.close().catch(() => undefined);
   }
 
   destroy(): void {
     this.dropWarm();
     this.h1.clear();
     void this.#agent?.destroy().catch(() => undefined);
-    void this.#h2Agent?.destroy().catch(() => undefined);
+    this.#h2?.destroy();
   }
 }

@@ -6,8 +6,8 @@
  * - `plain`: absolute-form `http://` through the listener (Node's server, undici upstream),
  * - `fast`:  HTTP/1.1 inside an intercepted tunnel, the fast path (src/proxy/h1),
  * - `node`:  the same with the fast path off (Node's server, undici upstream),
- * - `h2`:    an HTTP/2 client inside an intercepted tunnel (undici's h2-capable pool; the origin
- *            offers no h2, so HTTP/1.1 upstream),
+ * - `h2`:    an HTTP/2 client inside an intercepted tunnel (keygate's HTTP/2 client, src/proxy/h2/upstream.ts;
+ *            the origin offers no h2, so HTTP/1.1 upstream through the HTTP/1.1 pool),
  * - `ws` and `ws-plain`: a WebSocket handshake (intercepted, and plain), where the row is an
  *   answer to a handshake (Node's http client upstream),
  *
@@ -323,7 +323,7 @@ type H2Row = { serve: (s: ServerHttp2Stream) => void; want: Want };
 
 const H2_ROWS: Record<string, H2Row> = {
   ok: { serve: (s) => (s.respond({ ':status': 200, 'content-length': '2' }), s.end('ok')), want: OK },
-  // RFC 9110 8.6: a 204 must not carry Content-Length. Over HTTP/2 nghttp2 (undici's h2 client)
+  // RFC 9110 8.6: a 204 must not carry Content-Length. Over HTTP/2 nghttp2 (node:http2's client)
   // refuses it as a malformed answer before the proxy sees it: a 502, not relayed.
   noContentLength: { serve: (s) => s.respond({ ':status': 204, 'content-length': '4' }, { endStream: true }), want: BAD },
   truncatedLength: {
@@ -333,6 +333,23 @@ const H2_ROWS: Record<string, H2Row> = {
     },
     want: 'cut',
   },
+  // No Content-Length, some body, then the stream reset without END_STREAM: the client must see a
+  // broken answer, never a complete one (undici's h2 client, used before, reported these as complete). Node's
+  // server ends the stream (END_STREAM) before a close() of a stream whose writable side is open,
+  // unless trailers are promised: waitForTrailers keeps END_STREAM back, so the origin's frames are
+  // HEADERS, DATA, RST_STREAM(code) (checked with a frame dump on Node 20 and 24).
+  resetNoLengthInternal: { serve: (s) => (s.respond({ ':status': 200 }, { waitForTrailers: true }), s.write('hello', () => setTimeout(() => s.close(http2.constants.NGHTTP2_INTERNAL_ERROR), 20))), want: 'cut' },
+  resetNoLengthNoError: { serve: (s) => (s.respond({ ':status': 200 }, { waitForTrailers: true }), s.write('hello', () => setTimeout(() => s.close(http2.constants.NGHTTP2_NO_ERROR), 20))), want: 'cut' },
+  resetNoLengthCancel: { serve: (s) => (s.respond({ ':status': 200 }, { waitForTrailers: true }), s.write('hello', () => setTimeout(() => s.close(http2.constants.NGHTTP2_CANCEL), 20))), want: 'cut' },
+  // No trailers promised: destroy() with an error resets the stream (INTERNAL_ERROR), no END_STREAM.
+  resetNoLengthDestroyed: { serve: (s) => (s.respond({ ':status': 200 }), s.write('hello', () => setTimeout(() => s.destroy(new Error('origin failed')), 20))), want: 'cut' },
+  // The control: close() on a stream still open for writing sends END_STREAM first (then, on
+  // Node 20, an RST_STREAM for the closed stream): the answer is complete on the wire and relayed.
+  closeAfterWrite: { serve: (s) => (s.respond({ ':status': 200 }), s.write('hello', () => setTimeout(() => s.close(http2.constants.NGHTTP2_INTERNAL_ERROR), 20))), want: { status: 200, body: 'hello' } },
+  // An interim answer (103) is read and checked but not relayed; the final answer follows.
+  earlyHints: { serve: (s) => (s.additionalHeaders({ ':status': 103, link: '</a.css>; rel=preload' }), s.respond({ ':status': 200, 'content-length': '2' }), s.end('ok')), want: OK },
+  // The origin's whole connection goes away mid-answer (the socket closed).
+  sessionDestroyedMidBody: { serve: (s) => (s.respond({ ':status': 200 }), s.write('hello', () => setTimeout(() => s.session?.destroy(), 20))), want: 'cut' },
   trailers: {
     serve: (s) => {
       s.respond({ ':status': 200 }, { waitForTrailers: true });
@@ -374,7 +391,7 @@ describe('an HTTP/2 origin, HTTP/2 client', () => {
  * range, control bytes in a value): frames built by hand (h2-raw.ts). It answers every request
  * stream with `fields` (HEADERS, END_STREAM).
  */
-async function rawH2Origin(fields: [string, string][]): Promise<tls.Server> {
+async function rawH2Origin(fields: [string, string][], after?: (stream: number) => Buffer[]): Promise<tls.Server> {
   const server = tls.createServer({ key: pki.keyPem, cert: pki.certPem, ALPNProtocols: ['h2'] }, (s) => {
     s.on('error', () => undefined);
     s.write(frame(0x4, 0, 0)); // our SETTINGS (all defaults)
@@ -394,7 +411,8 @@ async function rawH2Origin(fields: [string, string][]): Promise<tls.Server> {
         const stream = buf.readUInt32BE(5) & 0x7fffffff;
         buf = buf.subarray(9 + len);
         if (type === 0x4 && !(flags & 0x1)) s.write(frame(0x4, 0x1, 0)); // SETTINGS ACK
-        if (type === 0x1) s.write(frame(0x1, END_HEADERS | END_STREAM, stream, literalBlock(fields)));
+        if (type === 0x1 && !after) s.write(frame(0x1, END_HEADERS | END_STREAM, stream, literalBlock(fields)));
+        if (type === 0x1 && after) s.write(Buffer.concat([frame(0x1, END_HEADERS, stream, literalBlock(fields)), ...after(stream)]));
       }
     });
   });
@@ -402,14 +420,43 @@ async function rawH2Origin(fields: [string, string][]): Promise<tls.Server> {
   return server;
 }
 
+const u32 = (...n: number[]) => Buffer.concat(n.map((x) => Buffer.from([x >>> 24, (x >>> 16) & 0xff, (x >>> 8) & 0xff, x & 0xff])));
+
+describe('an HTTP/2 origin ending an answer without END_STREAM (frames by hand), HTTP/2 client', () => {
+  const head: [string, string][] = [[':status', '200']];
+  const data = (id: number) => frame(0x0, 0, id, Buffer.from('hello'));
+  it.each([
+    ['RST_STREAM(NO_ERROR) after DATA', (id: number) => [data(id), frame(0x3, 0, id, u32(0))]],
+    ['RST_STREAM(INTERNAL_ERROR) after DATA', (id: number) => [data(id), frame(0x3, 0, id, u32(2))]],
+    ['RST_STREAM(CANCEL) after DATA', (id: number) => [data(id), frame(0x3, 0, id, u32(8))]],
+    // A GOAWAY whose last stream id is below this stream's: the origin says it never processed it.
+    ['GOAWAY(last stream 0) after DATA', (id: number) => [data(id), frame(0x7, 0, 0, u32(0, 0))]],
+    ['the connection closed after DATA', (id: number) => [data(id)]],
+  ] as [string, (id: number) => Buffer[]][])('%s: cut', async (name, after) => {
+    const origin = await rawH2Origin(head, after);
+    if (name.startsWith('the connection closed')) origin.on('secureConnection', (s) => s.on('data', () => setTimeout(() => s.destroy(), 50)));
+    const port = (origin.address() as net.AddressInfo).port;
+    fast.route(port);
+    try {
+      expect(mismatch(await viaH2(fast, port, '/x'), 'cut')).toBeUndefined();
+    } finally {
+      origin.close();
+    }
+  });
+});
+
 describe('an HTTP/2 origin writing what Node will not, HTTP/2 client', () => {
   it.each([
     ['status 600', [[':status', '600']], BAD],
     ['status 999', [[':status', '999']], BAD],
-    // nghttp2 (undici's h2 client) drops a field with control bytes before the proxy sees it:
+    // nghttp2 (node:http2's client) drops a field with control bytes before the proxy sees it:
     // over HTTP/2 the field never reaches the client, the rest of the answer does.
     ['a control byte in a value', [[':status', '200'], ['x-a', 'a\x01b']], { status: 200, body: '', absent: ['x-a'] }],
     ['DEL in a value', [[':status', '200'], ['x-a', 'a\x7fb']], { status: 200, body: '', absent: ['x-a'] }],
+    // As many fields as the answer check allows are relayed, as on HTTP/1.1 (Node's http2 client
+    // refuses more than 128 by default: through undici's h2 client these were a 502).
+    ['200 fields', [[':status', '200'], ...Array.from({ length: 200 }, (_, i): [string, string] => [`x-f${i}`, 'v'])], { status: 200, body: '' }],
+    ['1,000 fields', [[':status', '200'], ...Array.from({ length: 1000 }, (_, i): [string, string] => [`x-f${i}`, 'v'])], { status: 200, body: '' }],
     ['1,001 fields', [[':status', '200'], ...Array.from({ length: 1001 }, (_, i): [string, string] => [`x-f${i}`, 'v'])], BAD],
     ['a space in a field name', [[':status', '200'], ['x a', 'b']], { status: 200, body: '', absent: ['x a'] }],
     ['control: a plain 204', [[':status', '204'], ['x-a', 'b']], { status: 204, body: '' }],

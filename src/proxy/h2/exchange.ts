@@ -10,6 +10,7 @@ import { planIntercepted } from '../plan.js';
 import { finishRecord, newRecord, refusedPath } from '../record.js';
 import { readH2Request } from './fields.js';
 import { h2ServerOptions } from './limits.js';
+import { H2Upstream } from './upstream.js';
 
 /**
  * The HTTP/2 exchange: intercepted connections whose client chose `h2` in ALPN, fed to an
@@ -25,6 +26,8 @@ export interface H2Exchange extends Exchange {
 
 export function createH2Exchange(dp: DataPath): H2Exchange {
   const { core, limits } = dp;
+  // Upstream, the HTTP/2 clients' requests go through keygate's own HTTP/2 client (upstream.ts here).
+  core.upstream.useH2((host) => new H2Upstream(host));
   const sessions = new WeakMap<ServerHttp2Session, TunnelTarget>();
   let pending: TunnelTarget | undefined;
   const inner = http2.createServer(h2ServerOptions(limits));

@@ -1,0 +1,265 @@
+/**
+ * keygate's own HTTP/2 upstream client (src/proxy/h2/upstream.ts), which carries HTTP/2 clients'
+ * requests to HTTP/2 origins: streams multiplexed on one session, the peer's
+ * SETTINGS_MAX_CONCURRENT_STREAMS respected, a new session after GOAWAY, repeated answer fields
+ * kept, and a client leaving (mid-answer or mid-upload) cancelling the upstream stream with
+ * RST_STREAM(CANCEL), never ending it as complete. Real node:http2 origins on loopback with the
+ * test CA, real HTTP/2 clients through the proxy.
+ */
+import http2, { type ClientHttp2Session, type ServerHttp2Stream } from 'node:http2';
+import type net from 'node:net';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createTestPki, type TestPki } from '../helpers/pki.js';
+import { h2Request, h2Through } from './h2-helpers.js';
+import { HOST, INJECTED, startTestProxy, type TestProxy } from './h1/fast-helpers.js';
+
+let pki: TestPki;
+let px: TestProxy;
+
+beforeAll(async () => {
+  pki = await createTestPki([HOST]);
+  px = await startTestProxy(pki);
+});
+afterAll(async () => {
+  await px?.close();
+});
+
+interface Origin {
+  port: number;
+  sessions: number;
+  /** Settles when the first session to the origin closes. */
+  sessionClosed: Promise<void>;
+  close(): void;
+}
+
+async function h2Origin(serve: (s: ServerHttp2Stream, headers: http2.IncomingHttpHeaders) => void, settings: http2.Settings = {}): Promise<Origin> {
+  const server = http2.createSecureServer({ key: pki.keyPem, cert: pki.certPem, allowHTTP1: false, settings });
+  let closed!: () => void;
+  const o: Origin = { port: 0, sessions: 0, sessionClosed: new Promise<void>((r) => (closed = r)), close: () => void server.close() };
+  server.on('session', (sess) => {
+    o.sessions++;
+    sess.on('error', () => undefined);
+    sess.on('close', () => closed());
+  });
+  server.on('stream', (s, h) => {
+    s.on('error', () => undefined);
+    serve(s, h);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  o.port = (server.address() as net.AddressInfo).port;
+  px.route(o.port);
+  return o;
+}
+
+const session = (o: Origin): Promise<ClientHttp2Session> => h2Through(px.handle.port, HOST, o.port, px.caPem);
+const get = (s: ClientHttp2Session, o: Origin, path = '/') => h2Request(s, { ':path': path, ':authority': `${HOST}:${o.port}` });
+
+describe('HTTP/2 upstream: sessions', () => {
+  it('streams share one session; the rule header is injected on each', async () => {
+    const seen: string[] = [];
+    const o = await h2Origin((s, h) => {
+      seen.push(String(h['x-key']));
+      s.respond({ ':status': 200 });
+      s.end('ok');
+    });
+    const c = await session(o);
+    try {
+      const answers = await Promise.all(Array.from({ length: 8 }, () => get(c, o)));
+      expect(answers.map((a) => a.status)).toEqual(Array(8).fill(200));
+      expect(seen).toEqual(Array(8).fill(INJECTED));
+      expect(o.sessions).toBe(1);
+    } finally {
+      c.destroy();
+      o.close();
+    }
+  });
+
+  it("the peer's SETTINGS_MAX_CONCURRENT_STREAMS is respected: every request is served, none refused", async () => {
+    let open = 0;
+    let most = 0;
+    const o = await h2Origin(
+      (s) => {
+        open++;
+        most = Math.max(most, open);
+        s.on('close', () => open--);
+        s.respond({ ':status': 200 });
+        setTimeout(() => s.end('ok'), 30);
+      },
+      { maxConcurrentStreams: 1 },
+    );
+    const c = await session(o);
+    try {
+      // One first, so the proxy has the origin's SETTINGS before the burst.
+      expect((await get(c, o)).status).toBe(200);
+      const answers = await Promise.all(Array.from({ length: 6 }, () => get(c, o)));
+      expect(answers.map((a) => `${a.status} ${a.body}`), JSON.stringify(answers.map((a) => [a.status, a.body.slice(0, 120), a.rstCode]))).toEqual(Array(6).fill('200 ok'));
+      // Never two streams on one session at the origin (a second session may carry one).
+      expect(most).toBeLessThanOrEqual(o.sessions);
+    } finally {
+      c.destroy();
+      o.close();
+    }
+  });
+
+  it('after a GOAWAY the next request goes on a new session', async () => {
+    const o = await h2Origin((s) => {
+      s.respond({ ':status': 200 });
+      // GOAWAY before the answer's END_STREAM: the proxy has it before the client can ask again.
+      s.session?.goaway(http2.constants.NGHTTP2_NO_ERROR, s.id);
+      s.end('ok');
+    });
+    const c = await session(o);
+    try {
+      expect((await get(c, o)).status).toBe(200);
+      expect((await get(c, o)).status).toBe(200);
+      expect(o.sessions).toBe(2);
+    } finally {
+      c.destroy();
+      o.close();
+    }
+  });
+
+  it('repeated answer fields reach the client, each value', async () => {
+    const o = await h2Origin((s) => {
+      s.respond({ ':status': 200, 'x-a': ['1', '2'], 'set-cookie': ['a=1', 'b=2'] });
+      s.end();
+    });
+    const c = await session(o);
+    try {
+      const a = await get(c, o);
+      expect(a.status).toBe(200);
+      expect(a.headers['x-a']).toBe('1, 2');
+      expect(a.headers['set-cookie']).toEqual(['a=1', 'b=2']);
+    } finally {
+      c.destroy();
+      o.close();
+    }
+  });
+});
+
+describe('HTTP/2 upstream: the client going away cancels the upstream stream', () => {
+  it('mid-answer: the origin sees RST_STREAM(CANCEL)', async () => {
+    let closed!: (code: number) => void;
+    const originClosed = new Promise<number>((r) => (closed = r));
+    const o = await h2Origin((s) => {
+      s.on('close', () => closed(s.rstCode ?? -1));
+      s.respond({ ':status': 200 });
+      const chunk = Buffer.alloc(16 * 1024, 'x');
+      const pump = () => {
+        while (!s.destroyed && s.write(chunk));
+        if (!s.destroyed) s.once('drain', pump);
+      };
+      pump();
+    });
+    const c = await session(o);
+    try {
+      const req = c.request({ ':path': '/big', ':authority': `${HOST}:${o.port}` });
+      req.on('error', () => undefined);
+      await new Promise<void>((resolve) => {
+        let got = 0;
+        req.on('data', (d: Buffer) => {
+          got += d.length;
+          if (got > 64 * 1024) resolve();
+        });
+      });
+      req.close(http2.constants.NGHTTP2_CANCEL);
+      expect(await originClosed).toBe(http2.constants.NGHTTP2_CANCEL);
+    } finally {
+      c.destroy();
+      o.close();
+    }
+  });
+
+  it('mid-upload: the origin sees RST_STREAM(CANCEL), never the end of a truncated body', async () => {
+    let closed!: (v: { code: number; bytes: number }) => void;
+    const originClosed = new Promise<{ code: number; bytes: number }>((r) => (closed = r));
+    let gotSome!: () => void;
+    const originGotSome = new Promise<void>((r) => (gotSome = r));
+    const o = await h2Origin((s) => {
+      let bytes = 0;
+      s.on('data', (d: Buffer) => {
+        bytes += d.length;
+        gotSome();
+      });
+      s.on('close', () => closed({ code: s.rstCode ?? -1, bytes }));
+    });
+    const c = await session(o);
+    try {
+      const req = c.request({ ':method': 'POST', ':path': '/upload', ':authority': `${HOST}:${o.port}` });
+      req.on('error', () => undefined);
+      req.write(Buffer.alloc(1024, 'u'));
+      await originGotSome;
+      // destroy(), not close(): Node's close() of a stream still open for writing sends END_STREAM
+      // first (a complete body); destroy() resets it (RST_STREAM(INTERNAL_ERROR), no END_STREAM).
+      req.destroy(new Error('client gone'));
+      const end = await originClosed;
+      expect(end.code).toBe(http2.constants.NGHTTP2_CANCEL);
+      expect(end.bytes).toBe(1024);
+    } finally {
+      c.destroy();
+      o.close();
+    }
+  });
+});
+
+describe('HTTP/2 upstream: the upstream clocks (response header and idle timeouts, keep-alive)', () => {
+  let short: TestProxy;
+  beforeAll(async () => {
+    short = await startTestProxy(pki, { limits: { responseHeaderTimeoutMs: 300, responseIdleTimeoutMs: 300, keepAliveTimeoutMs: 300 } });
+  });
+  afterAll(async () => {
+    await short?.close();
+  });
+
+  async function originFor(serve: (s: ServerHttp2Stream) => void): Promise<Origin> {
+    const o = await h2Origin(serve);
+    short.route(o.port);
+    return o;
+  }
+
+  it('no answer head in time: the proxy answers 504', async () => {
+    const o = await originFor(() => undefined);
+    const c = await h2Through(short.handle.port, HOST, o.port, short.caPem);
+    try {
+      const a = await h2Request(c, { ':path': '/', ':authority': `${HOST}:${o.port}` });
+      expect(a.status).toBe(504);
+      expect(a.headers['proxy-status']).toMatch(/^keygate; error=http_response_timeout/);
+    } finally {
+      c.destroy();
+      o.close();
+    }
+  });
+
+  it('an answer that stalls after its head is cut', async () => {
+    const o = await originFor((s) => {
+      s.respond({ ':status': 200 });
+      s.write('hello');
+    });
+    const c = await h2Through(short.handle.port, HOST, o.port, short.caPem);
+    try {
+      const a = await h2Request(c, { ':path': '/', ':authority': `${HOST}:${o.port}` });
+      expect(a.status).toBe(200);
+      expect(a.rstCode).toBe(http2.constants.NGHTTP2_INTERNAL_ERROR);
+    } finally {
+      c.destroy();
+      o.close();
+    }
+  });
+
+  it('an idle session is closed by the proxy after the keep-alive limit', async () => {
+    const o = await originFor((s) => {
+      s.respond({ ':status': 200 });
+      s.end('ok');
+    });
+    const c = await h2Through(short.handle.port, HOST, o.port, short.caPem);
+    try {
+      expect((await h2Request(c, { ':path': '/', ':authority': `${HOST}:${o.port}` })).status).toBe(200);
+      // The client's own connection stays open; the proxy's upstream session closes on its own.
+      await o.sessionClosed;
+      expect(o.sessions).toBe(1);
+    } finally {
+      c.destroy();
+      o.close();
+    }
+  });
+});
