@@ -321,11 +321,11 @@ class Exchange {
     this.client.acquire(this.origin, this.ready);
   }
 
-  /** The proxy gave up on this request (the client left, the answer was refused): RST_STREAM(CANCEL). */
+  /** The proxy gave up on this request (the client left, the answer was refused): the stream is reset. */
   private abort(err: Error): void {
     if (this.settled) return;
-    if (this.stream && !this.stream.closed) this.stream.close(http2.constants.NGHTTP2_CANCEL);
-    else if (!this.stream) this.client.cancel(this.origin, this.ready);
+    if (this.stream) this.reset();
+    else this.client.cancel(this.origin, this.ready);
     this.fail(err);
   }
 
@@ -333,8 +333,22 @@ class Exchange {
     if (this.settled) return;
     this.settled = true;
     clearTimeout(this.clock);
-    if (this.stream && !this.stream.closed) this.stream.close(http2.constants.NGHTTP2_CANCEL);
+    this.reset();
     this.handler.onError?.(err);
+  }
+
+  /**
+   * Resets the stream, and never ends its request body first: Node's `close(code)` on a stream
+   * whose writable side is open sends END_STREAM before the RST_STREAM, so an origin would see a
+   * request body the client broke off as complete (and could act on it) before the reset came.
+   * `destroy` resets at once (INTERNAL_ERROR) with the body left open. A request already sent
+   * whole is cancelled (CANCEL: the answer is no longer wanted).
+   */
+  private reset(): void {
+    const s = this.stream;
+    if (!s || s.closed) return;
+    if (s.writableEnded) s.close(http2.constants.NGHTTP2_CANCEL);
+    else s.destroy(new Error('request abandoned before its body ended'));
   }
 
   private complete(): void {
