@@ -13,10 +13,11 @@
 // env: KEYGATE_NODE_ARGS (as phase.mjs), KEYGATE_BENCH_BASE=DIR (another built checkout) and any
 //      KEYGATE_* setting, passed through to keygate.
 import path from 'node:path';
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
+import { runClient } from './lib/client-run.mjs';
 import { startOrigin, startKeygate, BENCH_DIR } from './lib/peers.mjs';
 import { ensurePki, ensureContent, findNodes } from './lib/setup.mjs';
 import { rssMiB, peakRssMiB } from './lib/proc.mjs';
@@ -69,21 +70,7 @@ function smapsSummary(pid) {
   return out;
 }
 
-function client(spec, script = path.join(BENCH_DIR, 'client.mjs')) {
-  return new Promise((resolve) => {
-    const c = spawn('taskset', ['-c', '1', process.execPath, script, JSON.stringify(spec)]);
-    let out = '';
-    c.stdout.on('data', (d) => (out += d));
-    c.stderr.on('data', (d) => process.stderr.write(d));
-    c.on('close', () => {
-      try {
-        resolve(JSON.parse(out.trim().split('\n').pop()));
-      } catch {
-        resolve({ ok: false, error: 'client gave no answer' });
-      }
-    });
-  });
-}
+const client = (spec, script) => runClient(spec, { ...(script ? { script } : {}), echo: true });
 
 const origin = await startOrigin({ work: WORK, pki, content });
 const phases = new Set(o.phases.split(','));

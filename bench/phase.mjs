@@ -20,6 +20,7 @@
 import path from 'node:path';
 import { spawn, spawnSync } from 'node:child_process';
 import { parseArgs } from 'node:util';
+import { runClient } from './lib/client-run.mjs';
 import { startOrigin, startKeygate, startSquid, startMitmproxy, startBare, BENCH_DIR } from './lib/peers.mjs';
 import { ensurePki, ensureContent } from './lib/setup.mjs';
 import { cpuSeconds, rssMiB, peakRssMiB } from './lib/proc.mjs';
@@ -58,14 +59,7 @@ try {
   else kg = await startKeygate({ work: WORK, pki, token: 'phase-token', names, originPort: origin.port, extraArgs: o['keygate-arg'], nodeArgs, node: process.env.BENCH_NODE ?? process.execPath, ...(process.env.KEYGATE_BENCH_BASE ? { repo: process.env.KEYGATE_BENCH_BASE } : {}) });
   await new Promise((r) => setTimeout(r, 1500));
   const idle = kg.pid ? rssMiB(kg.pid) : 0;
-  const client = (spec) =>
-    new Promise((resolve) => {
-      const c = spawn('taskset', ['-c', '1', process.execPath, path.join(BENCH_DIR, 'client.mjs'), JSON.stringify(spec)]);
-      let out = '';
-      c.stdout.on('data', (d) => (out += d));
-      c.stderr.on('data', (d) => process.stderr.write(d));
-      c.on('close', () => resolve(JSON.parse(out.trim().split('\n').pop() || '{"ok":false}')));
-    });
+  const client = (spec) => runClient(spec, { echo: true });
   const base = { proxy: kg.port ? { host: '127.0.0.1', port: kg.port } : null, port: origin.port, ca: [kg.ca, pki.originCa] };
   let st;
   if (o.strace) {

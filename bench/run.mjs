@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // `npm run bench`: keygate against squid, mitmproxy and no proxy at all, in one run, interleaved.
 // Loopback only. See bench/README.md for what is measured and how to read the results.
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
@@ -153,25 +153,8 @@ for (const sig of ['SIGINT', 'SIGTERM']) {
   });
 }
 
-/** Runs bench/client.mjs (or another load generator: `script`) on core 1 and returns its JSON answer. */
-function client(spec, script = path.join(BENCH_DIR, 'client.mjs')) {
-  return new Promise((resolve) => {
-    const argv = [process.execPath, script, JSON.stringify(spec)];
-    const full = has('taskset') ? ['taskset', '-c', '1', ...argv] : argv;
-    const child = spawn(full[0], full.slice(1), { stdio: ['ignore', 'pipe', 'pipe'] });
-    let out = '';
-    let err = '';
-    child.stdout.on('data', (d) => (out += d));
-    child.stderr.on('data', (d) => (err += d));
-    child.on('close', () => {
-      try {
-        resolve(JSON.parse(out.trim().split('\n').pop()));
-      } catch {
-        resolve({ ok: false, error: `client crashed: ${err.trim().split('\n').slice(-3).join(' ') || 'no output'}` });
-      }
-    });
-  });
-}
+/** A load generator on core 1 (bench/lib/client-run.mjs). */
+const client = (spec, script) => runClient(spec, script ? { script } : {});
 
 async function main() {
   log(`config: ${JSON.stringify(cfg)}`);

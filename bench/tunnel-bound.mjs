@@ -16,9 +16,10 @@
 //
 // usage: node bench/tunnel-bound.mjs [--reps 5] [--node PATH (the node keygate's bin runs on)]
 import path from 'node:path';
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { writeFileSync, mkdirSync } from 'node:fs';
 import { parseArgs } from 'node:util';
+import { runClient } from './lib/client-run.mjs';
 import { startOrigin, startKeygate, startLocalServer, BENCH_DIR } from './lib/peers.mjs';
 import { ensurePki, ensureContent, freePort, has } from './lib/setup.mjs';
 import { cpuSeconds } from './lib/proc.mjs';
@@ -70,20 +71,11 @@ try {
     relays.push({ name, pid: h.pid, stop: h.stop, spec: { proxy: null, port: h.port, ca: [pki.originCa] } });
   }
   const variants = [{ name: 'direct', pid: 0, spec: { proxy: null, port: origin.port, ca: [pki.originCa] } }, ...relays];
-  const client = (spec) =>
-    new Promise((resolve, reject) => {
-      const c = spawn('taskset', ['-c', '1', process.execPath, path.join(BENCH_DIR, 'client.mjs'), JSON.stringify(spec)]);
-      let out = '';
-      c.stdout.on('data', (d) => (out += d));
-      c.stderr.on('data', (d) => process.stderr.write(d));
-      c.on('close', () => {
-        try {
-          resolve(JSON.parse(out.trim().split('\n').pop()));
-        } catch {
-          reject(new Error(`client: ${out}`));
-        }
-      });
-    });
+  const client = async (spec) => {
+    const r = await runClient(spec, { echo: true });
+    if (r.ok === false) throw new Error(`client: ${r.error}`);
+    return r;
+  };
   const rows = Object.fromEntries(variants.map((v) => [v.name, { rate: [], cpu: [] }]));
   for (let rep = 0; rep < Number(o.reps); rep++) {
     // The order alternates each repetition, as in the benchmark's rounds.

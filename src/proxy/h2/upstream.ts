@@ -262,27 +262,23 @@ export class H2Upstream implements H2Client {
 
   /** No new streams; sessions close once their streams are done. */
   close(): void {
-    this.closing = true;
-    for (const o of this.origins.values()) {
-      for (const w of o.waiting.splice(0)) w(coded('upstream client closed', 'UND_ERR_CLOSED'), null);
-      for (const s of o.sessions) {
-        s.closed = true;
-        clearTimeout(s.idle);
-        s.session.close();
-      }
-    }
-    this.origins.clear();
+    this.shut(coded('upstream client closed', 'UND_ERR_CLOSED'), (s) => s.close());
   }
 
   /** Every session closed now, its streams failed. */
   destroy(): void {
+    this.shut(coded('upstream client destroyed', 'UND_ERR_DESTROYED'), (s) => s.destroy());
+  }
+
+  /** Fails the requests waiting for a session with `err` and ends every session with `end`. */
+  private shut(err: Error, end: (s: ClientHttp2Session) => void): void {
     this.closing = true;
     for (const o of this.origins.values()) {
-      for (const w of o.waiting.splice(0)) w(coded('upstream client destroyed', 'UND_ERR_DESTROYED'), null);
+      for (const w of o.waiting.splice(0)) w(err, null);
       for (const s of o.sessions) {
         s.closed = true;
         clearTimeout(s.idle);
-        s.session.destroy();
+        end(s.session);
       }
     }
     this.origins.clear();
