@@ -161,8 +161,8 @@ function relayTo(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Bu
 
 /**
  * An origin that did not switch (a 401, a 404, a redirect): its answer goes back as it is, in
- * framing that keeps a cut visible (its Content-Length, or chunked as it came, the last chunk
- * written only once the origin's was read), and the connection closes after it, so nothing the
+ * framing that keeps a cut visible (its Content-Length, or chunked, as it came or for an answer
+ * the origin ends by closing, the last chunk written only once the origin's end was read), and the connection closes after it, so nothing the
  * client sends afterwards reaches the origin unchecked. An answer cut by the origin is cut for
  * the client too, never closed as if complete.
  */
@@ -173,7 +173,9 @@ function relayRefusedHandshake(core: ProxyCore, res: IncomingMessage, socket: Du
   rec.status = status;
   const bodiless = bodilessAnswer('GET', status);
   const length = res.headers['content-length'];
-  const chunked = !bodiless && res.headers['transfer-encoding'] !== undefined;
+  // Chunked as it came, and chunked too when the origin delimits the answer by closing: relayed
+  // close-delimited, a reset in the body would end toward the client exactly as the answer's end.
+  const chunked = !bodiless && (res.headers['transfer-encoding'] !== undefined || length === undefined);
   const kept = filterRawResponseHeaders(res.rawHeaders, false, status);
   const fields: string[] = [];
   for (let i = 0; i < kept.length; i += 2) if (bodiless || kept[i].toLowerCase() !== 'content-length') fields.push(kept[i], kept[i + 1]);

@@ -70,12 +70,19 @@ afterAll(async () => {
   plainOrigin?.close();
 });
 
-/** 'cut' when the connection ended before a whole answer, else the body. */
-async function viaH1(px: TestProxy, end: End): Promise<string> {
+const WS_HEADERS: [string, string][] = [
+  ['Upgrade', 'websocket'],
+  ['Connection', 'Upgrade'],
+  ['Sec-WebSocket-Key', 'dGhlIHNhbXBsZSBub25jZQ=='],
+  ['Sec-WebSocket-Version', '13'],
+];
+
+/** 'cut' when the connection ended before a whole answer, else the body. `ws`: the request is a WebSocket handshake the origin refuses (its answer relayed by websocket.ts). */
+async function viaH1(px: TestProxy, end: End, ws = false): Promise<string> {
   const s = await px.connect(port);
   const r = new Reader(s);
   try {
-    const resp = await r.exchange(request('GET', `/${end}`, `${HOST}:${port}`));
+    const resp = await r.exchange(request('GET', `/${end}`, `${HOST}:${port}`, ws ? WS_HEADERS : []));
     return resp.status === 200 ? resp.body.toString('latin1') : `status ${resp.status}`;
   } catch {
     return 'cut';
@@ -117,6 +124,12 @@ describe('an answer delimited by the end of the connection', () => {
   });
   it.each(['fast', 'node'] as const)('HTTP/1.1 client, %s path: cut when the connection is reset in its body', async (path) => {
     expect(await viaH1(path === 'fast' ? fast : node, 'reset')).toBe('cut');
+  });
+  it('a refused WebSocket handshake: complete when the origin ends the connection', async () => {
+    expect(await viaH1(fast, 'end', true)).toBe('hello');
+  });
+  it('a refused WebSocket handshake: cut when the connection is reset in its body', async () => {
+    expect(await viaH1(fast, 'reset', true)).toBe('cut');
   });
   it('plain HTTP: complete when the origin ends the connection', async () => {
     expect(await viaPlain('end')).toBe('hello');
