@@ -120,6 +120,18 @@ class DirectReader {
 
 type TunnelTarget = { host: string; port: number; client: string; decision: Decision };
 
+/**
+ * Closes `other` after its peer side failed with `err`: a reset goes on as a reset (RST), anything
+ * else as a close. A blind tunnel sees only bytes, so how a connection ended is all it can pass on
+ * of it: destroy() alone would send a FIN, the sign of a clean end, for a connection that was
+ * reset (TLS inside the tunnel cannot tell the two apart for the other side: Node, browsers and
+ * curl all take a FIN without close_notify for the end).
+ */
+function abort(other: Socket, err: NodeJS.ErrnoException): void {
+  if (err.code === 'ECONNRESET' && !other.destroyed && typeof other.resetAndDestroy === 'function') other.resetAndDestroy();
+  else other.destroy();
+}
+
 function splice(core: ProxyCore, client: Socket, head: Buffer, target: TunnelTarget, track: (s: Socket) => void, address: string, started: number): void {
   const rec: TunnelRecord = { type: 'tunnel', phase: 'open', client: target.client, host: target.host, port: target.port, decision: target.decision };
   const direct = new DirectReader(client);
@@ -172,9 +184,9 @@ function splice(core: ProxyCore, client: Socket, head: Buffer, target: TunnelTar
       finish(perr.reason);
       return;
     }
-    client.destroy();
+    abort(client, err);
   });
-  client.on('error', () => upstream.destroy());
+  client.on('error', (err) => abort(upstream, err));
   upstream.on('close', (hadError) => {
     // A clean close already ended the client through pipe(); destroying it here could drop
     // bytes still queued for it.

@@ -21,6 +21,9 @@ let firehose: net.Server; // writes as fast as backpressure allows
 let firehoseAccepted = 0;
 let pattern: net.Server; // on the client's first byte: 48 MiB of random bytes in uneven writes, then FIN
 let patternHash = '';
+let resetter: net.Server; // on the client's first byte: a few bytes, then a TCP reset
+let listener: net.Server; // records how each connection ended: 'end' (FIN) or the error code
+const listenerEnds: string[] = [];
 const sockets = new Set<net.Socket>();
 const MIB = 1 << 20;
 
@@ -74,7 +77,18 @@ beforeAll(async () => {
     // The client speaks first, so that no byte arrives before its reader is attached.
     s.once('data', pump);
   });
-  const [cport, fport, pport] = await Promise.all([listen(counter), listen(firehose), listen(pattern)]);
+  resetter = net.createServer((s) => {
+    sockets.add(s);
+    s.on('error', () => undefined);
+    s.once('data', () => s.write('partial', () => setTimeout(() => s.resetAndDestroy(), 50)));
+  });
+  listener = net.createServer((s) => {
+    sockets.add(s);
+    s.resume(); // flowing, so that a FIN is seen as 'end'
+    s.on('end', () => listenerEnds.push('end'));
+    s.on('error', (e: NodeJS.ErrnoException) => listenerEnds.push(e.code ?? 'error'));
+  });
+  const [cport, fport, pport, rport, lport] = await Promise.all([listen(counter), listen(firehose), listen(pattern), listen(resetter), listen(listener)]);
   const ca = await ensureCa(path.join(dir, 'certs'));
   proxy = await startProxy({
     listen: { host: '127.0.0.1', port: 0 },
@@ -85,9 +99,11 @@ beforeAll(async () => {
       [`counter.test.local:${cport}`, '127.0.0.1'],
       [`firehose.test.local:${fport}`, '127.0.0.1'],
       [`pattern.test.local:${pport}`, '127.0.0.1'],
+      [`resetter.test.local:${rport}`, '127.0.0.1'],
+      [`listener.test.local:${lport}`, '127.0.0.1'],
     ]),
   });
-  (globalThis as Record<string, unknown>).__ports = { cport, fport, pport };
+  (globalThis as Record<string, unknown>).__ports = { cport, fport, pport, rport, lport };
 });
 
 afterAll(async () => {
@@ -96,12 +112,42 @@ afterAll(async () => {
   await new Promise((r) => counter?.close(r));
   await new Promise((r) => firehose?.close(r));
   await new Promise((r) => pattern?.close(r));
+  await new Promise((r) => resetter?.close(r));
+  await new Promise((r) => listener?.close(r));
   rmSync(dir, { recursive: true, force: true });
 });
 
-const ports = () => (globalThis as Record<string, unknown>).__ports as { cport: number; fport: number; pport: number };
+const ports = () => (globalThis as Record<string, unknown>).__ports as { cport: number; fport: number; pport: number; rport: number; lport: number };
 
 describe('blind tunnel relay', () => {
+  // A reset is not an end: through a blind tunnel the other side sees a reset too, never a FIN
+  // it would take for the end of the stream (TLS inside the tunnel cannot say which it was).
+  it("carries the upstream's reset to the client as a reset, not as an end", async () => {
+    const t = await connectTunnel(proxy.port, `resetter.test.local:${ports().rport}`);
+    expect(t.status).toBe(200);
+    const ended = new Promise<string>((resolve) => {
+      let got = '';
+      t.socket.on('data', (d: Buffer) => (got += d.toString()));
+      t.socket.on('end', () => resolve(`end after ${got}`));
+      t.socket.on('error', (e: NodeJS.ErrnoException) => resolve(`${e.code} after ${got}`));
+    });
+    t.socket.write('go');
+    expect(await ended).toBe('ECONNRESET after partial');
+    t.socket.destroy();
+  });
+
+  it("carries the client's reset to the upstream as a reset, not as an end", async () => {
+    const before = listenerEnds.length;
+    const t = await connectTunnel(proxy.port, `listener.test.local:${ports().lport}`);
+    expect(t.status).toBe(200);
+    t.socket.write('some bytes');
+    await new Promise((r) => setTimeout(r, 100));
+    t.socket.resetAndDestroy();
+    const deadline = Date.now() + 5000;
+    while (listenerEnds.length === before && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    expect(listenerEnds.slice(before)).toEqual(['ECONNRESET']);
+  });
+
   it('carries a client half-close to the upstream and the answer and its close back', async () => {
     const t = await connectTunnel(proxy.port, `counter.test.local:${ports().cport}`);
     expect(t.status).toBe(200);
