@@ -62,18 +62,11 @@ function latin1(raw: (Buffer | string)[]): string[] {
 
 /**
  * Upstream trailers, as relayed by every path (headers.ts, relayedTrailers), as `[name, value]`
- * pairs, or undefined when the section is not relayed at all (trailerProblem): a raw list from either client (a header object is taken too).
+ * pairs, or undefined when the section is not relayed at all (trailerProblem). Both clients give
+ * a raw list: undici's latin1 bytes (HTTP/1.1), h2/upstream.ts's strings (HTTP/2).
  */
-function trailerPairs(given: (Buffer | string)[] | Record<string, string | string[] | undefined>, head: string[]): [string, string][] | undefined {
-  let raw: string[];
-  if (Array.isArray(given)) raw = latin1(given);
-  else {
-    raw = [];
-    for (const [name, value] of Object.entries(given)) {
-      if (value === undefined || name.startsWith(':')) continue;
-      for (const v of Array.isArray(value) ? value : [value]) raw.push(name, v);
-    }
-  }
+function trailerPairs(given: (Buffer | string)[], head: string[]): [string, string][] | undefined {
+  const raw = latin1(given);
   if (trailerProblem(raw)) return undefined;
   const kept = relayedTrailers(raw, head);
   const out: [string, string][] = [];
@@ -264,8 +257,8 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         if (finished) return;
         // Trailers (gRPC's grpc-status over HTTP/2; any chunked HTTP/1.1 answer's), through the
         // one trailer policy. Node writes them to an HTTP/1.1 client only on a chunked answer.
-        const given = trailers as unknown as Parameters<typeof trailerPairs>[0] | null;
-        if (given && Object.keys(given).length) {
+        const given = trailers as unknown as (Buffer | string)[] | null;
+        if (given && given.length) {
           const pairs = trailerPairs(given, headFields);
           if (pairs === undefined) {
             // A section not relayed at all (headers.ts, trailerProblem): the answer is cut.

@@ -83,21 +83,26 @@ export function idleGc(opts: IdleGcOptions = {}): IdleGc {
   let last = cpu();
   let readyAt: NodeJS.CpuUsage | undefined;
   let settleTimer: NodeJS.Timeout | undefined;
+  /** CPU time (us) used from `a` to `b`. */
+  const spent = (a: NodeJS.CpuUsage, b: NodeJS.CpuUsage): number => b.user - a.user + (b.system - a.system);
+  const collectNow = (): true => {
+    dirty = false;
+    collect(startup);
+    startup = false;
+    // The collection's own CPU time is not a busy spell.
+    last = cpu();
+    return true;
+  };
   const settled = (): boolean => {
     if (!startup || !readyAt) return false;
-    const now = cpu();
-    const used = now.user - readyAt.user + (now.system - readyAt.system);
+    const used = spent(readyAt, cpu());
     readyAt = undefined;
     // Busy already (requests): the regular checks collect once it goes quiet. The bar is higher
     // than theirs (10 % of the moment, not 1 %): right after listening, V8's compiler threads and
     // the first log write use a few ms of CPU in any sidecar (5-6 ms in 500 ms, measured), which
     // is not traffic.
     if (used >= settleMs * 100) return false;
-    dirty = false;
-    collect(true);
-    startup = false;
-    last = cpu();
-    return true;
+    return collectNow();
   };
   const ready = (): void => {
     if (!startup || readyAt) return;
@@ -106,19 +111,14 @@ export function idleGc(opts: IdleGcOptions = {}): IdleGc {
   };
   const tick = (): boolean => {
     const now = cpu();
-    const used = now.user - last.user + (now.system - last.system);
+    const used = spent(last, now);
     last = now;
     if (used >= quietUs) {
       dirty = true;
       return false;
     }
     if (!dirty) return false;
-    dirty = false;
-    collect(startup);
-    startup = false;
-    // The collection's own CPU time is not a busy spell.
-    last = cpu();
-    return true;
+    return collectNow();
   };
   const timer = setInterval(tick, intervalMs).unref();
   return {

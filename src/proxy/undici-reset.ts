@@ -24,11 +24,21 @@ interface UndiciParser {
   shouldKeepAlive: boolean;
 }
 
+/**
+ * The HTTP/1 parser undici keeps on a connection it reads (under a symbol named `parser`: undici
+ * exports neither), or undefined: not attached yet, none (the fast path's and HTTP/2 connections),
+ * or undici's internals are not what this expects. Every workaround that has to reach undici's
+ * parser (here and in upstream.ts) finds it through this.
+ */
+export function undiciParser<P>(socket: net.Socket): P | undefined {
+  const sym = Object.getOwnPropertySymbols(socket).find((x) => x.description === 'parser');
+  return sym ? ((socket as unknown as Record<symbol, P | null>)[sym] ?? undefined) : undefined;
+}
+
 export function guardResetInBody(socket: net.Socket): void {
   socket.prependListener('error', (err: NodeJS.ErrnoException) => {
     if (err.code !== 'ECONNRESET') return;
-    const sym = Object.getOwnPropertySymbols(socket).find((x) => x.description === 'parser');
-    const parser = sym ? ((socket as unknown as Record<symbol, UndiciParser | null>)[sym] ?? undefined) : undefined;
+    const parser = undiciParser<UndiciParser>(socket);
     if (!parser || !parser.statusCode || parser.shouldKeepAlive) return;
     err.code = RESET_IN_BODY;
   });

@@ -8,7 +8,7 @@ import { formatAuthority, urlAuthority } from '../rules/host.js';
 import type { EgressPolicy } from '../rules/egress.js';
 import { EgressDenied, resolveAllowed } from './egress.js';
 import { H1Pool } from './h1/pool.js';
-import { guardResetInBody } from './undici-reset.js';
+import { guardResetInBody, undiciParser } from './undici-reset.js';
 import { MAX_ANSWER_HEAD } from './answer.js';
 
 /** What HTTP/2 clients' requests are dispatched to (h2/upstream.ts, H2Upstream); a type only, so node:http2 is not loaded here. */
@@ -104,8 +104,7 @@ interface PausableParser {
 
 function guardPausedParserOnEnd(socket: net.Socket): void {
   socket.prependListener('end', () => {
-    const sym = Object.getOwnPropertySymbols(socket).find((x) => x.description === 'parser');
-    const parser = sym ? ((socket as unknown as Record<symbol, PausableParser | null>)[sym] ?? undefined) : undefined;
+    const parser = undiciParser<PausableParser>(socket);
     if (!parser || !parser.paused || !parser.statusCode || socket.destroyed) return;
     ending = true;
     try {
@@ -212,8 +211,7 @@ function guardParser(socket: net.Socket): void {
   parserLookup = 'polling';
   const until = Date.now() + 2000;
   const look = () => {
-    const sym = Object.getOwnPropertySymbols(socket).find((x) => x.description === 'parser');
-    const parser = sym ? ((socket as unknown as Record<symbol, H1Parser | null>)[sym] ?? undefined) : undefined;
+    const parser = undiciParser<H1Parser>(socket);
     if (parser) {
       parserPatched = true;
       parserLookup = 'idle';
@@ -385,17 +383,9 @@ export class Upstream {
   adopt(host: string, port: number, socket: tls.TLSSocket): boolean {
     const key = `https://${connectOptions(host, port).host}`;
     if (this.warm.has(key) || socket.destroyed) return false;
-    const warm: Warm = { socket: socket as unknown as Connected };
+    const warm: Warm = {};
     this.warm.set(key, warm);
-    socket.once('close', () => {
-      if (this.warm.get(key) === warm) this.warm.delete(key);
-    });
-    socket.on('error', () => undefined);
-    warm.timer = setTimeout(() => {
-      if (this.warm.get(key) === warm) this.warm.delete(key);
-      socket.destroy();
-    }, this.opts.warmIdleMs ?? 5000);
-    warm.timer.unref();
+    this.holdWarm(key, warm, socket as unknown as Connected);
     return true;
   }
 
@@ -469,23 +459,30 @@ export class Upstream {
         socket?.destroy();
         return;
       }
-      if (err || !socket) {
-        // Kept briefly for the request that is coming, so it fails the same way a dial would.
-        warm.error = err ?? new Error('upstream connection failed');
-      } else {
-        warm.socket = socket;
-        socket.once('close', () => {
-          if (this.warm.get(key) === warm) this.warm.delete(key);
-        });
-        // undici has not attached yet: an error before it does must not be unhandled.
-        socket.on('error', () => undefined);
-      }
-      warm.timer = setTimeout(() => {
-        if (this.warm.get(key) === warm) this.warm.delete(key);
-        warm.socket?.destroy();
-      }, this.opts.warmIdleMs ?? 5000);
-      warm.timer.unref();
+      // Kept briefly for the request that is coming, so it fails the same way a dial would.
+      if (err || !socket) warm.error = err ?? new Error('upstream connection failed');
+      this.holdWarm(key, warm, err ? null : socket);
     });
+  }
+
+  /**
+   * Keeps `warm` (with `socket`, when there is one) for the next request to `key`: forgotten if
+   * the connection closes, closed and forgotten once unused for warmIdleMs.
+   */
+  private holdWarm(key: string, warm: Warm, socket: Connected): void {
+    if (socket) {
+      warm.socket = socket;
+      socket.once('close', () => {
+        if (this.warm.get(key) === warm) this.warm.delete(key);
+      });
+      // undici has not attached yet: an error before it does must not be unhandled.
+      socket.on('error', () => undefined);
+    }
+    warm.timer = setTimeout(() => {
+      if (this.warm.get(key) === warm) this.warm.delete(key);
+      warm.socket?.destroy();
+    }, this.opts.warmIdleMs ?? 5000);
+    warm.timer.unref();
   }
 
   /** Closes every connection opened ahead and not yet used. */

@@ -9,6 +9,7 @@ import { finishRecord, newRecord } from './record.js';
 import { invalidAnswer, malformed, ProxyError, upstreamError, writeRawError } from './errors.js';
 import { filterRawResponseHeaders, relayedTrailers, trailerProblem, upstreamRequestHeaders } from './headers.js';
 import { answerProblem, bodilessAnswer, MAX_ANSWER_FIELDS, MAX_ANSWER_HEAD } from './answer.js';
+import { chunkOf } from './h1/chunked.js';
 import type { RequestRecord } from './context.js';
 
 /** Where an upgrade goes: the same target a forwarded request has. */
@@ -162,12 +163,10 @@ function relayTo(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Bu
 /**
  * An origin that did not switch (a 401, a 404, a redirect): its answer goes back as it is, in
  * framing that keeps a cut visible (its Content-Length, or chunked, as it came or for an answer
- * the origin ends by closing, the last chunk written only once the origin's end was read), and the connection closes after it, so nothing the
- * client sends afterwards reaches the origin unchecked. An answer cut by the origin is cut for
- * the client too, never closed as if complete.
+ * the origin ends by closing, the last chunk written only once the origin's end was read), and
+ * the connection closes after it, so nothing the client sends afterwards reaches the origin
+ * unchecked. An answer cut by the origin is cut for the client too, never closed as if complete.
  */
-const CRLF = Buffer.from('\r\n', 'latin1');
-
 function relayRefusedHandshake(core: ProxyCore, res: IncomingMessage, socket: Duplex, rec: RequestRecord, started: number): void {
   const status = res.statusCode ?? 502;
   rec.status = status;
@@ -186,7 +185,7 @@ function relayRefusedHandshake(core: ProxyCore, res: IncomingMessage, socket: Du
   res.on('data', (c: Buffer) => {
     if (c.length === 0) return;
     rec.bytes_out += c.length;
-    const flowing = chunked ? socket.write(Buffer.concat([Buffer.from(`${c.length.toString(16)}\r\n`, 'latin1'), c, CRLF])) : socket.write(c);
+    const flowing = chunked ? socket.write(chunkOf(c)) : socket.write(c);
     // Backpressure: the origin is read no faster than the client reads.
     if (!flowing) {
       res.pause();

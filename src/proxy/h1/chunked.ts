@@ -6,6 +6,19 @@
  * deviation is an error: the response is cut, never guessed at. Pure.
  */
 
+const CRLF = Buffer.from('\r\n', 'latin1');
+
+/** The last chunk with no trailer section: the end of a chunked body. */
+export const LAST_CHUNK = Buffer.from('0\r\n\r\n', 'latin1');
+
+/**
+ * `data` as one chunk of a chunked body (size line, data, CRLF), for answers the proxy frames
+ * itself. Never call it with no data: an empty chunk is the last chunk.
+ */
+export function chunkOf(data: Uint8Array): Buffer {
+  return Buffer.concat([Buffer.from(data.length.toString(16) + '\r\n', 'latin1'), data, CRLF]);
+}
+
 const enum S {
   Size,
   SizeOrEnd,

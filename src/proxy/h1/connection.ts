@@ -9,7 +9,7 @@ import { finishRecord, newRecord, refusedPath } from '../record.js';
 import { filterRawResponseHeaders, relayedTrailerLines, upstreamRequestHeaders } from '../headers.js';
 import { headTimeout, idleCutsExchange, type ProxyLimits } from '../limits.js';
 import { chunkRelayed } from '../buffer-gc.js';
-import { ChunkedScanner } from './chunked.js';
+import { ChunkedScanner, chunkOf, LAST_CHUNK } from './chunked.js';
 import { keepAliveHintMs, usable } from './pool.js';
 import { parseRequestHead, parseResponseHead, type RequestHead, type ResponseHead } from './head.js';
 
@@ -49,8 +49,6 @@ export interface FastPathOptions {
 const MAX_QUEUED = 64 * 1024;
 
 const EMPTY = Buffer.alloc(0);
-const CRLF = Buffer.from('\r\n', 'latin1');
-const LAST_CHUNK = Buffer.from('0\r\n\r\n', 'latin1');
 /** RFC 9110 9.2.2: a proxy must not retry other methods on its own. */
 const IDEMPOTENT = new Set(['GET', 'HEAD', 'OPTIONS', 'PUT', 'DELETE']);
 const ignore = () => undefined;
@@ -543,7 +541,7 @@ class FastConnection {
       case 'close':
         this.rec.bytes_out += chunk.length;
         // One chunk per read (never an empty one: that is the last chunk).
-        return chunk.length ? Buffer.concat([Buffer.from(chunk.length.toString(16) + '\r\n', 'latin1'), chunk, CRLF]) : EMPTY;
+        return chunk.length ? chunkOf(chunk) : EMPTY;
     }
   }
 
