@@ -128,8 +128,15 @@ type TunnelTarget = { host: string; port: number; client: string; decision: Deci
  * curl all take a FIN without close_notify for the end).
  */
 function abort(other: Socket, err: NodeJS.ErrnoException): void {
-  if (err.code === 'ECONNRESET' && !other.destroyed && typeof other.resetAndDestroy === 'function') other.resetAndDestroy();
-  else other.destroy();
+  if (err.code === 'ECONNRESET' && !other.destroyed) {
+    try {
+      other.resetAndDestroy();
+      return;
+    } catch {
+      // Not a TCP socket (Node throws ERR_INVALID_HANDLE_TYPE): there is no RST to send, only a close.
+    }
+  }
+  other.destroy();
 }
 
 function splice(core: ProxyCore, client: Socket, head: Buffer, target: TunnelTarget, track: (s: Socket) => void, address: string, started: number): void {
