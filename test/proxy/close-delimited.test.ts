@@ -13,7 +13,7 @@ import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { h2Request, h2Through } from './h2-helpers.js';
-import { HOST, Reader, request, startTestProxy, type TestProxy } from './h1/fast-helpers.js';
+import { dialPlain, HOST, Reader, request, startTestProxy, WS_HEADERS, type TestProxy } from './h1/fast-helpers.js';
 
 type End = 'end' | 'reset';
 
@@ -25,39 +25,38 @@ let plainPort = 0;
 let fast: TestProxy;
 let node: TestProxy;
 
+/**
+ * Answers each request with a body delimited by the end of the connection, then ends (`/end`) or
+ * resets (`/reset`) the TCP connection `raw` under it (`s` is `raw` itself, or TLS on top of it).
+ */
+function answerThenClose(s: net.Socket, raw: net.Socket): void {
+  s.on('error', () => undefined);
+  let buf = '';
+  s.on('data', (d: Buffer) => {
+    buf += d.toString('latin1');
+    if (!buf.includes('\r\n\r\n')) return;
+    const end = (/^GET \S*\/(\w+) /.exec(buf)?.[1] ?? 'end') as End;
+    s.write('HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nhello', () => setTimeout(() => (end === 'reset' ? raw.resetAndDestroy() : s.end()), 50));
+  });
+}
+
+async function listen(server: net.Server): Promise<number> {
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  return (server.address() as net.AddressInfo).port;
+}
+
 beforeAll(async () => {
   pki = await createTestPki([HOST]);
   // A raw TCP server wrapping each connection in TLS itself, so the test can end the TCP
   // connection under the TLS layer (a reset) after the answer's bytes went out.
   origin = net.createServer((raw) => {
     raw.on('error', () => undefined);
-    const t = new tls.TLSSocket(raw, { isServer: true, key: pki.keyPem, cert: pki.certPem, ALPNProtocols: ['http/1.1'] });
-    t.on('error', () => undefined);
-    let buf = '';
-    t.on('data', (d: Buffer) => {
-      buf += d.toString('latin1');
-      if (!buf.includes('\r\n\r\n')) return;
-      const end = (/^GET \/(\w+)/.exec(buf)?.[1] ?? 'end') as End;
-      t.write('HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nhello', () =>
-        setTimeout(() => (end === 'reset' ? raw.resetAndDestroy() : t.end()), 50),
-      );
-    });
+    answerThenClose(new tls.TLSSocket(raw, { isServer: true, key: pki.keyPem, cert: pki.certPem, ALPNProtocols: ['http/1.1'] }), raw);
   });
-  await new Promise<void>((r) => origin.listen(0, '127.0.0.1', () => r()));
-  port = (origin.address() as net.AddressInfo).port;
+  port = await listen(origin);
   // The same answer over plain HTTP (absolute-form requests through the proxy's listener).
-  plainOrigin = net.createServer((s) => {
-    s.on('error', () => undefined);
-    let buf = '';
-    s.on('data', (d: Buffer) => {
-      buf += d.toString('latin1');
-      if (!buf.includes('\r\n\r\n')) return;
-      const end = (/^GET \/(\w+)/.exec(buf)?.[1] ?? 'end') as End;
-      s.write('HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nhello', () => setTimeout(() => (end === 'reset' ? s.resetAndDestroy() : s.end()), 50));
-    });
-  });
-  await new Promise<void>((r) => plainOrigin.listen(0, '127.0.0.1', () => r()));
-  plainPort = (plainOrigin.address() as net.AddressInfo).port;
+  plainOrigin = net.createServer((s) => answerThenClose(s, s));
+  plainPort = await listen(plainOrigin);
   fast = await startTestProxy(pki);
   fast.route(port);
   node = await startTestProxy(pki, { fastPath: false });
@@ -70,19 +69,11 @@ afterAll(async () => {
   plainOrigin?.close();
 });
 
-const WS_HEADERS: [string, string][] = [
-  ['Upgrade', 'websocket'],
-  ['Connection', 'Upgrade'],
-  ['Sec-WebSocket-Key', 'dGhlIHNhbXBsZSBub25jZQ=='],
-  ['Sec-WebSocket-Version', '13'],
-];
-
-/** 'cut' when the connection ended before a whole answer, else the body. `ws`: the request is a WebSocket handshake the origin refuses (its answer relayed by websocket.ts). */
-async function viaH1(px: TestProxy, end: End, ws = false): Promise<string> {
-  const s = await px.connect(port);
-  const r = new Reader(s);
+/** 'cut' when the connection ended before a whole answer to `req`, else the body. */
+async function viaH1(s: net.Socket, req: Buffer): Promise<string> {
+  const r = new Reader(s as tls.TLSSocket);
   try {
-    const resp = await r.exchange(request('GET', `/${end}`, `${HOST}:${port}`, ws ? WS_HEADERS : []));
+    const resp = await r.exchange(req);
     return resp.status === 200 ? resp.body.toString('latin1') : `status ${resp.status}`;
   } catch {
     return 'cut';
@@ -91,20 +82,13 @@ async function viaH1(px: TestProxy, end: End, ws = false): Promise<string> {
   }
 }
 
+/** Intercepted; `ws`: the request is a WebSocket handshake the origin refuses (its answer relayed by websocket.ts). */
+async function viaTunnel(px: TestProxy, end: End, ws = false): Promise<string> {
+  return viaH1(await px.connect(port), request('GET', `/${end}`, `${HOST}:${port}`, ws ? WS_HEADERS : []));
+}
+
 async function viaPlain(end: End): Promise<string> {
-  const s = await new Promise<net.Socket>((resolve, reject) => {
-    const c = net.connect(fast.handle.port, '127.0.0.1', () => resolve(c));
-    c.once('error', reject);
-  });
-  const r = new Reader(s as tls.TLSSocket);
-  try {
-    const resp = await r.exchange(request('GET', `http://127.0.0.1:${plainPort}/${end}`, `127.0.0.1:${plainPort}`));
-    return resp.status === 200 ? resp.body.toString('latin1') : `status ${resp.status}`;
-  } catch {
-    return 'cut';
-  } finally {
-    s.destroy();
-  }
+  return viaH1(await dialPlain(fast), request('GET', `http://127.0.0.1:${plainPort}/${end}`, `127.0.0.1:${plainPort}`));
 }
 
 async function viaH2(end: End): Promise<string> {
@@ -120,16 +104,16 @@ async function viaH2(end: End): Promise<string> {
 
 describe('an answer delimited by the end of the connection', () => {
   it.each(['fast', 'node'] as const)('HTTP/1.1 client, %s path: complete when the origin ends the connection', async (path) => {
-    expect(await viaH1(path === 'fast' ? fast : node, 'end')).toBe('hello');
+    expect(await viaTunnel(path === 'fast' ? fast : node, 'end')).toBe('hello');
   });
   it.each(['fast', 'node'] as const)('HTTP/1.1 client, %s path: cut when the connection is reset in its body', async (path) => {
-    expect(await viaH1(path === 'fast' ? fast : node, 'reset')).toBe('cut');
+    expect(await viaTunnel(path === 'fast' ? fast : node, 'reset')).toBe('cut');
   });
   it('a refused WebSocket handshake: complete when the origin ends the connection', async () => {
-    expect(await viaH1(fast, 'end', true)).toBe('hello');
+    expect(await viaTunnel(fast, 'end', true)).toBe('hello');
   });
   it('a refused WebSocket handshake: cut when the connection is reset in its body', async () => {
-    expect(await viaH1(fast, 'reset', true)).toBe('cut');
+    expect(await viaTunnel(fast, 'reset', true)).toBe('cut');
   });
   it('plain HTTP: complete when the origin ends the connection', async () => {
     expect(await viaPlain('end')).toBe('hello');

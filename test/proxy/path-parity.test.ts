@@ -23,7 +23,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { h2Request, h2Through, type H2Answer } from './h2-helpers.js';
 import { END_HEADERS, END_STREAM, frame, literalBlock } from './h2-raw.js';
-import { HOST, INJECTED, Reader, request, startTestProxy, type TestProxy } from './h1/fast-helpers.js';
+import { dialPlain, HOST, INJECTED, Reader, request, startTestProxy, WS_HEADERS, type TestProxy } from './h1/fast-helpers.js';
 
 // ---- the table ------------------------------------------------------------------------------------
 
@@ -242,12 +242,6 @@ async function viaH2(px: TestProxy, port: number, path: string): Promise<Seen> {
   }
 }
 
-const WS_HEADERS: [string, string][] = [
-  ['Upgrade', 'websocket'],
-  ['Connection', 'Upgrade'],
-  ['Sec-WebSocket-Key', 'dGhlIHNhbXBsZSBub25jZQ=='],
-  ['Sec-WebSocket-Version', '13'],
-];
 /** Sent on every HTTP/1.1 request: a hop-by-hop field that must never reach the origin. */
 const H2_SETTINGS: [string, string] = ['HTTP2-Settings', 'AAMAAABkAARAAAAAAAIAAAAA'];
 
@@ -270,13 +264,6 @@ async function through(path: PathName, name: string): Promise<Seen> {
     case 'ws-plain':
       return viaH1(await dialPlain(fast), request('GET', `http://127.0.0.1:${plainPort}${target}`, `127.0.0.1:${plainPort}`, [...WS_HEADERS, H2_SETTINGS]));
   }
-}
-
-function dialPlain(px: TestProxy): Promise<net.Socket> {
-  return new Promise((resolve, reject) => {
-    const s = net.connect(px.handle.port, '127.0.0.1', () => resolve(s));
-    s.once('error', reject);
-  });
 }
 
 /** Whether what the client saw is what the row wants; a sentence saying why not otherwise. */

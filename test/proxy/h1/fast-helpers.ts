@@ -5,7 +5,7 @@
  * HTTP/1.1 responses from a raw socket one after the other, keeping their wire bytes.
  */
 import { mkdtempSync } from 'node:fs';
-import type { AddressInfo } from 'node:net';
+import net, { type AddressInfo } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { Writable } from 'node:stream';
@@ -399,6 +399,22 @@ export class Reader {
     return this.next(method, ms);
   }
 }
+
+/** A plain TCP connection to the proxy's listener, for absolute-form `http://` requests. */
+export function dialPlain(px: TestProxy): Promise<net.Socket> {
+  return new Promise((resolve, reject) => {
+    const s = net.connect(px.handle.port, '127.0.0.1', () => resolve(s));
+    s.once('error', reject);
+  });
+}
+
+/** The fields of a WebSocket handshake request (RFC 6455 4.1). */
+export const WS_HEADERS: [string, string][] = [
+  ['Upgrade', 'websocket'],
+  ['Connection', 'Upgrade'],
+  ['Sec-WebSocket-Key', 'dGhlIHNhbXBsZSBub25jZQ=='],
+  ['Sec-WebSocket-Version', '13'],
+];
 
 /** A request head (Host first unless `headers` names one), CRLF-terminated, with an optional body. */
 export function request(method: string, target: string, host: string | undefined, headers: [string, string][] = [], body?: string | Buffer): Buffer {
