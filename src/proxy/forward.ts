@@ -11,6 +11,7 @@ import { idleCutsExchange } from './limits.js';
 import { upstreamAnswerVersion, upstreamEnding } from './upstream.js';
 import type { Http2ServerResponse } from 'node:http2';
 import { chunkRelayed } from './buffer-gc.js';
+import { repeatedSingleValue } from './h2/fields.js';
 
 /** RFC 9113 INTERNAL_ERROR, as a number: importing node:http2 for its constant would load HTTP/2 into every sidecar (test/cli/proxy-imports.test.ts). */
 const H2_INTERNAL_ERROR = 2;
@@ -26,8 +27,12 @@ export interface ForwardTarget {
   decision: Decision;
   rule?: CompiledRule;
   client: string;
-  /** HTTP/2 (h2/exchange.ts): the request fields without pseudo-headers (instead of `req.rawHeaders`), whether a body follows, and response trailers relayed. */
-  h2?: { fields: string[]; body: boolean };
+  /**
+   * HTTP/2 (h2/exchange.ts): the request fields without pseudo-headers (instead of
+   * `req.rawHeaders`), whether a body follows, and whether the client sent `te: trailers`.
+   * Response trailers are relayed.
+   */
+  h2?: { fields: string[]; body: boolean; trailers?: boolean };
 }
 
 /** Answers with the proxy's own error and records it. */
@@ -129,6 +134,10 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
   rec.rule = t.rule?.name ?? null;
   rec.injected = t.rule?.headerNames ?? [];
   const headers = upstreamRequestHeaders(t.h2?.fields ?? req.rawHeaders, { rule: t.rule });
+  // TE is hop-by-hop, so the proxy says it for itself: it relays trailers on every path, so an
+  // HTTP/2 client that reads them may have them asked for (h2/upstream.ts sends this to HTTP/2
+  // origins only; gRPC servers refuse a request without it).
+  if (t.h2?.trailers) headers.push('te', 'trailers');
   let abortUpstream: ((err: Error) => void) | undefined;
   let clientGone = false;
   let finished = false;
@@ -220,15 +229,26 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         // cannot be re-sent as one frame through Node's compatibility API: its status fields go
         // in the trailers instead, an equivalent gRPC answer with no message.
         if (t.h2) headers = moveGrpcStatus(headers, res);
+        // node:http2 sends a field that takes one value only once (h2/fields.ts): an answer
+        // repeating one cannot reach an HTTP/2 client as the origin sent it, and is not altered.
+        const repeated = t.h2 ? repeatedSingleValue(headers) : undefined;
+        const unrelayable = () => {
+          finished = true;
+          res.off('close', onClose);
+          abortUpstream?.(new Error('upstream answer not accepted'));
+          // What writeHead set before it threw must not go out with the proxy's own answer.
+          for (const name of res.getHeaderNames()) res.removeHeader(name);
+          const perr = repeated ? invalidAnswer(t.host, `more than one ${repeated} field, which HTTP/2 carries once`) : upstreamError({ code: 'INVALID_RESPONSE_HEADER' }, t.host);
+          core.events.emit('upstream_error', { host: t.host, reason: perr.reason });
+          refuse(core, res, rec, started, perr);
+          return true;
+        };
+        if (repeated) return unrelayable();
         try {
           res.writeHead(statusCode, headers);
         } catch {
-          // An upstream header Node refuses to relay: report it instead of half a response.
-          finished = true;
-          res.off('close', onClose);
-          abortUpstream?.(new Error('invalid upstream response header'));
-          refuse(core, res, rec, started, upstreamError({ code: 'INVALID_RESPONSE_HEADER' }, t.host));
-          return true;
+          // Any other upstream header Node refuses to relay: reported instead of half a response.
+          return unrelayable();
         }
         // Small answers arrive with their headers: let the first chunk carry them. If nothing
         // follows at once (a stream), send the headers on their own.
@@ -267,6 +287,12 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
             return;
           }
           if (pairs.length) {
+            // A trailer repeating a field that takes one value: node:http2 cannot send it (see onHeaders).
+            if (t.h2 && repeatedSingleValue(pairs.flat())) {
+              cut();
+              done('upstream sent a trailer section HTTP/2 cannot carry');
+              return;
+            }
             if (t.h2) {
               const obj: Record<string, string[]> = {};
               for (const [name, value] of pairs) (obj[name.toLowerCase()] ??= []).push(value);

@@ -77,9 +77,9 @@ export function createH2Exchange(dp: DataPath): H2Exchange {
       refuse(core, hres, rec, started, planned);
       return;
     }
-    const fields = (read as Exclude<typeof read, ProxyError>).fields;
+    const { fields, trailers } = read as Exclude<typeof read, ProxyError>;
     rec.path = planned.path;
-    const target = { scheme: 'https', host: t.host, port: t.port, pathAndQuery: planned.pathAndQuery, logPath: planned.path, decision: 'intercept', rule: planned.rule, client: t.client, h2: { fields, body: !req.stream.endAfterHeaders } } as const;
+    const target = { scheme: 'https', host: t.host, port: t.port, pathAndQuery: planned.pathAndQuery, logPath: planned.path, decision: 'intercept', rule: planned.rule, client: t.client, h2: { fields, body: !req.stream.endAfterHeaders, trailers } } as const;
     // The upstream request starts after the rest of what arrived with this header block has been
     // read: a stream the client resets in the same read (rapid reset, CVE-2023-44487) is then
     // already closed and costs no upstream request, and nghttp2's reset-rate limit ends such a

@@ -8,8 +8,8 @@ import type { RequestFacts } from '../plan.js';
  * The request may go upstream as HTTP/1.1, so nothing in it may become HTTP/1.1 framing (the
  * h2-to-h1 desync class): connection-specific fields (`transfer-encoding`, `connection`, ...),
  * `te` other than `trailers`, a `content-length` that is not one plain number, names that are
- * not lower-case tokens, values with CR, LF, NUL or surrounding whitespace, and misused
- * pseudo-headers are refused, never forwarded. nghttp2 (under Node's http2) checks most of this
+ * not lower-case tokens, values with CR, LF, NUL or surrounding whitespace, misused
+ * pseudo-headers, and a field that takes one value sent twice are refused, never forwarded. nghttp2 (under Node's http2) checks most of this
  * too; this is the proxy's own check, in front of whatever the next hop does.
  */
 export interface H2Request {
@@ -21,11 +21,73 @@ export interface H2Request {
   fields: string[];
   /** The declared body length, or undefined. */
   contentLength: number | undefined;
+  /**
+   * The client sent `te: trailers`: it reads trailer fields. Passed on to an HTTP/2 origin (gRPC
+   * servers check it to detect proxies that lose trailers; every keygate path relays them).
+   */
+  trailers: boolean;
 }
 
 /** Fields that are connection-specific (RFC 9113 8.2.2): never in an HTTP/2 request. */
 const CONNECTION_SPECIFIC = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade']);
 const REQUEST_PSEUDO = new Set([':method', ':scheme', ':authority', ':path']);
+/**
+ * Fields that take one value, which node:http2 refuses to send more than once (its
+ * kSingleValueHeaders, pseudo-headers left out; test/proxy/h2/fields.test.ts checks this list
+ * against the running Node). Repeated in an HTTP/2 request they are refused here (RFC 9110 5.3: a
+ * sender must not repeat a field that is not a list); repeated in an answer for an HTTP/2 client,
+ * the answer cannot be relayed (forward.ts). Without this list, either was an exception in the
+ * middle of an exchange: a 502 blaming the origin, or a stream left hanging.
+ */
+export const SINGLE_VALUE: ReadonlySet<string> = new Set([
+  'access-control-allow-credentials',
+  'access-control-max-age',
+  'access-control-request-method',
+  'age',
+  'authorization',
+  'content-encoding',
+  'content-language',
+  'content-length',
+  'content-location',
+  'content-md5',
+  'content-range',
+  'content-type',
+  'date',
+  'dnt',
+  'etag',
+  'expires',
+  'from',
+  'host',
+  'if-match',
+  'if-modified-since',
+  'if-none-match',
+  'if-range',
+  'if-unmodified-since',
+  'last-modified',
+  'location',
+  'max-forwards',
+  'proxy-authorization',
+  'range',
+  'referer',
+  'retry-after',
+  'tk',
+  'upgrade-insecure-requests',
+  'user-agent',
+  'x-content-type-options',
+]);
+
+/** The first field of SINGLE_VALUE that `raw` (`[name, value, ...]`, names in any case) has more than once, or undefined. */
+export function repeatedSingleValue(raw: readonly string[]): string | undefined {
+  let seen: Set<string> | undefined;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i].toLowerCase();
+    if (!SINGLE_VALUE.has(name)) continue;
+    if (seen?.has(name)) return name;
+    (seen ??= new Set()).add(name);
+  }
+  return undefined;
+}
+
 /** Lower-case token characters (RFC 9110 5.6.2 tchar, without upper case). */
 const NAME = /^[!#$%&'*+\-.^_`|~0-9a-z]+$/;
 /** Field value bytes: no NUL, CR, LF (RFC 9113 8.2.1), nothing outside latin1, no whitespace at either end. */
@@ -38,6 +100,7 @@ export function readH2Request(raw: readonly string[]): H2Request | ProxyError {
   const cookies: string[] = [];
   let hostField: string | undefined;
   let contentLength: number | undefined;
+  let trailers = false;
   let regular = false;
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i];
@@ -56,7 +119,8 @@ export function readH2Request(raw: readonly string[]): H2Request | ProxyError {
     if (CONNECTION_SPECIFIC.has(name)) return malformed(`connection-specific field in an HTTP/2 request: ${name}`);
     if (name === 'te') {
       if (value !== 'trailers') return malformed('TE other than "trailers" in an HTTP/2 request');
-      continue; // hop-by-hop: meaningful only on this connection
+      trailers = true;
+      continue; // hop-by-hop: the proxy sends its own (forward.ts)
     }
     if (name === 'content-length') {
       if (contentLength !== undefined || !/^[0-9]{1,15}$/.test(value)) return malformed('invalid Content-Length in an HTTP/2 request');
@@ -80,6 +144,8 @@ export function readH2Request(raw: readonly string[]): H2Request | ProxyError {
   if (method === 'CONNECT') return malformed('CONNECT is not accepted inside a tunnel');
   if (pseudo.get(':scheme') !== 'https') return malformed('only https requests are accepted inside a tunnel');
   if (!/^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/.test(method)) return malformed('invalid HTTP/2 :method');
+  const repeated = repeatedSingleValue(fields);
+  if (repeated) return malformed(`more than one ${repeated} field in an HTTP/2 request (it takes one value)`);
   if (cookies.length) fields.push('cookie', cookies.join('; '));
   const authority = pseudo.get(':authority') ?? hostField;
   const factsHeaders = authority === undefined ? fields : [...fields, 'host', authority];
@@ -88,5 +154,6 @@ export function readH2Request(raw: readonly string[]): H2Request | ProxyError {
     hostField: pseudo.has(':authority') ? hostField : undefined,
     fields,
     contentLength,
+    trailers,
   };
 }

@@ -84,6 +84,19 @@ function regularFields(raw: readonly string[] | undefined, obj: Record<string, u
   return out;
 }
 
+/**
+ * The request for the HTTP/1.1 pool: without the `te: trailers` forward.ts adds for HTTP/2
+ * origins. In HTTP/1.1, TE must be named in Connection (RFC 9110 10.1.4), which undici writes
+ * itself, and undici relays a chunked answer's trailers whether or not it was asked for.
+ */
+function withoutTe(opts: Dispatcher.DispatchOptions): Dispatcher.DispatchOptions {
+  const fields = opts.headers;
+  if (!Array.isArray(fields) || !fields.some((f, i) => i % 2 === 0 && String(f).toLowerCase() === 'te')) return opts;
+  const kept: string[] = [];
+  for (let i = 0; i + 1 < fields.length; i += 2) if (String(fields[i]).toLowerCase() !== 'te') kept.push(String(fields[i]), String(fields[i + 1]));
+  return { ...opts, headers: kept };
+}
+
 /** Request fields as node:http2 takes them: lower-case names, repeated fields as arrays. */
 function requestHeaders(method: string, path: string, authority: string, fields: readonly string[]): OutgoingHttpHeaders {
   const h: OutgoingHttpHeaders = { ':method': method, ':scheme': 'https', ':authority': authority, ':path': path };
@@ -114,14 +127,14 @@ export class H2Upstream implements H2Client {
     const key = `${host}|${port}`;
     let o = this.origins.get(key);
     if (!o) this.origins.set(key, (o = { key, host, port, h1: false, sessions: [], waiting: [], dialing: false }));
-    if (o.h1) return this.up.agent.dispatch(opts, handler);
+    if (o.h1) return this.up.agent.dispatch(withoutTe(opts), handler);
     new Exchange(this, o, opts, handler, urlAuthority(host, port, 443)).start();
     return true;
   }
 
   /** Hands a request to the HTTP/1.1 pool (its origin chose http/1.1). */
   h1(opts: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandler): void {
-    this.up.agent.dispatch(opts, handler);
+    this.up.agent.dispatch(withoutTe(opts), handler);
   }
 
   /** A session to `o` with room for one more stream (or 'h1'), now or once one is dialled. */
