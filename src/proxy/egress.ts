@@ -166,6 +166,11 @@ function withTimeout<T>(p: Promise<T>, ms: number | undefined, host: string): Pr
 export async function resolveAllowed(host: string, port: number, opts: ResolveAllowedOptions): Promise<string> {
   const byName = !opts.pinned && !isIP(host);
   const policy = opts.policy;
+  // The name and port again, under the policy in force now: the plan checked them under the one
+  // in force when the request came, and a request still waiting for a connection when the policy
+  // changes is dialled after it (the HTTP/1.1 pool's queue, an HTTP/2 request waiting for a session).
+  const named = policy?.checkName(host, port);
+  if (named) throw new EgressDenied(named, host, port);
   // The alias walk runs beside the lookup (it adds no round trip), only when a deny_hosts entry
   // names a host: the addresses themselves are checked below whatever the names were.
   const walk = (name: string) => withTimeout(aliasesOf(name, opts.cnames ?? dnsCnames), opts.timeoutMs, host);

@@ -16,6 +16,8 @@ export interface H2Client {
   dispatch: Agent['dispatch'];
   /** No new requests; open streams finish. */
   close(): void;
+  /** The same, and requests still waiting for a connection go to the host's next client (the egress policy changed). */
+  retire(): void;
   destroy(): void;
 }
 
@@ -25,6 +27,8 @@ export interface H2UpstreamHost {
   readonly agent: Agent;
   adopt(host: string, port: number, socket: tls.TLSSocket): boolean;
   readonly timeouts: ProxyTimeouts;
+  /** The current HTTP/2 client (a new one after renewPool). */
+  readonly h2: H2Client;
 }
 
 const requireCjs = createRequire(import.meta.url);
@@ -543,8 +547,10 @@ export class Upstream {
     const old = this.#agent;
     this.#agent = undefined;
     void old?.close().catch(() => undefined);
-    this.#h2?.close();
+    // Cleared first: what the old client was still waiting to send goes to the next one.
+    const oldH2 = this.#h2;
     this.#h2 = undefined;
+    oldH2?.retire();
   }
 
   /**

@@ -7,11 +7,12 @@
  * test CA, real HTTP/2 clients through the proxy.
  */
 import http2, { type ClientHttp2Session, type ServerHttp2Stream } from 'node:http2';
-import type net from 'node:net';
+import net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { h2Request, h2Through } from './h2-helpers.js';
-import { HOST, INJECTED, startTestProxy, type TestProxy } from './h1/fast-helpers.js';
+import { compileConfig } from '../../src/rules/index.js';
+import { HOST, INJECTED, OTHER, startTestProxy, type TestProxy } from './h1/fast-helpers.js';
 
 let pki: TestPki;
 let px: TestProxy;
@@ -133,6 +134,88 @@ describe('HTTP/2 upstream: sessions', () => {
     } finally {
       c.destroy();
       o.close();
+    }
+  });
+});
+
+describe('HTTP/2 upstream: the egress policy changes', () => {
+  const config = (access_control: Record<string, unknown>) => compileConfig({ no_proxy: [], access_control, rules: [{ name: 'fast', match_hosts: [HOST, OTHER], headers: [{ name: 'X-Key', value: INJECTED }] }] });
+
+  /**
+   * An origin behind a gate: a TCP relay that passes connections through until `shut`, then
+   * holds new ones until `open`, so the proxy's dial of another session waits.
+   */
+  async function gatedOrigin(): Promise<{ o: Origin; port: number; shut(): void; open(): void; close(): void }> {
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    const o = await h2Origin(
+      (s, h) => {
+        s.respond({ ':status': 200 });
+        if (h[':path'] === '/hold') void held.then(() => s.end('held'));
+        else s.end(`ok ${String(h['x-key'])}`);
+      },
+      { maxConcurrentStreams: 1 },
+    );
+    let gate: Promise<void> = Promise.resolve();
+    let openGate = () => undefined as void;
+    const relay = net.createServer((c) => {
+      c.on('error', () => undefined);
+      void gate.then(() => {
+        const u = net.connect(o.port, '127.0.0.1');
+        u.on('error', () => c.destroy());
+        c.pipe(u).pipe(c);
+      });
+    });
+    await new Promise<void>((r) => relay.listen(0, '127.0.0.1', () => r()));
+    const port = (relay.address() as net.AddressInfo).port;
+    px.route(port);
+    return {
+      o,
+      port,
+      shut: () => {
+        gate = new Promise<void>((r) => (openGate = r));
+      },
+      open: () => {
+        openGate();
+        release();
+      },
+      close: () => {
+        relay.close();
+        o.close();
+      },
+    };
+  }
+
+  it.each([
+    ['still allows the origin: it is served (not a 502 for a pool closed under it)', { deny_hosts: ['denied.example'] }, 200],
+    ['denies the origin now: it is refused (403), never sent', 'port', 403],
+  ] as const)('a request waiting for a session is dialled again when the new policy %s', async (_name, policy, status) => {
+    const g = await gatedOrigin();
+    const at = { ...g.o, port: g.port };
+    const c = await session(at);
+    const before = px.handle.getConfig();
+    try {
+      // The origin's SETTINGS first, so the proxy knows one stream is all a session takes.
+      expect((await get(c, at, '/warm')).status).toBe(200);
+      const first = get(c, at, '/hold');
+      await new Promise((r) => setTimeout(r, 100));
+      g.shut();
+      // No room on the session: the proxy dials a second one, which the gate holds.
+      const waiting = get(c, at, '/next');
+      await new Promise((r) => setTimeout(r, 100));
+      px.handle.setConfig(config(policy === 'port' ? { deny_ports: [g.port] } : policy));
+      setTimeout(() => g.open(), 100);
+      const next = await waiting;
+      expect(next.status, next.body).toBe(status);
+      if (status === 200) expect(next.body).toBe(`ok ${INJECTED}`);
+      else expect(String(next.headers['proxy-status'])).toContain('http_request_denied');
+      // The stream opened before the change finishes on its session.
+      expect((await first).body).toBe('held');
+    } finally {
+      g.open();
+      px.handle.setConfig(before);
+      c.destroy();
+      g.close();
     }
   });
 });

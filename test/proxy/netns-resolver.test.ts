@@ -10,7 +10,7 @@ import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { EgressDenied, etcHostsNames, parseResolvConf, resolveAllowed, searchCandidates } from '../../src/proxy/egress.js';
 import { ProxyError } from '../../src/proxy/errors.js';
-import { compileEgress } from '../../src/rules/egress.js';
+import { compileEgress, type AccessControl } from '../../src/rules/egress.js';
 import { REPO_ROOT } from '../helpers/proxy.js';
 
 function canUnshare(): boolean {
@@ -130,8 +130,29 @@ describe('deny_hosts and aliases, policy level', () => {
     expect(addrOnly.deniesNames).toBe(false);
     expect(await resolveAllowed('a.example.net', 443, { policy: addrOnly, lookupAll, cnames: counting })).toBe('127.0.0.1');
     expect(await resolveAllowed('a.example.net', 443, { policy, lookupAll, cnames: counting, pinned: '127.0.0.2' })).toBe('127.0.0.2');
-    expect(await resolveAllowed('127.0.0.3', 443, { policy, lookupAll, cnames: counting })).toBe('127.0.0.3');
+    // (The address allowed by name too: a dial checks the name and port under the policy first.)
+    const withAddress = compileEgress({ deny_hosts: ['secret.corp.internal', '*.vault.internal'], allow_hosts: ['*.example.net', '127.0.0.3'] });
+    expect(await resolveAllowed('127.0.0.3', 443, { policy: withAddress, lookupAll, cnames: counting })).toBe('127.0.0.3');
     expect(asked).toBe(0);
+  });
+
+  it('a dial checks the name and port under the policy in force first (a request planned under an older one), before any lookup', async () => {
+    let looked = 0;
+    const counting = async () => {
+      looked++;
+      return lookupAll();
+    };
+    const cases: [AccessControl, string, number][] = [
+      [{ deny_hosts: ['a.example.net'] }, 'a.example.net', 443],
+      [{ allow_hosts: ['b.example.net'] }, 'a.example.net', 443],
+      [{ deny_ports: [8443] }, 'a.example.net', 8443],
+    ];
+    for (const [ac, host, port] of cases) {
+      const err = await resolveAllowed(host, port, { policy: compileEgress(ac), lookupAll: counting, pinned: '127.0.0.1' }).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(EgressDenied);
+      expect((err as EgressDenied).address).toBeUndefined();
+    }
+    expect(looked).toBe(0);
   });
 
   it('/etc/hosts names: comments, aliases, case and a trailing dot', () => {

@@ -50,7 +50,12 @@ interface Session {
   idle?: NodeJS.Timeout;
 }
 
-type Ready = (err: Error | null, s: Session | 'h1' | null) => void;
+/**
+ * How a request waiting for a session learns its fate: a session with room, 'h1' (the origin
+ * chose http/1.1: the HTTP/1.1 pool takes it), 'again' (this client was retired before the
+ * request had a stream: it is dispatched anew through the current one), or an error.
+ */
+type Ready = (err: Error | null, s: Session | 'h1' | 'again' | null) => void;
 
 interface Origin {
   /** Its key in H2Upstream's map. */
@@ -112,7 +117,8 @@ function requestHeaders(method: string, path: string, authority: string, fields:
 
 export class H2Upstream implements H2Client {
   private readonly origins = new Map<string, Origin>();
-  private closing = false;
+  /** Set once no new stream may start here: why waiting requests are not served (an error, or 'again': see retire). */
+  private closing: Error | 'again' | undefined;
 
   constructor(private readonly up: H2UpstreamHost) {}
 
@@ -130,6 +136,11 @@ export class H2Upstream implements H2Client {
     if (o.h1) return this.up.agent.dispatch(withoutTe(opts), handler);
     new Exchange(this, o, opts, handler, urlAuthority(host, port, 443)).start();
     return true;
+  }
+
+  /** Dispatches a request that had no stream yet through the host's current HTTP/2 client (this one was retired). */
+  again(opts: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandler): void {
+    this.up.h2.dispatch(opts, handler);
   }
 
   /** Hands a request to the HTTP/1.1 pool (its origin chose http/1.1). */
@@ -172,7 +183,8 @@ export class H2Upstream implements H2Client {
       }
       if (this.closing) {
         socket.destroy();
-        for (const w of o.waiting.splice(0)) w(coded('upstream client closed', 'UND_ERR_CLOSED'), null);
+        const why = this.closing;
+        for (const w of o.waiting.splice(0)) (why === 'again' ? w(null, 'again') : w(why, null));
         return;
       }
       if (socket.alpnProtocol !== 'h2') {
@@ -273,6 +285,16 @@ export class H2Upstream implements H2Client {
     return this.up.timeouts;
   }
 
+  /**
+   * The egress policy changed (Upstream.renewPool): no new streams on these sessions, which close
+   * once their streams are done. Requests still waiting for a session have sent nothing: they are
+   * dispatched again through the new client, so they are dialled under the new policy instead of
+   * failing with a 502.
+   */
+  retire(): void {
+    this.shut('again', (s) => s.close());
+  }
+
   /** No new streams; sessions close once their streams are done. */
   close(): void {
     this.shut(coded('upstream client closed', 'UND_ERR_CLOSED'), (s) => s.close());
@@ -283,11 +305,11 @@ export class H2Upstream implements H2Client {
     this.shut(coded('upstream client destroyed', 'UND_ERR_DESTROYED'), (s) => s.destroy());
   }
 
-  /** Fails the requests waiting for a session with `err` and ends every session with `end`. */
-  private shut(err: Error, end: (s: ClientHttp2Session) => void): void {
-    this.closing = true;
+  /** Fails the requests waiting for a session with `err` (or sends them 'again') and ends every session with `end`. */
+  private shut(err: Error | 'again', end: (s: ClientHttp2Session) => void): void {
+    this.closing = err;
     for (const o of this.origins.values()) {
-      for (const w of o.waiting.splice(0)) w(err, null);
+      for (const w of o.waiting.splice(0)) (err === 'again' ? w(null, 'again') : w(err, null));
       for (const s of o.sessions) {
         s.closed = true;
         clearTimeout(s.idle);
@@ -367,9 +389,15 @@ class Exchange {
     this.handler.onComplete?.(this.trailers);
   }
 
-  private onSession(err: Error | null, s: Session | 'h1' | null): void {
+  private onSession(err: Error | null, s: Session | 'h1' | 'again' | null): void {
     if (this.settled) return;
     if (err || !s) return this.fail(err ?? coded('upstream connection failed', 'UND_ERR_SOCKET'));
+    if (s === 'again') {
+      // The client was retired before this request had a stream: nothing of it was sent.
+      this.settled = true;
+      this.client.again(this.opts, this.handler);
+      return;
+    }
     if (s === 'h1') {
       // The origin chose http/1.1: the HTTP/1.1 pool takes the request (and the handler) as it is.
       this.settled = true;
