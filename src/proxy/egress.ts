@@ -2,7 +2,7 @@ import { lookup, Resolver } from 'node:dns/promises';
 import { isIP } from 'node:net';
 import { readFileOrEmpty, statSync } from '../builtins/fs.js';
 import type { EgressPolicy, EgressRefusal } from '../rules/egress.js';
-import { ProxyError } from './errors.js';
+import { layerError, ProxyError } from './errors.js';
 
 /** A destination the egress policy refuses: 403 with a sentence telling the sandbox why. */
 export class EgressDenied extends ProxyError {
@@ -144,7 +144,7 @@ async function systemLookup(host: string): Promise<{ addresses: string[]; name: 
       last = err;
     }
   }
-  throw last ?? Object.assign(new Error(`no address for ${host}`), { code: 'ENOTFOUND' });
+  throw last ?? layerError(`no address for ${host}`, 'ENOTFOUND');
 }
 
 function withTimeout<T>(p: Promise<T>, ms: number | undefined, host: string): Promise<T> {
@@ -153,7 +153,7 @@ function withTimeout<T>(p: Promise<T>, ms: number | undefined, host: string): Pr
   return Promise.race([
     p,
     new Promise<never>((_r, reject) => {
-      timer = setTimeout(() => reject(Object.assign(new Error(`resolving ${host} timed out`), { code: 'ETIMEDOUT' })), ms);
+      timer = setTimeout(() => reject(layerError(`resolving ${host} timed out`, 'ETIMEDOUT')), ms);
     }),
   ]).finally(() => clearTimeout(timer));
 }
@@ -188,7 +188,7 @@ export async function resolveAllowed(host: string, port: number, opts: ResolveAl
     addresses = r.addresses;
     if (byName) reached = r.name;
   }
-  if (addresses.length === 0) throw Object.assign(new Error(`no address for ${host}`), { code: 'ENOTFOUND' });
+  if (addresses.length === 0) throw layerError(`no address for ${host}`, 'ENOTFOUND');
   if (policy && byName) {
     // The name the search list made of `host` is the name connected to: deny_hosts applies to it.
     const names = reached === host ? [] : [reached];

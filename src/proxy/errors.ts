@@ -131,6 +131,28 @@ export function writeRawError(socket: Duplex, err: ProxyError): void {
   socket.once('close', () => clearTimeout(linger));
 }
 
+/**
+ * The codes of the failures below the proxy that keygate's own code reports (a connection closed
+ * or reset, a DNS answer missing, a clock run out, its HTTP/2 client's states), named as Node and
+ * undici name them, so upstreamError maps one the same whether Node, undici or keygate saw it.
+ */
+export type LayerCode =
+  | 'ECONNRESET'
+  | 'ETIMEDOUT'
+  | 'ENOTFOUND'
+  | 'UND_ERR_SOCKET'
+  | 'UND_ERR_CLOSED'
+  | 'UND_ERR_DESTROYED'
+  | 'UND_ERR_ABORTED'
+  | 'UND_ERR_CONNECT_TIMEOUT'
+  | 'UND_ERR_HEADERS_TIMEOUT'
+  | 'UND_ERR_BODY_TIMEOUT';
+
+/** A failure below the proxy, as keygate's own code reports it (see LayerCode); `message` is a fixed sentence plus host names. */
+export function layerError(message: string, code: LayerCode): Error & { code: LayerCode } {
+  return Object.assign(new Error(message), { code });
+}
+
 const TLS_CERT_CODES = new Set([
   'UNABLE_TO_VERIFY_LEAF_SIGNATURE',
   'UNABLE_TO_GET_ISSUER_CERT',
@@ -197,6 +219,9 @@ export function upstreamError(err: unknown, host: string): ProxyError {
     case 'UND_ERR_SOCKET':
     case 'UND_ERR_CLOSED':
       return new ProxyError(502, 'connection_terminated', `upstream ${host} closed the connection`);
+    case 'UND_ERR_DESTROYED':
+      // The proxy's own upstream clients were destroyed under the request: its shutdown.
+      return shuttingDown();
     case 'UND_ERR_REQ_CONTENT_LENGTH_MISMATCH':
       return new ProxyError(400, 'http_request_error', 'request body does not match its Content-Length');
     default:

@@ -1,7 +1,7 @@
 import type { OnReadOpts, Socket } from 'node:net';
 import type { Decision } from '../rules/compile.js';
 import type { ProxyCore, TunnelRecord } from './context.js';
-import { ProxyError, upstreamError, writeRawError } from './errors.js';
+import { layerError, ProxyError, upstreamError, writeRawError } from './errors.js';
 import { accessLog } from './record.js';
 import { afterEarlierAnswers } from './boundary.js';
 import { chunkRelayed } from './buffer-gc.js';
@@ -146,7 +146,7 @@ function splice(core: ProxyCore, client: Socket, head: Buffer, target: TunnelTar
   direct.src = upstream;
   let connected = false;
   let done = false;
-  const timer = setTimeout(() => upstream.destroy(Object.assign(new Error('connect timeout'), { code: 'ETIMEDOUT' })), core.timeouts.connectMs);
+  const timer = setTimeout(() => upstream.destroy(layerError('connect timeout', 'ETIMEDOUT')), core.timeouts.connectMs);
 
   const finish = (err?: string) => {
     if (done) return;

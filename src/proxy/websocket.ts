@@ -6,7 +6,7 @@ import type { ProxyCore } from './context.js';
 import type { ForwardTarget } from './forward.js';
 import { afterEarlierAnswers } from './boundary.js';
 import { finishRecord, newRecord } from './record.js';
-import { invalidAnswer, malformed, ProxyError, upstreamError, writeRawError } from './errors.js';
+import { invalidAnswer, layerError, malformed, ProxyError, upstreamError, writeRawError } from './errors.js';
 import { filterRawResponseHeaders, relayedTrailers, trailerProblem, upstreamRequestHeaders } from './headers.js';
 import { answerProblem, bodilessAnswer, MAX_ANSWER_FIELDS, MAX_ANSWER_HEAD } from './answer.js';
 import { chunkOf } from './h1/chunked.js';
@@ -88,7 +88,7 @@ function relayTo(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Bu
   // The answer check's own bounds decide (answer.ts), not Node's 16 KiB and 2,000-field defaults
   // (past 2,000 Node drops fields silently): one field more than the check allows is kept.
   upReq.maxHeadersCount = MAX_ANSWER_FIELDS + 1;
-  const timer = setTimeout(() => upReq.destroy(Object.assign(new Error('timeout'), { code: 'UND_ERR_HEADERS_TIMEOUT' })), core.timeouts.headersMs);
+  const timer = setTimeout(() => upReq.destroy(layerError('timeout', 'UND_ERR_HEADERS_TIMEOUT')), core.timeouts.headersMs);
   socket.on('error', () => upReq.destroy());
 
   /** The answer check every path shares (answer.ts), for this handshake's answer; a 502 and true when it fails. */

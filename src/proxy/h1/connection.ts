@@ -3,7 +3,7 @@ import type { TLSSocket } from 'node:tls';
 import type { CompiledConfig, CompiledRule } from '../../rules/compile.js';
 import { urlAuthority } from '../../rules/host.js';
 import type { ProxyCore, RequestRecord, TunnelTarget } from '../context.js';
-import { errorResponse, invalidAnswer, ProxyError, upstreamError, writeRawError } from '../errors.js';
+import { errorResponse, invalidAnswer, layerError, ProxyError, upstreamError, writeRawError } from '../errors.js';
 import type { InterceptPlan, RequestFacts } from '../plan.js';
 import { finishRecord, newRecord, refusedPath } from '../record.js';
 import { filterRawResponseHeaders, relayedTrailerLines, upstreamRequestHeaders } from '../headers.js';
@@ -595,12 +595,12 @@ class FastConnection {
       this.complete();
       return;
     }
-    this.upstreamGone(Object.assign(new Error('upstream closed the connection'), { code: 'ECONNRESET' }));
+    this.upstreamGone(layerError('upstream closed the connection', 'ECONNRESET'));
   };
 
   private readonly onUpError = (err: Error): void => (this.up ? this.upstreamGone(err) : this.dropKept());
 
-  private readonly onUpClose = (): void => (this.up ? this.upstreamGone(Object.assign(new Error('upstream closed the connection'), { code: 'ECONNRESET' })) : this.dropKept());
+  private readonly onUpClose = (): void => (this.up ? this.upstreamGone(layerError('upstream closed the connection', 'ECONNRESET')) : this.dropKept());
 
   private readonly onUpTimeout = (): void => {
     if (!this.up) return this.dropKept();

@@ -3,6 +3,7 @@ import type { TLSSocket } from 'node:tls';
 import type { Dispatcher } from 'undici';
 import { urlAuthority } from '../../rules/host.js';
 import { MAX_ANSWER_FIELDS, MAX_ANSWER_HEAD } from '../answer.js';
+import { layerError, type LayerCode } from '../errors.js';
 import type { H2Client, H2UpstreamHost, ProxyTimeouts } from '../upstream.js';
 
 /**
@@ -68,10 +69,6 @@ interface Origin {
   /** Requests waiting for a session with room. */
   waiting: Ready[];
   dialing: boolean;
-}
-
-function coded(message: string, code: string): Error {
-  return Object.assign(new Error(message), { code });
 }
 
 /** `[name, value, ...]` from Node's raw header list, pseudo-headers left out. */
@@ -178,7 +175,7 @@ export class H2Upstream implements H2Client {
       if (err || !socket) {
         // Every request waiting for this connection fails as a dial would (502, 504, 403).
         const waiting = o.waiting.splice(0);
-        for (const w of waiting) w(err ?? coded('upstream connection failed', 'UND_ERR_SOCKET'), null);
+        for (const w of waiting) w(err ?? layerError('upstream connection failed', 'UND_ERR_SOCKET'), null);
         return;
       }
       if (this.closing) {
@@ -245,7 +242,7 @@ export class H2Upstream implements H2Client {
     // An origin that never sends its SETTINGS (the preface every HTTP/2 server starts with) is
     // given up on after the connect timeout, with the requests waiting for it.
     const noSettings = setTimeout(() => {
-      for (const w of o.waiting.splice(0)) w(coded('upstream sent no HTTP/2 SETTINGS', 'UND_ERR_CONNECT_TIMEOUT'), null);
+      for (const w of o.waiting.splice(0)) w(layerError('upstream sent no HTTP/2 SETTINGS', 'UND_ERR_CONNECT_TIMEOUT'), null);
       session.destroy();
     }, this.up.timeouts.connectMs);
     noSettings.unref();
@@ -297,12 +294,12 @@ export class H2Upstream implements H2Client {
 
   /** No new streams; sessions close once their streams are done. */
   close(): void {
-    this.shut(coded('upstream client closed', 'UND_ERR_CLOSED'), (s) => s.close());
+    this.shut(layerError('upstream client closed', 'UND_ERR_CLOSED'), (s) => s.close());
   }
 
   /** Every session closed now, its streams failed. */
   destroy(): void {
-    this.shut(coded('upstream client destroyed', 'UND_ERR_DESTROYED'), (s) => s.destroy());
+    this.shut(layerError('upstream client destroyed', 'UND_ERR_DESTROYED'), (s) => s.destroy());
   }
 
   /** Fails the requests waiting for a session with `err` (or sends them 'again') and ends every session with `end`. */
@@ -347,7 +344,7 @@ class Exchange {
   ) {}
 
   start(): void {
-    this.handler.onConnect?.((err?: Error) => this.abort(err ?? coded('request aborted', 'UND_ERR_ABORTED')));
+    this.handler.onConnect?.((err?: Error) => this.abort(err ?? layerError('request aborted', 'UND_ERR_ABORTED')));
     if (this.settled) return;
     this.client.acquire(this.origin, this.ready);
   }
@@ -391,7 +388,7 @@ class Exchange {
 
   private onSession(err: Error | null, s: Session | 'h1' | 'again' | null): void {
     if (this.settled) return;
-    if (err || !s) return this.fail(err ?? coded('upstream connection failed', 'UND_ERR_SOCKET'));
+    if (err || !s) return this.fail(err ?? layerError('upstream connection failed', 'UND_ERR_SOCKET'));
     if (s === 'again') {
       // The client was retired before this request had a stream: nothing of it was sent.
       this.settled = true;
@@ -489,8 +486,8 @@ class Exchange {
     }
     const code = this.stream?.rstCode;
     const err = this.headSeen
-      ? coded(`upstream stream closed before its end (RST_STREAM ${code ?? 'none'})`, 'UND_ERR_SOCKET')
-      : coded(`upstream stream closed before an answer (RST_STREAM ${code ?? 'none'})`, 'UND_ERR_SOCKET');
+      ? layerError(`upstream stream closed before its end (RST_STREAM ${code ?? 'none'})`, 'UND_ERR_SOCKET')
+      : layerError(`upstream stream closed before an answer (RST_STREAM ${code ?? 'none'})`, 'UND_ERR_SOCKET');
     this.fail(err);
   }
 
@@ -525,10 +522,10 @@ class Exchange {
     this.startClock(this.client.timeouts.headersMs, 'upstream did not answer in time', 'UND_ERR_HEADERS_TIMEOUT');
   }
 
-  private startClock(ms: number, message: string, code: string): void {
+  private startClock(ms: number, message: string, code: LayerCode): void {
     clearTimeout(this.clock);
     if (!ms) return;
-    this.clock = setTimeout(() => this.fail(coded(message, code)), ms);
+    this.clock = setTimeout(() => this.fail(layerError(message, code)), ms);
     this.clock.unref();
   }
 }
