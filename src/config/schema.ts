@@ -28,7 +28,9 @@ export const LIMITS = {
 
 /**
  * Headers a rule may never set: they decide framing, the destination or the connection, so
- * injecting them would let a configuration break the proxy's own guarantees.
+ * injecting them would let a configuration break the proxy's own guarantees. Every hop-by-hop
+ * field the proxy drops from requests (src/proxy/headers.ts) is here: a rule's headers are added
+ * after that filter (test/config/config.test.ts checks the two lists).
  */
 export const FORBIDDEN_HEADER_NAMES = new Set([
   'host',
@@ -43,6 +45,9 @@ export const FORBIDDEN_HEADER_NAMES = new Set([
   'trailer',
   'upgrade',
   'expect',
+  // Connection-specific since RFC 9113 (node:http2 refuses to send it): every request of the
+  // rule to an HTTP/2 origin would fail.
+  'http2-settings',
 ]);
 
 const hostPatternList = {

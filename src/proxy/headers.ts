@@ -7,7 +7,7 @@ import { asVariable, type CompiledRule } from '../rules/compile.js';
  * 3.2.1 made it connection-specific; Node's http2 throws on it, an answer carrying it would
  * fail an HTTP/2 client's stream).
  */
-const HOP_BY_HOP = new Set([
+export const HOP_BY_HOP: ReadonlySet<string> = new Set([
   'connection',
   'http2-settings',
   'keep-alive',

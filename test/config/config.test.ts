@@ -3,7 +3,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { Ajv } from 'ajv';
-import { proxyConfigSchema, usesPrecompiledValidator, validateProxyConfig, type ProxyConfig } from '../../src/config/schema.js';
+import { FORBIDDEN_HEADER_NAMES, proxyConfigSchema, usesPrecompiledValidator, validateProxyConfig, type ProxyConfig } from '../../src/config/schema.js';
+import { HOP_BY_HOP } from '../../src/proxy/headers.js';
 import { referencedSecretKeys, resolveProxyConfig } from '../../src/config/resolve.js';
 import { ConfigFileError, loadProxyConfigFile } from '../../src/config/load.js';
 import { Envelope } from '../../src/secrets/envelope.js';
@@ -39,6 +40,7 @@ const cases: [string, unknown, (string | number)[], RegExp][] = [
   ['CRLF in value', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X', type: 'plaintext', value: 'v\r\nX-Evil: 1' }] }] }, ['rules', 0, 'headers', 0, 'value'], /legal HTTP field/],
   ['NUL in value', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X', type: 'plaintext', value: 'v\u0000' }] }] }, ['rules', 0, 'headers', 0, 'value'], /legal HTTP field/],
   ['forbidden header', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'Host', type: 'plaintext', value: 'evil.com' }] }] }, ['rules', 0, 'headers', 0, 'name'], /cannot be injected/],
+  ['connection-specific header (HTTP/2)', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'HTTP2-Settings', type: 'plaintext', value: 'AAMAAABkAAQAoAAAAAIAAAAA' }] }] }, ['rules', 0, 'headers', 0, 'name'], /cannot be injected/],
   ['duplicate header', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X-A', type: 'plaintext', value: '1' }, { name: 'x-a', type: 'plaintext', value: '2' }] }] }, ['rules', 0, 'headers', 1, 'name'], /set twice/],
   ['duplicate rule name', { rules: [{ name: 'a', match_hosts: ['a.com'] }, { name: 'a', match_hosts: ['b.com'] }] }, ['rules', 1, 'name'], /Duplicate rule/],
   ['secret without reference', { rules: [{ name: 'a', match_hosts: ['a.com'], headers: [{ name: 'X', type: 'workspace_secret', value: 'Bearer TOKEN' }] }] }, ['rules', 0, 'headers', 0, 'value'], /at least one secret/],
@@ -64,6 +66,10 @@ describe('validateProxyConfig', () => {
     const hit = issues.find((i) => JSON.stringify(i.loc) === JSON.stringify(loc));
     expect(hit, JSON.stringify(issues)).toBeDefined();
     expect(hit!.msg).toMatch(msg);
+  });
+
+  it('forbids a rule every hop-by-hop field the proxy drops from requests (a rule\'s headers are added after that filter)', () => {
+    for (const name of HOP_BY_HOP) expect(FORBIDDEN_HEADER_NAMES.has(name), name).toBe(true);
   });
 
   it('never quotes a header value in a message', () => {
