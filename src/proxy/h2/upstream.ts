@@ -48,6 +48,8 @@ interface Session {
   closed: boolean;
   /** The peer's SETTINGS arrived (until then one stream: its limit is not known). */
   settings: boolean;
+  /** The last stream id a GOAWAY from the peer said it processed (streams above it were not). */
+  goawayLast?: number;
   idle?: NodeJS.Timeout;
 }
 
@@ -84,6 +86,11 @@ function regularFields(raw: readonly string[] | undefined, obj: Record<string, u
     for (const v of Array.isArray(value) ? value : [value]) out.push(name, String(v));
   }
   return out;
+}
+
+/** The request has a body (read from the client as it is sent: it cannot be sent twice). */
+function hasBody(opts: Dispatcher.DispatchOptions): boolean {
+  return opts.body !== null && opts.body !== undefined;
 }
 
 /**
@@ -124,6 +131,20 @@ export class H2Upstream implements H2Client {
    * a session to the origin, or the HTTP/1.1 pool's dispatch for an origin that chose http/1.1.
    */
   dispatch(opts: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandler): boolean {
+    return this.begin(opts, handler, false);
+  }
+
+  /**
+   * Sends again a request the origin did not process (Exchange.refused): once, through the
+   * current client (this one, or the next after a change of the egress policy).
+   */
+  retry(opts: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandler): void {
+    const current = this.up.h2;
+    if (current !== this && current instanceof H2Upstream) current.retry(opts, handler);
+    else this.begin(opts, handler, true);
+  }
+
+  private begin(opts: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandler, retried: boolean): boolean {
     const url = new URL(String(opts.origin));
     const host = url.hostname.startsWith('[') ? url.hostname.slice(1, -1) : url.hostname;
     const port = Number(url.port) || 443;
@@ -131,7 +152,7 @@ export class H2Upstream implements H2Client {
     let o = this.origins.get(key);
     if (!o) this.origins.set(key, (o = { key, host, port, h1: false, sessions: [], waiting: [], dialing: false }));
     if (o.h1) return this.up.agent.dispatch(withoutTe(opts), handler);
-    new Exchange(this, o, opts, handler, urlAuthority(host, port, 443)).start();
+    new Exchange(this, o, opts, handler, urlAuthority(host, port, 443), retried).start();
     return true;
   }
 
@@ -231,7 +252,8 @@ export class H2Upstream implements H2Client {
     };
     // Streams the GOAWAY covers (above its last stream id) are closed by nghttp2 and fail;
     // those below it finish; no new stream goes on this session.
-    session.on('goaway', () => {
+    session.on('goaway', (_code: number, lastStreamID: number) => {
+      s.goawayLast = lastStreamID;
       s.closed = true;
       if (s.active === 0) session.close();
       gone();
@@ -341,6 +363,8 @@ class Exchange {
     private readonly opts: Dispatcher.DispatchOptions,
     private readonly handler: Dispatcher.DispatchHandler,
     private readonly authority: string,
+    /** This is the second attempt of a request the origin refused (no third). */
+    private readonly retried = false,
   ) {}
 
   start(): void {
@@ -407,10 +431,10 @@ class Exchange {
   private send(s: Session): void {
     const o = this.opts;
     const fields = (Array.isArray(o.headers) ? o.headers : []) as string[];
-    const hasBody = o.body !== null && o.body !== undefined;
+    const body = hasBody(o);
     let stream: ClientHttp2Stream;
     try {
-      stream = s.session.request(requestHeaders(o.method, o.path, this.authority, fields), { endStream: !hasBody });
+      stream = s.session.request(requestHeaders(o.method, o.path, this.authority, fields), { endStream: !body });
     } catch (err) {
       return this.fail(err as Error);
     }
@@ -432,7 +456,7 @@ class Exchange {
       }
       return push.call(stream, chunk, encoding);
     };
-    stream.on('error', (err: Error) => this.fail(err));
+    stream.on('error', (err: Error) => (this.refused() ? this.sendAgain() : this.fail(err)));
     stream.on('headers', (headers, _flags, raw?: string[]) => this.onHead(headers, raw));
     stream.on('response', (headers, _flags, raw?: string[]) => this.onHead(headers, raw));
     stream.on('trailers', (headers, _flags, raw?: string[]) => {
@@ -443,7 +467,7 @@ class Exchange {
       if (this.cleanEnd && this.headSeen) this.complete();
     });
     // The answer's head is waited for once the request is sent (its body included, as on HTTP/1.1).
-    if (hasBody) void this.upload(stream, o.body as AsyncIterable<Buffer>);
+    if (body) void this.upload(stream, o.body as AsyncIterable<Buffer>);
     else this.headersClock();
   }
 
@@ -478,8 +502,29 @@ class Exchange {
     } else this.clock?.refresh();
   }
 
+  /**
+   * The origin did not process this request (RFC 9113 8.7: RST_STREAM REFUSED_STREAM, or a
+   * GOAWAY whose last stream id is below this stream), nothing of its answer came, and nothing
+   * of it came from the client but its head (no body: a body read once cannot be sent again).
+   * Such a request may be sent again; once, so an origin that keeps refusing gets the 502.
+   */
+  private refused(): boolean {
+    const st = this.stream;
+    if (this.settled || this.retried || this.headSeen || !st || hasBody(this.opts)) return false;
+    if (st.rstCode === http2.constants.NGHTTP2_REFUSED_STREAM) return true;
+    const last = this.session?.goawayLast;
+    return last !== undefined && st.id !== undefined && st.id > last;
+  }
+
+  private sendAgain(): void {
+    this.settled = true;
+    clearTimeout(this.clock);
+    this.client.retry(this.opts, this.handler);
+  }
+
   private onClose(): void {
     if (this.settled) return;
+    if (this.refused()) return this.sendAgain();
     if (this.cleanEnd && this.headSeen) {
       // 'end' is emitted before 'close' when END_STREAM came; this is only reached if it was not.
       return this.complete();
