@@ -3,7 +3,7 @@
  * HPACK literals (never indexed, no Huffman), so any name and value bytes go on the wire as
  * given, and a reader that reports what came back on stream 1.
  */
-import type tls from 'node:tls';
+import tls from 'node:tls';
 
 export const PREFACE = Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n', 'latin1');
 
@@ -104,4 +104,40 @@ export function outcome(frames: Frame[]): { reset: boolean; headers?: Buffer } {
   const reset = frames.some((f) => (f.type === 3 && f.stream === 1) || f.type === 7);
   const h = frames.find((f) => f.type === 1 && f.stream === 1);
   return { reset, headers: h?.payload };
+}
+
+/**
+ * An HTTP/2 origin written frame by frame, for what node:http2 servers will not send: TLS with
+ * ALPN h2, its SETTINGS, the client's preface read and its SETTINGS acknowledged; every HEADERS
+ * frame goes to `onHeaders` with its stream id, header block and the number of its connection
+ * (from 0), which answers by writing frames on the socket.
+ */
+export async function rawH2Server(cert: { keyPem: string; certPem: string }, onHeaders: (s: tls.TLSSocket, stream: number, block: Buffer, conn: number) => void): Promise<tls.Server> {
+  let conns = 0;
+  const server = tls.createServer({ key: cert.keyPem, cert: cert.certPem, ALPNProtocols: ['h2'] }, (s) => {
+    const conn = conns++;
+    s.on('error', () => undefined);
+    s.write(frame(0x4, 0, 0)); // our SETTINGS (all defaults)
+    let buf = Buffer.alloc(0);
+    let preface = false;
+    s.on('data', (d: Buffer) => {
+      buf = Buffer.concat([buf, d]);
+      if (!preface) {
+        if (buf.length < PREFACE.length) return;
+        buf = buf.subarray(PREFACE.length);
+        preface = true;
+      }
+      while (buf.length >= 9) {
+        const len = buf.readUIntBE(0, 3);
+        if (buf.length < 9 + len) return;
+        const [type, flags, stream] = [buf[3], buf[4], buf.readUInt32BE(5) & 0x7fffffff];
+        const payload = buf.subarray(9, 9 + len);
+        buf = buf.subarray(9 + len);
+        if (type === 0x4 && !(flags & 0x1)) s.write(frame(0x4, 0x1, 0)); // SETTINGS ACK
+        if (type === 0x1) onHeaders(s, stream, payload, conn);
+      }
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  return server;
 }

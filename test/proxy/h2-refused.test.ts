@@ -7,11 +7,10 @@
  * since node:http2 servers do not refuse on demand; real HTTP/2 clients through the proxy.
  */
 import type net from 'node:net';
-import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { h2Request, h2Through } from './h2-helpers.js';
-import { END_HEADERS, END_STREAM, frame, literalBlock } from './h2-raw.js';
+import { END_HEADERS, END_STREAM, frame, literalBlock, rawH2Server } from './h2-raw.js';
 import { HOST, INJECTED, startTestProxy, type TestProxy } from './h1/fast-helpers.js';
 
 let pki: TestPki;
@@ -39,50 +38,28 @@ interface RawOrigin {
 /** An HTTP/2 origin whose connection `conn` treats its `nth` stream (from 0) as `plan` says. */
 async function rawOrigin(plan: (conn: number, nth: number) => Refusal): Promise<RawOrigin> {
   const o: RawOrigin = { port: 0, seen: [], connections: 0, close: () => undefined };
-  const server = tls.createServer({ key: pki.keyPem, cert: pki.certPem, ALPNProtocols: ['h2'] }, (s) => {
-    const conn = o.connections++;
-    let nth = 0;
-    s.on('error', () => undefined);
-    s.write(frame(0x4, 0, 0));
-    let buf = Buffer.alloc(0);
-    let preface = false;
-    s.on('data', (d: Buffer) => {
-      buf = Buffer.concat([buf, d]);
-      if (!preface) {
-        if (buf.length < 24) return;
-        buf = buf.subarray(24);
-        preface = true;
-      }
-      while (buf.length >= 9) {
-        const len = buf.readUIntBE(0, 3);
-        if (buf.length < 9 + len) return;
-        const [type, flags, stream] = [buf[3], buf[4], buf.readUInt32BE(5) & 0x7fffffff];
-        const payload = buf.subarray(9, 9 + len);
-        buf = buf.subarray(9 + len);
-        if (type === 0x4 && !(flags & 1)) s.write(frame(0x4, 1, 0));
-        if (type !== 0x1) continue;
-        // The path, for the record (a literal the proxy's HPACK encoder may index: only its presence is checked).
-        o.seen.push(`${conn}:${stream}:${payload.includes('/with-body') ? 'body' : 'get'}`);
-        const what = plan(conn, nth++);
-        if (what === 'goaway') {
-          // Last processed stream: 0. This stream was not processed.
-          const p = Buffer.alloc(8);
-          p.writeUInt32BE(0, 0);
-          p.writeUInt32BE(0, 4);
-          s.write(frame(0x7, 0, 0, p));
-          setTimeout(() => s.end(), 20);
-        } else if (what === 'rst') {
-          const p = Buffer.alloc(4);
-          p.writeUInt32BE(0x7, 0); // REFUSED_STREAM
-          s.write(frame(0x3, 0, stream, p));
-        } else {
-          const block = literalBlock([[':status', '200']]);
-          s.write(Buffer.concat([frame(0x1, END_HEADERS, stream, block), frame(0x0, END_STREAM, stream, Buffer.from(`served on ${conn}`))]));
-        }
-      }
-    });
+  const streams = new Map<number, number>();
+  const server = await rawH2Server(pki, (s, stream, block, conn) => {
+    o.connections = Math.max(o.connections, conn + 1);
+    const nth = streams.get(conn) ?? 0;
+    streams.set(conn, nth + 1);
+    // The path, for the record (a literal the proxy's HPACK encoder may index: only its presence is checked).
+    o.seen.push(`${conn}:${stream}:${block.includes('/with-body') ? 'body' : 'get'}`);
+    const what = plan(conn, nth);
+    if (what === 'goaway') {
+      // Last processed stream: 0. This stream was not processed.
+      const p = Buffer.alloc(8);
+      s.write(frame(0x7, 0, 0, p));
+      setTimeout(() => s.end(), 20);
+    } else if (what === 'rst') {
+      const p = Buffer.alloc(4);
+      p.writeUInt32BE(0x7, 0); // REFUSED_STREAM
+      s.write(frame(0x3, 0, stream, p));
+    } else {
+      const answer = literalBlock([[':status', '200']]);
+      s.write(Buffer.concat([frame(0x1, END_HEADERS, stream, answer), frame(0x0, END_STREAM, stream, Buffer.from(`served on ${conn}`))]));
+    }
   });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
   o.port = (server.address() as net.AddressInfo).port;
   o.close = () => server.close();
   px.route(o.port);

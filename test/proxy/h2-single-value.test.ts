@@ -9,11 +9,11 @@
  */
 import http2 from 'node:http2';
 import type net from 'node:net';
-import tls from 'node:tls';
+import type tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { h2Request, h2Through, tunnelTls } from './h2-helpers.js';
-import { converseH2, END_HEADERS, END_STREAM, frame, literalBlock, outcome, statusOf } from './h2-raw.js';
+import { converseH2, END_HEADERS, END_STREAM, frame, literalBlock, outcome, rawH2Server, statusOf } from './h2-raw.js';
 import { HOST, INJECTED, lengthResponse, startScriptedOrigin, startTestProxy, type ScriptedOrigin, type TestProxy } from './h1/fast-helpers.js';
 
 let pki: TestPki;
@@ -52,33 +52,10 @@ beforeAll(async () => {
     if (req.path === '/echo') s.write(lengthResponse(JSON.stringify(req.headers.map(([n]) => n.toLowerCase()))));
     else s.write(ANSWERS[req.path] ?? lengthResponse('?', [], '404 Not Found'));
   });
-  rawH2 = tls.createServer({ key: pki.keyPem, cert: pki.certPem, ALPNProtocols: ['h2'] }, (s) => {
-    s.on('error', () => undefined);
-    // The server's preface (an empty SETTINGS), then an answer on every stream the client opens.
-    s.write(frame(0x4, 0, 0));
-    let buf = Buffer.alloc(0);
-    let prefaceSeen = false;
-    s.on('data', (d: Buffer) => {
-      buf = Buffer.concat([buf, d]);
-      if (!prefaceSeen) {
-        if (buf.length < 24) return;
-        buf = buf.subarray(24);
-        prefaceSeen = true;
-      }
-      while (buf.length >= 9) {
-        const len = buf.readUIntBE(0, 3);
-        if (buf.length < 9 + len) return;
-        const [type, flags, stream] = [buf[3], buf[4], buf.readUInt32BE(5) & 0x7fffffff];
-        buf = buf.subarray(9 + len);
-        if (type === 0x4 && !(flags & 1)) s.write(frame(0x4, 1, 0));
-        if (type === 0x1) {
-          const block = literalBlock([[':status', '200'], ['content-type', 'text/plain'], ['content-type', 'text/html']]);
-          s.write(Buffer.concat([frame(0x1, END_HEADERS, stream, block), frame(0x0, END_STREAM, stream, Buffer.from('hello'))]));
-        }
-      }
-    });
+  rawH2 = await rawH2Server(pki, (s, stream) => {
+    const block = literalBlock([[':status', '200'], ['content-type', 'text/plain'], ['content-type', 'text/html']]);
+    s.write(Buffer.concat([frame(0x1, END_HEADERS, stream, block), frame(0x0, END_STREAM, stream, Buffer.from('hello'))]));
   });
-  await new Promise<void>((r) => rawH2.listen(0, '127.0.0.1', () => r()));
   rawH2Port = (rawH2.address() as net.AddressInfo).port;
   for (const port of [h2Port, h1.port, rawH2Port]) px.route(port);
 });

@@ -22,7 +22,7 @@ import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { h2Request, h2Through, type H2Answer } from './h2-helpers.js';
-import { END_HEADERS, END_STREAM, frame, literalBlock } from './h2-raw.js';
+import { END_HEADERS, END_STREAM, frame, literalBlock, rawH2Server } from './h2-raw.js';
 import { dialPlain, HOST, INJECTED, Reader, request, startTestProxy, WS_HEADERS, type TestProxy } from './h1/fast-helpers.js';
 
 // ---- the table ------------------------------------------------------------------------------------
@@ -378,33 +378,11 @@ describe('an HTTP/2 origin, HTTP/2 client', () => {
  * range, control bytes in a value): frames built by hand (h2-raw.ts). It answers every request
  * stream with `fields` (HEADERS, END_STREAM).
  */
-async function rawH2Origin(fields: [string, string][], after?: (stream: number) => Buffer[]): Promise<tls.Server> {
-  const server = tls.createServer({ key: pki.keyPem, cert: pki.certPem, ALPNProtocols: ['h2'] }, (s) => {
-    s.on('error', () => undefined);
-    s.write(frame(0x4, 0, 0)); // our SETTINGS (all defaults)
-    let buf = Buffer.alloc(0);
-    let preface = false;
-    s.on('data', (d: Buffer) => {
-      buf = Buffer.concat([buf, d]);
-      if (!preface) {
-        if (buf.length < 24) return;
-        buf = buf.subarray(24);
-        preface = true;
-      }
-      while (buf.length >= 9) {
-        const len = buf.readUIntBE(0, 3);
-        if (buf.length < 9 + len) return;
-        const [type, flags] = [buf[3], buf[4]];
-        const stream = buf.readUInt32BE(5) & 0x7fffffff;
-        buf = buf.subarray(9 + len);
-        if (type === 0x4 && !(flags & 0x1)) s.write(frame(0x4, 0x1, 0)); // SETTINGS ACK
-        if (type === 0x1 && !after) s.write(frame(0x1, END_HEADERS | END_STREAM, stream, literalBlock(fields)));
-        if (type === 0x1 && after) s.write(Buffer.concat([frame(0x1, END_HEADERS, stream, literalBlock(fields)), ...after(stream)]));
-      }
-    });
+function rawH2Origin(fields: [string, string][], after?: (stream: number) => Buffer[]): Promise<tls.Server> {
+  return rawH2Server(pki, (s, stream) => {
+    if (!after) s.write(frame(0x1, END_HEADERS | END_STREAM, stream, literalBlock(fields)));
+    else s.write(Buffer.concat([frame(0x1, END_HEADERS, stream, literalBlock(fields)), ...after(stream)]));
   });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
-  return server;
 }
 
 const u32 = (...n: number[]) => Buffer.concat(n.map((x) => Buffer.from([x >>> 24, (x >>> 16) & 0xff, (x >>> 8) & 0xff, x & 0xff])));
