@@ -306,6 +306,8 @@ interface Warm {
   socket?: Connected;
   error?: Error;
   timer?: NodeJS.Timeout;
+  /** Upstream.generation when it was dialled: another one now means the egress policy changed meanwhile. */
+  generation: number;
 }
 
 /**
@@ -333,6 +335,8 @@ export class Upstream {
   /** Upstream connections open now, by origin key (`https://host:port`, as undici names it). */
   private readonly live = new Map<string, number>();
   private readonly warm = new Map<string, Warm>();
+  /** Counts the egress policy's changes (renewPool): what was dialled under an older one is not handed out. */
+  private generation = 0;
   /** Keep-alive connections of the intercepted fast path (src/proxy/h1): the same connector as undici's pool. */
   readonly h1: H1Pool;
 
@@ -387,7 +391,7 @@ export class Upstream {
   adopt(host: string, port: number, socket: tls.TLSSocket): boolean {
     const key = `https://${connectOptions(host, port).host}`;
     if (this.warm.has(key) || socket.destroyed) return false;
-    const warm: Warm = {};
+    const warm: Warm = { generation: this.generation };
     this.warm.set(key, warm);
     this.holdWarm(key, warm, socket as unknown as Connected);
     return true;
@@ -453,16 +457,19 @@ export class Upstream {
     // The key undici's connector sees this origin by.
     const key = `https://${o.host}`;
     if (this.warm.has(key) || this.live.has(key)) return;
-    const warm: Warm = {};
+    const warm: Warm = { generation: this.generation };
     this.warm.set(key, warm);
     this.dial(o, (err, socket) => {
       const waiter = warm.waiter;
-      if (waiter) return err || !socket ? waiter(err ?? new Error('upstream connection failed'), null) : waiter(null, socket);
-      if (this.warm.get(key) !== warm) {
-        // Dropped meanwhile (a policy change): never handed to anyone.
+      if (warm.generation !== this.generation || (!waiter && this.warm.get(key) !== warm)) {
+        // Dropped meanwhile (a policy change, or the pool closing): never handed to anyone. A
+        // request already waiting for it after a policy change is dialled anew, under the policy
+        // in force now (which may refuse the origin).
         socket?.destroy();
+        if (waiter) this.dial(o, waiter);
         return;
       }
+      if (waiter) return err || !socket ? waiter(err ?? new Error('upstream connection failed'), null) : waiter(null, socket);
       // Kept briefly for the request that is coming, so it fails the same way a dial would.
       if (err || !socket) warm.error = err ?? new Error('upstream connection failed');
       this.holdWarm(key, warm, err ? null : socket);
@@ -541,6 +548,7 @@ export class Upstream {
    * not carry new requests). The old pool finishes what it has in flight, then closes.
    */
   renewPool(): void {
+    this.generation++;
     this.dropWarm();
     this.h1.clear();
     // The next request makes a new pool (as at start-up: only when one is needed).

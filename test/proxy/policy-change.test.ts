@@ -1,0 +1,93 @@
+/**
+ * A push that changes the egress policy while a request waits for its upstream connection: the
+ * request was planned under the old policy, but its connection must not come from it. The first
+ * request of a tunnel waits for the connection opened at CONNECT (Upstream.prewarm); if the
+ * policy changes before that connection is up, it is not handed out, and the request is dialled
+ * again under the new policy: refused where that denies the origin. Both HTTP/1.1 exchanges (the
+ * fast path and the Node path with undici), a real origin behind a TCP gate that holds the dial
+ * across the change. (HTTP/2 clients' requests: test/proxy/h2-upstream.test.ts.)
+ */
+import net from 'node:net';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createTestPki, type TestPki } from '../helpers/pki.js';
+import { compileConfig } from '../../src/rules/index.js';
+import { HOST, INJECTED, lengthResponse, OTHER, Reader, request, startScriptedOrigin, startTestProxy, type ScriptedOrigin, type TestProxy } from './h1/fast-helpers.js';
+
+let pki: TestPki;
+let origin: ScriptedOrigin;
+
+beforeAll(async () => {
+  pki = await createTestPki([HOST]);
+  origin = await startScriptedOrigin(pki, (req, s) => s.write(lengthResponse(`ok ${req.path}`)));
+});
+afterAll(async () => {
+  await origin?.close();
+});
+
+const config = (access_control: Record<string, unknown>) => compileConfig({ no_proxy: [], access_control, rules: [{ name: 'fast', match_hosts: [HOST, OTHER], headers: [{ name: 'X-Key', value: INJECTED }] }] });
+
+/** A TCP relay to the origin that holds new connections while shut. */
+async function gate(): Promise<{ port: number; shut(): void; open(): void; close(): void }> {
+  let wait: Promise<void> = Promise.resolve();
+  let release = () => undefined as void;
+  const relay = net.createServer((c) => {
+    c.on('error', () => undefined);
+    void wait.then(() => {
+      const u = net.connect(origin.port, '127.0.0.1');
+      u.on('error', () => c.destroy());
+      c.pipe(u).pipe(c);
+    });
+  });
+  await new Promise<void>((r) => relay.listen(0, '127.0.0.1', () => r()));
+  return {
+    port: (relay.address() as net.AddressInfo).port,
+    shut: () => void (wait = new Promise<void>((r) => (release = r))),
+    open: () => release(),
+    close: () => relay.close(),
+  };
+}
+
+describe.each([
+  ['the fast path', true],
+  ['the Node path (undici)', false],
+] as const)('%s: the egress policy changes while the first request waits for its connection', (_name, fastPath) => {
+  let px: TestProxy;
+  beforeAll(async () => {
+    px = await startTestProxy(pki, { fastPath });
+  });
+  afterAll(async () => {
+    await px?.close(200);
+    expect(px?.log() ?? '').not.toContain(INJECTED);
+  });
+
+  it.each([
+    ['denies the origin now: 403, nothing reaches it', 'deny', 403],
+    ['still allows it: served', 'allow', 200],
+  ] as const)('the new policy %s', async (_what, policy, status) => {
+    const g = await gate();
+    px.route(g.port);
+    const before = origin.requests.length;
+    const keep = px.handle.getConfig();
+    try {
+      // The connection opened at CONNECT is held at the gate; the request waits for it.
+      g.shut();
+      const t = await px.connect(g.port);
+      const r = new Reader(t);
+      t.write(request('GET', `/${policy}`, `${HOST}:${g.port}`));
+      await new Promise((res) => setTimeout(res, 150));
+      px.handle.setConfig(config(policy === 'deny' ? { deny_ports: [g.port] } : { deny_hosts: ['denied.example'] }));
+      g.open();
+      const resp = await r.next();
+      expect(resp.status).toBe(status);
+      if (status === 403) {
+        expect(resp.head).toMatch(/proxy-status: keygate; error=http_request_denied/i);
+        expect(origin.requests.length).toBe(before);
+      } else expect(resp.body.toString()).toBe(`ok /${policy}`);
+      t.destroy();
+    } finally {
+      g.open();
+      px.handle.setConfig(keep);
+      g.close();
+    }
+  });
+});
