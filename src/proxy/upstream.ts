@@ -306,8 +306,6 @@ interface Warm {
   socket?: Connected;
   error?: Error;
   timer?: NodeJS.Timeout;
-  /** Upstream.generation when it was dialled: another one now means the egress policy changed meanwhile. */
-  generation: number;
 }
 
 /**
@@ -335,7 +333,7 @@ export class Upstream {
   /** Upstream connections open now, by origin key (`https://host:port`, as undici names it). */
   private readonly live = new Map<string, number>();
   private readonly warm = new Map<string, Warm>();
-  /** Counts the egress policy's changes (renewPool): what was dialled under an older one is not handed out. */
+  /** Counts the egress policy's changes (renewPool): a connection dialled across one is dialled again (dialWith). */
   private generation = 0;
   /** Keep-alive connections of the intercepted fast path (src/proxy/h1): the same connector as undici's pool. */
   readonly h1: H1Pool;
@@ -391,7 +389,7 @@ export class Upstream {
   adopt(host: string, port: number, socket: tls.TLSSocket): boolean {
     const key = `https://${connectOptions(host, port).host}`;
     if (this.warm.has(key) || socket.destroyed) return false;
-    const warm: Warm = { generation: this.generation };
+    const warm: Warm = {};
     this.warm.set(key, warm);
     this.holdWarm(key, warm, socket as unknown as Connected);
     return true;
@@ -402,26 +400,37 @@ export class Upstream {
     return this.opts.timeouts;
   }
 
-  /** A dialler over undici's TLS connector `base`: egress policy and pins first, then verified TLS. */
+  /**
+   * A dialler over undici's TLS connector `base`: egress policy and pins first, then verified TLS.
+   * A dial the egress policy changed under (renewPool) is made again under the new one, whoever
+   * waits for it: a request planned before the change must not leave on a connection the old
+   * policy let through (the connection opened at CONNECT, a pool's dial, an HTTP/2 session).
+   */
   private dialWith(base: Undici.buildConnector.connector): Undici.buildConnector.connector {
-    return (o: ConnectOptions, cb: ConnectCallback) => {
+    const dial = (o: ConnectOptions, cb: ConnectCallback): void => {
       const hostname = o.hostname.startsWith('[') ? o.hostname.slice(1, -1) : o.hostname;
       const port = Number(o.port) || (o.protocol === 'https:' ? 443 : 80);
+      const generation = this.generation;
       // Resolved once and checked against the egress policy; the connection goes to exactly that
       // address (no second lookup a rebinding DNS server could answer differently). `host`
       // keeps the name, so undici still sends SNI and verifies the certificate for it.
       this.dialAddress(hostname, port).then(
         (address) =>
           base({ ...o, hostname: address }, (err, socket) => {
+            if (this.generation !== generation) {
+              socket?.destroy();
+              return dial(o, cb);
+            }
             if (err || !socket) return cb(err ?? new Error('upstream connection failed'), null);
             guardPausedParserOnEnd(socket);
             guardResetInBody(socket);
             this.count(`${o.protocol}//${o.host}`, socket);
             cb(null, socket);
           }),
-        (err: Error) => cb(err, null),
+        (err: Error) => (this.generation !== generation ? dial(o, cb) : cb(err, null)),
       );
     };
+    return dial;
   }
 
   /** Keeps `live` current: an origin with a connection open needs no connection opened ahead. */
@@ -457,19 +466,17 @@ export class Upstream {
     // The key undici's connector sees this origin by.
     const key = `https://${o.host}`;
     if (this.warm.has(key) || this.live.has(key)) return;
-    const warm: Warm = { generation: this.generation };
+    const warm: Warm = {};
     this.warm.set(key, warm);
     this.dial(o, (err, socket) => {
       const waiter = warm.waiter;
-      if (warm.generation !== this.generation || (!waiter && this.warm.get(key) !== warm)) {
-        // Dropped meanwhile (a policy change, or the pool closing): never handed to anyone. A
-        // request already waiting for it after a policy change is dialled anew, under the policy
-        // in force now (which may refuse the origin).
+      // A request waiting for it gets it: dialWith made it under the policy in force now.
+      if (waiter) return err || !socket ? waiter(err ?? new Error('upstream connection failed'), null) : waiter(null, socket);
+      if (this.warm.get(key) !== warm) {
+        // Dropped meanwhile (a policy change, the pool closing): never handed to anyone.
         socket?.destroy();
-        if (waiter) this.dial(o, waiter);
         return;
       }
-      if (waiter) return err || !socket ? waiter(err ?? new Error('upstream connection failed'), null) : waiter(null, socket);
       // Kept briefly for the request that is coming, so it fails the same way a dial would.
       if (err || !socket) warm.error = err ?? new Error('upstream connection failed');
       this.holdWarm(key, warm, err ? null : socket);

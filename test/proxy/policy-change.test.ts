@@ -1,9 +1,10 @@
 /**
  * A push that changes the egress policy while a request waits for its upstream connection: the
  * request was planned under the old policy, but its connection must not come from it. The first
- * request of a tunnel waits for the connection opened at CONNECT (Upstream.prewarm); if the
- * policy changes before that connection is up, it is not handed out, and the request is dialled
- * again under the new policy: refused where that denies the origin. Both HTTP/1.1 exchanges (the
+ * request of a tunnel waits for the connection opened at CONNECT (Upstream.prewarm), a later one
+ * for a new connection when the origin closed the last; if the policy changes before that
+ * connection is up, the dial is made again under the new policy (Upstream.dialWith): refused
+ * where that denies the origin. Both HTTP/1.1 exchanges (the
  * fast path and the Node path with undici), a real origin behind a TCP gate that holds the dial
  * across the change. (HTTP/2 clients' requests: test/proxy/h2-upstream.test.ts.)
  */
@@ -18,7 +19,11 @@ let origin: ScriptedOrigin;
 
 beforeAll(async () => {
   pki = await createTestPki([HOST]);
-  origin = await startScriptedOrigin(pki, (req, s) => s.write(lengthResponse(`ok ${req.path}`)));
+  origin = await startScriptedOrigin(pki, (req, s) => {
+    // `/close`: the origin ends the connection after its answer, so the next request needs a new one.
+    if (req.path === '/close') s.end(lengthResponse('ok /close', ['Connection: close']));
+    else s.write(lengthResponse(`ok ${req.path}`));
+  });
 });
 afterAll(async () => {
   await origin?.close();
@@ -83,6 +88,32 @@ describe.each([
         expect(resp.head).toMatch(/proxy-status: keygate; error=http_request_denied/i);
         expect(origin.requests.length).toBe(before);
       } else expect(resp.body.toString()).toBe(`ok /${policy}`);
+      t.destroy();
+    } finally {
+      g.open();
+      px.handle.setConfig(keep);
+      g.close();
+    }
+  });
+
+  it('a later request dialling a new connection (the origin closed the last one): refused when the policy denies the origin now', async () => {
+    const g = await gate();
+    px.route(g.port);
+    const keep = px.handle.getConfig();
+    try {
+      const t = await px.connect(g.port);
+      const r = new Reader(t);
+      const first = await r.exchange(request('GET', '/close', `${HOST}:${g.port}`));
+      expect(first.status).toBe(200);
+      const before = origin.requests.length;
+      g.shut();
+      t.write(request('GET', '/later', `${HOST}:${g.port}`));
+      await new Promise((res) => setTimeout(res, 150));
+      px.handle.setConfig(config({ deny_ports: [g.port] }));
+      g.open();
+      const resp = await r.next();
+      expect(resp.status).toBe(403);
+      expect(origin.requests.length).toBe(before);
       t.destroy();
     } finally {
       g.open();
