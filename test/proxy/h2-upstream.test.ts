@@ -7,11 +7,12 @@
  * test CA, real HTTP/2 clients through the proxy.
  */
 import http2, { type ClientHttp2Session, type ServerHttp2Stream } from 'node:http2';
-import net from 'node:net';
+import type net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { h2Request, h2Through } from './h2-helpers.js';
 import { compileConfig } from '../../src/rules/index.js';
+import { tcpGate } from '../helpers/gate.js';
 import { HOST, INJECTED, OTHER, startTestProxy, type TestProxy } from './h1/fast-helpers.js';
 
 let pki: TestPki;
@@ -156,31 +157,18 @@ describe('HTTP/2 upstream: the egress policy changes', () => {
       },
       { maxConcurrentStreams: 1 },
     );
-    let gate: Promise<void> = Promise.resolve();
-    let openGate = () => undefined as void;
-    const relay = net.createServer((c) => {
-      c.on('error', () => undefined);
-      void gate.then(() => {
-        const u = net.connect(o.port, '127.0.0.1');
-        u.on('error', () => c.destroy());
-        c.pipe(u).pipe(c);
-      });
-    });
-    await new Promise<void>((r) => relay.listen(0, '127.0.0.1', () => r()));
-    const port = (relay.address() as net.AddressInfo).port;
-    px.route(port);
+    const gate = await tcpGate(o.port);
+    px.route(gate.port);
     return {
       o,
-      port,
-      shut: () => {
-        gate = new Promise<void>((r) => (openGate = r));
-      },
+      port: gate.port,
+      shut: () => gate.shut(),
       open: () => {
-        openGate();
+        gate.open();
         release();
       },
       close: () => {
-        relay.close();
+        gate.close();
         o.close();
       },
     };

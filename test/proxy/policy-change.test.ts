@@ -8,8 +8,8 @@
  * fast path and the Node path with undici), a real origin behind a TCP gate that holds the dial
  * across the change. (HTTP/2 clients' requests: test/proxy/h2-upstream.test.ts.)
  */
-import net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { tcpGate } from '../helpers/gate.js';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { compileConfig } from '../../src/rules/index.js';
 import { HOST, INJECTED, lengthResponse, OTHER, Reader, request, startScriptedOrigin, startTestProxy, type ScriptedOrigin, type TestProxy } from './h1/fast-helpers.js';
@@ -31,26 +31,7 @@ afterAll(async () => {
 
 const config = (access_control: Record<string, unknown>) => compileConfig({ no_proxy: [], access_control, rules: [{ name: 'fast', match_hosts: [HOST, OTHER], headers: [{ name: 'X-Key', value: INJECTED }] }] });
 
-/** A TCP relay to the origin that holds new connections while shut. */
-async function gate(): Promise<{ port: number; shut(): void; open(): void; close(): void }> {
-  let wait: Promise<void> = Promise.resolve();
-  let release = () => undefined as void;
-  const relay = net.createServer((c) => {
-    c.on('error', () => undefined);
-    void wait.then(() => {
-      const u = net.connect(origin.port, '127.0.0.1');
-      u.on('error', () => c.destroy());
-      c.pipe(u).pipe(c);
-    });
-  });
-  await new Promise<void>((r) => relay.listen(0, '127.0.0.1', () => r()));
-  return {
-    port: (relay.address() as net.AddressInfo).port,
-    shut: () => void (wait = new Promise<void>((r) => (release = r))),
-    open: () => release(),
-    close: () => relay.close(),
-  };
-}
+const gate = () => tcpGate(origin.port);
 
 describe.each([
   ['the fast path', true],
