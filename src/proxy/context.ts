@@ -1,4 +1,5 @@
 import type { EventEmitter } from 'node:events';
+import type { Duplex } from 'node:stream';
 import type { Logger } from '../log.js';
 import type { CompiledConfig, Decision } from '../rules/compile.js';
 import type { Upstream, ProxyTimeouts } from './upstream.js';
@@ -15,6 +16,21 @@ export interface ProxyCore {
   isDenied(host: string, port: number): boolean;
   /** True once close() started: finish what is in flight, keep nothing alive. */
   draining(): boolean;
+  /**
+   * Watches a long-lived channel the proxy cannot read into (a blind tunnel, a spliced
+   * WebSocket) until `s` closes: when a new egress policy denies where it goes, `hold.close` ends it.
+   */
+  watchEgress(s: Duplex, hold: EgressHold): void;
+}
+
+/** Where a long-lived channel goes, and how to end it (ProxyCore.watchEgress). */
+export interface EgressHold {
+  host: string;
+  port: number;
+  /** The address it connected to (the policy's address checks apply to it). */
+  address: string;
+  /** Ends the channel, recording why. */
+  close(reason: string): void;
 }
 
 /** The CONNECT target of an intercepted tunnel, remembered on its TLS socket. */

@@ -8,7 +8,7 @@ import type { CompiledConfig } from '../rules/compile.js';
 import { formatAuthority, isIpLiteral, parseAuthority } from '../rules/host.js';
 import { unwrapAddress } from '../rules/egress.js';
 import { NodeBoundary, type DataPath } from './boundary.js';
-import type { ProxyCore, TunnelTarget } from './context.js';
+import type { EgressHold, ProxyCore, TunnelTarget } from './context.js';
 import { EgressDenied } from './egress.js';
 import type { ProxyError } from './errors.js';
 import type { Exchange } from './exchange.js';
@@ -132,6 +132,8 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
     onDenied: (e) => egressDenied(e.host, e.port, e.refusal.kind, e.address),
   });
   const minter = new LeafMinter(opts.ca, { cacheSize: limits.certCacheSize, onCert: (e) => events.emit('cert', e) });
+  /** Long-lived channels the proxy cannot read into (ProxyCore.watchEgress), by client socket. */
+  const egressHolds = new Map<Duplex, EgressHold>();
   const core: ProxyCore = {
     config: () => current,
     upstream,
@@ -144,6 +146,10 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       // The proxy itself, by any loopback spelling or the --resolve pin to it: a loop.
       const address = upstream.address(host, port);
       return port === ownPort && (LOOPBACK_NAMES.has(host) || LOOPBACK_NAMES.has(address) || address === listenHost || host === listenHost);
+    },
+    watchEgress(s, hold) {
+      egressHolds.set(s, hold);
+      s.once('close', () => egressHolds.delete(s));
     },
   };
 
@@ -221,6 +227,21 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   const caTimer = setInterval(checkCa, 12 * 3600_000).unref();
   setImmediate(checkCa);
 
+  /**
+   * A blind tunnel or a spliced WebSocket carries bytes the proxy does not read, for as long as
+   * both ends keep it open: the only way a new egress policy that denies its destination (name,
+   * port or address) can apply to it is to end it. Intercepted connections meet the new policy at
+   * their next request instead (each request is planned again).
+   */
+  const closeDeniedTunnels = (config: CompiledConfig) => {
+    for (const hold of [...egressHolds.values()]) {
+      const refusal = config.egress.checkName(hold.host, hold.port) ?? config.egress.checkAddress(hold.host, hold.port, hold.address);
+      if (!refusal) continue;
+      egressDenied(hold.host, hold.port, refusal.kind, hold.address);
+      hold.close('closed: the egress policy now refuses this destination');
+    }
+  };
+
   let closed: Promise<void> | undefined;
   return {
     limits,
@@ -233,7 +254,10 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
       const policyChanged = config.egress.key !== current.egress.key;
       current = config;
       // Pooled upstream connections were checked against the old policy: new requests get new ones.
-      if (policyChanged) upstream.renewPool();
+      if (policyChanged) {
+        upstream.renewPool();
+        closeDeniedTunnels(config);
+      }
     },
     getConfig: () => current,
     denyTarget: addDeny,

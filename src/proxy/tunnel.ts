@@ -204,4 +204,14 @@ function splice(core: ProxyCore, client: Socket, head: Buffer, target: TunnelTar
     finish();
   });
   track(client);
+  core.watchEgress(client, {
+    host: target.host,
+    port: target.port,
+    address,
+    close(reason) {
+      finish(reason);
+      upstream.destroy();
+      client.destroy();
+    },
+  });
 }

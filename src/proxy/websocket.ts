@@ -133,6 +133,15 @@ function relayTo(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Bu
       finishRecord(core, rec, started);
     });
     upSocket.on('close', () => socket.end());
+    core.watchEgress(socket, {
+      host: t.host,
+      port: t.port,
+      address,
+      close(reason) {
+        rec.error = reason;
+        done();
+      },
+    });
   });
 
   upReq.on('response', (res) => {

@@ -12,7 +12,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { tcpGate } from '../helpers/gate.js';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { compileConfig } from '../../src/rules/index.js';
-import { HOST, INJECTED, lengthResponse, OTHER, Reader, request, startScriptedOrigin, startTestProxy, type ScriptedOrigin, type TestProxy } from './h1/fast-helpers.js';
+import { startOrigin } from '../helpers/origin.js';
+import { HOST, INJECTED, lengthResponse, OTHER, Reader, request, startScriptedOrigin, startTestProxy, WS_HEADERS, type ScriptedOrigin, type TestProxy } from './h1/fast-helpers.js';
 
 let pki: TestPki;
 let origin: ScriptedOrigin;
@@ -100,6 +101,43 @@ describe.each([
       g.open();
       px.handle.setConfig(keep);
       g.close();
+    }
+  });
+});
+
+describe.each([
+  ['the fast path', true],
+  ['the Node path', false],
+] as const)('%s: a WebSocket spliced to its origin when the egress policy changes', (_name, fastPath) => {
+  // Once spliced, the proxy relays frames it does not read, for as long as both ends keep the
+  // connection: a new policy that denies the origin applies to it only by ending it.
+  it('is ended when the new policy denies its origin, and its record says why', async () => {
+    const ws = await startOrigin(pki);
+    const px = await startTestProxy(pki, { fastPath });
+    px.route(ws.port);
+    try {
+      const t = await px.connect(ws.port);
+      const switched = new Promise<string>((resolve) => {
+        let got = '';
+        t.on('data', (d: Buffer) => {
+          got += d.toString('latin1');
+          // The switch, then the origin's first message (its view of the handshake).
+          if (got.includes('\r\n\r\n') && got.includes(INJECTED)) resolve(got);
+        });
+      });
+      t.write(request('GET', '/ws', `${HOST}:${ws.port}`, WS_HEADERS));
+      expect(await switched).toMatch(/^HTTP\/1\.1 101 /);
+      const closed = new Promise<void>((r) => t.once('close', () => r()));
+      px.handle.setConfig(config({ deny_ports: [ws.port] }));
+      await closed;
+      const rec = px.records.find((r) => r.path === '/ws');
+      expect(rec?.status).toBe(101);
+      expect(rec?.error).toBe('closed: the egress policy now refuses this destination');
+      expect(px.log()).toMatch(/"type":"egress_denied".*"kind":"port_denied"/);
+    } finally {
+      await px.close(200);
+      expect(px.log()).not.toContain(INJECTED);
+      await ws.close();
     }
   });
 });

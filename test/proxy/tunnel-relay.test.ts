@@ -16,6 +16,7 @@ import { connectTunnel } from '../helpers/connect.js';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'kg-relay-'));
 let proxy: ProxyHandle;
+let logText = '';
 let counter: net.Server; // reads until FIN, answers with the byte count, then FIN
 let firehose: net.Server; // writes as fast as backpressure allows
 let firehoseAccepted = 0;
@@ -94,7 +95,7 @@ beforeAll(async () => {
     listen: { host: '127.0.0.1', port: 0 },
     ca,
     config: compileConfig({ no_proxy: [], rules: [] }), // every CONNECT is a blind tunnel
-    logger: createLogger({ destination: new Writable({ write: (_c, _e, cb) => cb() }) }),
+    logger: createLogger({ destination: new Writable({ write: (c, _e, cb) => ((logText += c), cb()) }), flushMs: 0 }),
     resolve: new Map([
       [`counter.test.local:${cport}`, '127.0.0.1'],
       [`firehose.test.local:${fport}`, '127.0.0.1'],
@@ -208,5 +209,39 @@ describe('blind tunnel relay', () => {
     expect(received).toBe(48 * MIB);
     expect(hash.digest('hex')).toBe(patternHash);
     t.socket.destroy();
+  });
+});
+
+describe('blind tunnels when the egress policy changes', () => {
+  // A blind tunnel carries bytes the proxy cannot read for as long as both ends keep it open:
+  // closing it is the only way a new policy that denies where it goes can apply to it.
+  it('a tunnel the new policy denies (by port) is closed; one it still allows goes on; the old policy back, new tunnels open', async () => {
+    const keep = proxy.getConfig();
+    const denied = await connectTunnel(proxy.port, `counter.test.local:${ports().cport}`);
+    const allowed = await connectTunnel(proxy.port, `listener.test.local:${ports().lport}`);
+    expect([denied.status, allowed.status]).toEqual([200, 200]);
+    const closed = new Promise<void>((r) => denied.socket.once('close', () => r()));
+    let allowedClosed = false;
+    allowed.socket.once('close', () => (allowedClosed = true));
+    try {
+      proxy.setConfig(compileConfig({ no_proxy: [], rules: [], access_control: { deny_ports: [ports().cport] } }));
+      await closed;
+      await new Promise((r) => setTimeout(r, 100));
+      expect(allowedClosed).toBe(false);
+      expect(allowed.socket.write('still open')).toBe(true);
+      // Logged as a refusal, and the tunnel's close record says why.
+      const lines = logText.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>);
+      expect(lines.some((l) => l.type === 'egress_denied' && l.host === 'counter.test.local' && l.kind === 'port_denied')).toBe(true);
+      expect(lines.some((l) => l.type === 'tunnel' && l.phase === 'close' && l.host === 'counter.test.local' && l.error === 'closed: the egress policy now refuses this destination')).toBe(true);
+      // A new tunnel there is refused under the new policy.
+      expect((await connectTunnel(proxy.port, `counter.test.local:${ports().cport}`)).status).toBe(403);
+    } finally {
+      proxy.setConfig(keep);
+      allowed.socket.destroy();
+      denied.socket.destroy();
+    }
+    const again = await connectTunnel(proxy.port, `counter.test.local:${ports().cport}`);
+    expect(again.status).toBe(200);
+    again.socket.destroy();
   });
 });
