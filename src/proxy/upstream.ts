@@ -332,6 +332,8 @@ export class Upstream {
   #dialH2: Undici.buildConnector.connector | undefined;
   /** Upstream connections open now, by origin key (`https://host:port`, as undici names it). */
   private readonly live = new Map<string, number>();
+  /** Every open connection dialWith made, with where it went: checked again when the egress policy changes. */
+  private readonly dialled = new Map<NonNullable<Connected>, { host: string; port: number; address: string }>();
   private readonly warm = new Map<string, Warm>();
   /** Counts the egress policy's changes (renewPool): a connection dialled across one is dialled again (dialWith). */
   private generation = 0;
@@ -425,6 +427,8 @@ export class Upstream {
             guardPausedParserOnEnd(socket);
             guardResetInBody(socket);
             this.count(`${o.protocol}//${o.host}`, socket);
+            this.dialled.set(socket, { host: hostname, port, address });
+            socket.once('close', () => this.dialled.delete(socket));
             cb(null, socket);
           }),
         (err: Error) => (this.generation !== generation ? dial(o, cb) : cb(err, null)),
@@ -503,6 +507,20 @@ export class Upstream {
     warm.timer.unref();
   }
 
+  /**
+   * Ends every open upstream connection the egress policy in force now refuses (its name, port or
+   * the address it reached), in the middle of an exchange too: each path turns that into a cut
+   * the client sees (an unbounded answer, a server-sent event stream or a long HTTP/2 stream would
+   * otherwise go on under the old policy). Connections the new policy allows finish what they carry.
+   */
+  private endDenied(): void {
+    const policy = this.opts.policy?.();
+    if (!policy) return;
+    for (const [socket, d] of [...this.dialled]) {
+      if (policy.checkName(d.host, d.port) ?? policy.checkAddress(d.host, d.port, d.address)) socket.destroy();
+    }
+  }
+
   /** Closes every connection opened ahead and not yet used. */
   private dropWarm(): void {
     for (const warm of this.warm.values()) {
@@ -556,6 +574,7 @@ export class Upstream {
    */
   renewPool(): void {
     this.generation++;
+    this.endDenied();
     this.dropWarm();
     this.h1.clear();
     // The next request makes a new pool (as at start-up: only when one is needed).

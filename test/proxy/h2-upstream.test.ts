@@ -197,13 +197,40 @@ describe('HTTP/2 upstream: the egress policy changes', () => {
       expect(next.status, next.body).toBe(status);
       if (status === 200) expect(next.body).toBe(`ok ${INJECTED}`);
       else expect(String(next.headers['proxy-status'])).toContain('http_request_denied');
-      // The stream opened before the change finishes on its session.
-      expect((await first).body).toBe('held');
+      // The stream opened before the change finishes on its session where the new policy allows
+      // the origin, and is cut where it denies it.
+      const held = await first;
+      if (status === 200) expect(held.body).toBe('held');
+      else expect(held.rstCode).toBe(http2.constants.NGHTTP2_INTERNAL_ERROR);
     } finally {
       g.open();
       px.handle.setConfig(before);
       c.destroy();
       g.close();
+    }
+  });
+});
+
+describe('HTTP/2 upstream: a stream under way when the egress policy denies its origin', () => {
+  it('is cut (RST_STREAM INTERNAL_ERROR to the client), not left to run under the old policy', async () => {
+    const o = await h2Origin((s) => {
+      s.respond({ ':status': 200 });
+      s.write('event 1');
+      // ... and nothing more: a long stream (gRPC, server-sent events).
+    });
+    const c = await session(o);
+    const keep = px.handle.getConfig();
+    try {
+      const req = c.request({ ':path': '/stream', ':authority': `${HOST}:${o.port}` });
+      req.on('error', () => undefined);
+      await new Promise<void>((resolve) => req.once('data', () => resolve()));
+      const closed = new Promise<number>((r) => req.once('close', () => r(req.rstCode ?? 0)));
+      px.handle.setConfig(compileConfig({ no_proxy: [], access_control: { deny_ports: [o.port] }, rules: [{ name: 'fast', match_hosts: [HOST, OTHER], headers: [{ name: 'X-Key', value: INJECTED }] }] }));
+      expect(await closed).toBe(http2.constants.NGHTTP2_INTERNAL_ERROR);
+    } finally {
+      px.handle.setConfig(keep);
+      c.destroy();
+      o.close();
     }
   });
 });

@@ -23,6 +23,8 @@ beforeAll(async () => {
   origin = await startScriptedOrigin(pki, (req, s) => {
     // `/close`: the origin ends the connection after its answer, so the next request needs a new one.
     if (req.path === '/close') s.end(lengthResponse('ok /close', ['Connection: close']));
+    // `/stream`: an answer that goes on (a server-sent event stream): one chunk, then nothing.
+    else if (req.path === '/stream') s.write('HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n7\r\nevent 1\r\n');
     else s.write(lengthResponse(`ok ${req.path}`));
   });
 });
@@ -73,6 +75,34 @@ describe.each([
       t.destroy();
     } finally {
       g.open();
+      px.handle.setConfig(keep);
+      g.close();
+    }
+  });
+
+  it('an answer still streaming when the new policy denies its origin is cut, never ended as complete', async () => {
+    const g = await gate();
+    px.route(g.port);
+    const keep = px.handle.getConfig();
+    try {
+      const t = await px.connect(g.port);
+      let got = '';
+      const first = new Promise<void>((resolve) =>
+        t.on('data', (d: Buffer) => {
+          got += d.toString('latin1');
+          if (got.includes('event 1')) resolve();
+        }),
+      );
+      const closed = new Promise<void>((r) => t.once('close', () => r()));
+      t.write(request('GET', '/stream', `${HOST}:${g.port}`));
+      await first;
+      px.handle.setConfig(config({ deny_ports: [g.port] }));
+      await closed;
+      expect(got).toMatch(/^HTTP\/1\.1 200 /);
+      // No last chunk: the client sees a broken answer.
+      expect(got).not.toContain('0\r\n\r\n');
+      expect(px.records.find((r) => r.path === '/stream')?.error).toBeDefined();
+    } finally {
       px.handle.setConfig(keep);
       g.close();
     }
