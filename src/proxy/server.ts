@@ -235,7 +235,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
    */
   const closeDeniedTunnels = (config: CompiledConfig) => {
     for (const hold of [...egressHolds.values()]) {
-      const refusal = config.egress.checkName(hold.host, hold.port) ?? config.egress.checkAddress(hold.host, hold.port, hold.address);
+      const refusal = config.egress.checkConnection(hold.host, hold.port, hold.address);
       if (!refusal) continue;
       egressDenied(hold.host, hold.port, refusal.kind, hold.address);
       hold.close('closed: the egress policy now refuses this destination');

@@ -517,7 +517,7 @@ export class Upstream {
     const policy = this.opts.policy?.();
     if (!policy) return;
     for (const [socket, d] of [...this.dialled]) {
-      if (policy.checkName(d.host, d.port) ?? policy.checkAddress(d.host, d.port, d.address)) socket.destroy();
+      if (policy.checkConnection(d.host, d.port, d.address)) socket.destroy();
     }
   }
 

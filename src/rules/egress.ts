@@ -88,6 +88,11 @@ export interface EgressPolicy {
   checkName(host: string, port: number): EgressRefusal | undefined;
   /** One address the target resolved to (or the --resolve pin), before connecting to it. */
   checkAddress(host: string, port: number, address: string): EgressRefusal | undefined;
+  /**
+   * A connection already open to the target at `address`, under this policy (it changed since
+   * the connection was made): the name's checks, then the address's.
+   */
+  checkConnection(host: string, port: number, address: string): EgressRefusal | undefined;
   /** Some deny_hosts entry names a host (not an address): the names a target is an alias of must be checked too. */
   readonly deniesNames: boolean;
   /**
@@ -152,7 +157,7 @@ export function compileEgress(ac: AccessControl | undefined): EgressPolicy {
     return undefined;
   };
 
-  return Object.freeze({
+  const policy: EgressPolicy = Object.freeze({
     key,
     checkName(host: string, port: number): EgressRefusal | undefined {
       if (inRanges(denyPorts, port)) return { kind: 'port_denied', type: 'http_request_denied', reason: `egress refused: port ${port} is in access_control.deny_ports. ${RETRY}` };
@@ -166,6 +171,9 @@ export function compileEgress(ac: AccessControl | undefined): EgressPolicy {
       return mayBeAddress(host) ? addressRefusal(host, port, host) : undefined;
     },
     checkAddress: addressRefusal,
+    checkConnection(host: string, port: number, address: string): EgressRefusal | undefined {
+      return policy.checkName(host, port) ?? addressRefusal(host, port, address);
+    },
     deniesNames,
     checkAlias(host: string, port: number, alias: string): EgressRefusal | undefined {
       // allow_hosts is not asked: it speaks of the name the client gave (a CDN's alias of an
@@ -175,6 +183,7 @@ export function compileEgress(ac: AccessControl | undefined): EgressPolicy {
       return undefined;
     },
   });
+  return policy;
 }
 
 /** Validation of `access_control` beyond the JSON schema, with locs relative to the config. */
