@@ -145,6 +145,7 @@ function splice(core: ProxyCore, client: Socket, head: Buffer, target: TunnelTar
   const upstream = core.upstream.connectTcp(target.host, target.port, address, direct.opts);
   direct.src = upstream;
   let connected = false;
+  let upstreamEnded = false;
   let done = false;
   const timer = setTimeout(() => upstream.destroy(layerError('connect timeout', 'ETIMEDOUT')), core.timeouts.connectMs);
 
@@ -177,7 +178,10 @@ function splice(core: ProxyCore, client: Socket, head: Buffer, target: TunnelTar
     // Backpressure both ways; ending one side half-closes the other.
     // Upstream to client through the DirectReader; client to upstream through relay() (the
     // client's socket was made by the server, too late for an `onread` buffer).
-    upstream.once('end', () => client.end());
+    upstream.once('end', () => {
+      upstreamEnded = true;
+      client.end();
+    });
     // Flowing mode, so that 'end' is emitted at EOF (no 'data' listener would start it).
     upstream.resume();
     relay(client, upstream);
@@ -195,9 +199,10 @@ function splice(core: ProxyCore, client: Socket, head: Buffer, target: TunnelTar
   });
   client.on('error', (err) => abort(upstream, err));
   upstream.on('close', (hadError) => {
-    // A clean close already ended the client through pipe(); destroying it here could drop
-    // bytes still queued for it.
-    if (hadError && connected) client.destroy();
+    // After the origin's FIN the client was ended (its queued bytes still go out); destroying it
+    // here could drop them. A close with no FIN before it was a failure or a local destroy, and
+    // the client must not be left open on a tunnel that goes nowhere.
+    if (connected && (hadError || !upstreamEnded)) client.destroy();
   });
   client.on('close', () => {
     upstream.destroy();

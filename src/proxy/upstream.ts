@@ -607,10 +607,11 @@ export class Upstream {
   /**
    * A plain TCP connection (blind tunnels) to `address`, which must come from dialAddress: an
    * address, never a name (net.connect would look a name up again, past the egress policy and
-   * with the resolver's search list).
+   * with the resolver's search list). Half-open allowed: an origin's FIN ends only its direction,
+   * the tunnel carries it to the client and the client's bytes still reach the origin.
    */
   connectTcp(_host: string, port: number, address: string, onread?: net.OnReadOpts): net.Socket {
-    return net.connect({ host: address, port, onread });
+    return net.connect({ host: address, port, onread, allowHalfOpen: true });
   }
 
   /** A verified TLS connection (WebSocket upgrades) to `address` (from dialAddress, as above), SNI and certificate checked for `host`. */

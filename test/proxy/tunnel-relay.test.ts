@@ -24,6 +24,8 @@ let pattern: net.Server; // on the client's first byte: 48 MiB of random bytes i
 let patternHash = '';
 let resetter: net.Server; // on the client's first byte: a few bytes, then a TCP reset
 let listener: net.Server; // records how each connection ended: 'end' (FIN) or the error code
+let greeter: net.Server; // says hello and half-closes at once, then reads until the client's FIN
+const greeterGot: string[] = [];
 const listenerEnds: string[] = [];
 const sockets = new Set<net.Socket>();
 const MIB = 1 << 20;
@@ -89,7 +91,18 @@ beforeAll(async () => {
     s.on('end', () => listenerEnds.push('end'));
     s.on('error', (e: NodeJS.ErrnoException) => listenerEnds.push(e.code ?? 'error'));
   });
-  const [cport, fport, pport, rport, lport] = await Promise.all([listen(counter), listen(firehose), listen(pattern), listen(resetter), listen(listener)]);
+  greeter = net.createServer({ allowHalfOpen: true }, (s) => {
+    sockets.add(s);
+    s.on('error', (e: NodeJS.ErrnoException) => greeterGot.push(`error ${e.code}`));
+    let got = '';
+    s.on('data', (d: Buffer) => (got += d.toString()));
+    s.on('end', () => {
+      greeterGot.push(got);
+      s.destroy();
+    });
+    s.end('hello');
+  });
+  const [cport, fport, pport, rport, lport, gport] = await Promise.all([listen(counter), listen(firehose), listen(pattern), listen(resetter), listen(listener), listen(greeter)]);
   const ca = await ensureCa(path.join(dir, 'certs'));
   proxy = await startProxy({
     listen: { host: '127.0.0.1', port: 0 },
@@ -102,9 +115,10 @@ beforeAll(async () => {
       [`pattern.test.local:${pport}`, '127.0.0.1'],
       [`resetter.test.local:${rport}`, '127.0.0.1'],
       [`listener.test.local:${lport}`, '127.0.0.1'],
+      [`greeter.test.local:${gport}`, '127.0.0.1'],
     ]),
   });
-  (globalThis as Record<string, unknown>).__ports = { cport, fport, pport, rport, lport };
+  (globalThis as Record<string, unknown>).__ports = { cport, fport, pport, rport, lport, gport };
 });
 
 afterAll(async () => {
@@ -115,10 +129,11 @@ afterAll(async () => {
   await new Promise((r) => pattern?.close(r));
   await new Promise((r) => resetter?.close(r));
   await new Promise((r) => listener?.close(r));
+  await new Promise((r) => greeter?.close(r));
   rmSync(dir, { recursive: true, force: true });
 });
 
-const ports = () => (globalThis as Record<string, unknown>).__ports as { cport: number; fport: number; pport: number; rport: number; lport: number };
+const ports = () => (globalThis as Record<string, unknown>).__ports as { cport: number; fport: number; pport: number; rport: number; lport: number; gport: number };
 
 describe('blind tunnel relay', () => {
   // A reset is not an end: through a blind tunnel the other side sees a reset too, never a FIN
@@ -161,6 +176,29 @@ describe('blind tunnel relay', () => {
     t.socket.end(payload);
     expect(await answer).toBe(String(payload.length));
     t.socket.destroy();
+  });
+
+  // TCP is two streams: an origin that has said all it will say (FIN) may still read. The tunnel
+  // must pass its FIN on and keep carrying the client's bytes until the client ends too.
+  it("carries the upstream's half-close to the client and the client's bytes after it", async () => {
+    const before = greeterGot.length;
+    const socket = net.connect({ port: proxy.port, host: '127.0.0.1', allowHalfOpen: true });
+    const authority = `greeter.test.local:${ports().gport}`;
+    socket.write(`CONNECT ${authority} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+    let text = '';
+    const closed = new Promise<string>((resolve) => socket.on('close', () => resolve(text)));
+    socket.on('error', () => undefined);
+    await new Promise<void>((resolve) => {
+      socket.on('data', (d: Buffer) => (text += d.toString('latin1')));
+      socket.once('end', () => resolve());
+    });
+    expect(text).toBe('HTTP/1.1 200 Connection Established\r\n\r\nhello');
+    expect(socket.destroyed).toBe(false);
+    socket.end('after the origin ended');
+    const deadline = Date.now() + 5000;
+    while (greeterGot.length === before && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    expect(greeterGot.slice(before)).toEqual(['after the origin ended']);
+    await closed;
   });
 
   it('stops reading the upstream while the client does not read', async () => {
