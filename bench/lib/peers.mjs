@@ -38,7 +38,11 @@ async function waitFor(what, check, child, logFile, timeoutMs = 30_000) {
   } catch {
     /* no log */
   }
-  throw new Error(`${what} did not become ready${child.exitCode !== null ? ` (exited with ${child.exitCode})` : ''}${tail ? `:\n${tail}` : ''}`);
+  const exited = child.exitCode !== null ? ` (exited with ${child.exitCode})` : '';
+  // Stopped before the error goes up: the caller has no handle yet, and a proxy left running
+  // would hold its core and port through every later phase.
+  await stopChild(child);
+  throw new Error(`${what} did not become ready${exited}${tail ? `:\n${tail}` : ''}`);
 }
 
 /** Spawns `cmd` with stdout/stderr going to a file (no pipe back to us: the harness stays idle). */
