@@ -2,6 +2,7 @@ import { execFileSync } from 'node:child_process';
 import { chmodSync, existsSync, mkdirSync, realpathSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
+import { joinHalfOpen } from './join.js';
 import type { RelayBudget } from './relay-budget.js';
 
 /**
@@ -31,15 +32,25 @@ export const RELAY_SOCKET_NAME = 'proxy.sock';
 export const RELAY_PORT = 3128;
 export const RELAY_READY = 'keygate-relay ready';
 
-/** The relay program (node -e). Nothing but a pipe: the proxy does every check. */
+/**
+ * The relay program (node -e). Nothing but a pipe: the proxy does every check. Each side's end
+ * goes on alone, as the host side's joinHalfOpen (join.ts) does it: a program that shuts its
+ * sending side after its request still gets the answer.
+ */
 const RELAY_JS = `
 const net = require('net');
 const target = process.argv[1];
-const server = net.createServer({ noDelay: true }, (inside) => {
-  const out = net.connect(target);
-  const done = () => { inside.destroy(); out.destroy(); };
-  inside.on('error', done); out.on('error', done); inside.on('close', done); out.on('close', done);
-  inside.pipe(out); out.pipe(inside);
+const server = net.createServer({ noDelay: true, allowHalfOpen: true }, (inside) => {
+  const out = net.connect({ path: target, allowHalfOpen: true });
+  const cut = () => { inside.destroy(); out.destroy(); };
+  const wire = (src, dst) => {
+    let ended = false;
+    src.once('end', () => { ended = true; });
+    src.on('error', cut);
+    src.once('close', () => { if (!ended) dst.destroy(); });
+    src.pipe(dst);
+  };
+  wire(inside, out); wire(out, inside);
 });
 server.on('error', (e) => { process.stderr.write('keygate-relay: ' + e.code + '\\n'); process.exit(1); });
 server.listen(${RELAY_PORT}, '127.0.0.1', () => process.stdout.write(${JSON.stringify(RELAY_READY + '\n')}));
@@ -130,26 +141,18 @@ export class HostRelay {
     rmSync(socketPath, { force: true });
     const gate = budget.gate();
     const relay = new HostRelay(
-      net.createServer({ noDelay: true }, (inside) => {
+      net.createServer({ noDelay: true, allowHalfOpen: true }, (inside) => {
         // Bounded per box and for the server (relay-budget.ts): past either, a 503 that says which.
         const release = gate.admit(inside);
         if (!release) return;
-        const out = net.connect({ host: proxy.host, port: proxy.port, noDelay: true });
+        const out = net.connect({ host: proxy.host, port: proxy.port, noDelay: true, allowHalfOpen: true });
         relay.sockets.add(inside);
         relay.sockets.add(out);
-        const done = () => {
-          inside.destroy();
-          out.destroy();
+        joinHalfOpen(inside, out, () => {
           relay.sockets.delete(inside);
           relay.sockets.delete(out);
           release();
-        };
-        inside.on('error', done);
-        out.on('error', done);
-        inside.on('close', done);
-        out.on('close', done);
-        inside.pipe(out);
-        out.pipe(inside);
+        });
       }),
       dir,
     );

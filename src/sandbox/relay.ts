@@ -12,6 +12,7 @@
  */
 import { spawn } from 'node:child_process';
 import net from 'node:net';
+import { joinHalfOpen } from './join.js';
 import type { RelayBudget } from './relay-budget.js';
 
 export const RELAY_PORT = 3128;
@@ -56,26 +57,24 @@ export async function openRelay(enterNet: string[], nsFds: number[], proxy: { ho
       else reject(new Error(`relay could not listen in the box (exit ${code})${err ? `: ${err.trim()}` : ''}`));
     });
   });
+  // The server Node made from the helper's socket is a plain net.Server, and its connections
+  // must allow half-open like the proxy's own (join.ts). The option is read from this property
+  // at each connection (not typed; relay-half-close.test.ts fails if it stops working).
+  (listener as net.Server & { allowHalfOpen: boolean }).allowHalfOpen = true;
   const open = new Set<net.Socket>();
   const gate = budget.gate();
   listener.on('connection', (inBox: net.Socket) => {
     // Bounded per box and for the server (relay-budget.ts): past either, a 503 that says which.
     const release = gate.admit(inBox);
     if (!release) return;
-    const out = net.connect({ host: proxy.host, port: proxy.port });
+    const out = net.connect({ host: proxy.host, port: proxy.port, allowHalfOpen: true });
     open.add(inBox);
     open.add(out);
-    const drop = () => {
-      inBox.destroy();
-      out.destroy();
+    joinHalfOpen(inBox, out, () => {
       open.delete(inBox);
       open.delete(out);
       release();
-    };
-    inBox.on('error', drop).on('close', drop);
-    out.on('error', drop).on('close', drop);
-    inBox.pipe(out);
-    out.pipe(inBox);
+    });
   });
   listener.on('error', () => listener.close());
   return {
