@@ -281,7 +281,8 @@ describe('HTTP/2 through interception', () => {
       // within one 50 ms poll on a quiet machine; the bound leaves room for a loaded CI.
       const deadline = Date.now() + 10_000;
       while (mine().length === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
-      expect(mine()).toEqual(['/big?reset closed']);
+      // A rare failure here (2 in many runs, never reproduced alone): the proxy's log says how it saw the reset.
+      expect(mine(), proxy.output().split('\n').filter((l) => l.includes('/big?reset')).join('\n')).toEqual(['/big?reset closed']);
       // The same connection still serves the next stream.
       const next = await h2Request(s, { ':method': 'POST', ':path': '/', ':authority': `tr.test.local:${trailerPort}` }, ['x']);
       expect(next.status).toBe(200);
