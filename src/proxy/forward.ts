@@ -15,6 +15,24 @@ import { repeatedSingleValue } from './h2/fields.js';
 
 /** RFC 9113 INTERNAL_ERROR, as a number: importing node:http2 for its constant would load HTTP/2 into every sidecar (test/cli/proxy-imports.test.ts). */
 const H2_INTERNAL_ERROR = 2;
+const H2_NO_ERROR = 0;
+
+/**
+ * Asks an HTTP/2 client to stop sending a request body nobody will read (the answer came before
+ * it ended): RST_STREAM(NO_ERROR) once the answer is out, which keeps the answer whole (RFC 9113
+ * 8.1). Node's compatibility API sends an answer's trailers (or its empty end) when the stream
+ * emits 'wantTrailers', after the stream's 'finish': a reset submitted before that overtakes
+ * them. Submitted after it, from outside the session's callbacks, Node writes what is pending
+ * first. An answer whose head ended the stream (204, 304) has no trailers to wait for.
+ */
+function stopUpload(stream: Http2ServerResponse['stream'], headEnded: boolean): void {
+  const close = () =>
+    setImmediate(() => {
+      if (!stream.closed && !stream.destroyed) stream.close(H2_NO_ERROR);
+    });
+  if (headEnded) close();
+  else stream.once('wantTrailers', close);
+}
 
 export interface ForwardTarget {
   scheme: 'https' | 'http';
@@ -224,6 +242,11 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         rec.status = statusCode;
         headFields = raw;
         if (core.draining()) res.shouldKeepAlive = false;
+        // An answer before the request's body has all arrived (an early 413 or 401 to an upload):
+        // nobody will read the rest. An HTTP/1.1 client is told so by `Connection: close` and
+        // the end of the connection after the answer, as on the fast path, rather than having
+        // its upload read and dropped for as long as it sends. (An HTTP/2 client: onComplete.)
+        if (!t.h2 && !req.complete) res.shouldKeepAlive = false;
         let headers = filterRawResponseHeaders(raw, false, statusCode);
         // A gRPC "trailers-only" answer (grpc-status in a HEADERS frame that ends the stream)
         // cannot be re-sent as one frame through Node's compatibility API: its status fields go
@@ -300,7 +323,11 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
             } else res.addTrailers(pairs);
           }
         }
+        // The HTTP/2 client's counterpart of `Connection: close` above (RFC 9113 8.1).
+        const h2stream = t.h2?.body ? (res as unknown as Http2ServerResponse).stream : undefined;
+        const headEnded = h2stream?.writableEnded;
         res.end();
+        if (h2stream && !h2stream.destroyed && h2stream.state.remoteClose === 0) stopUpload(h2stream, headEnded === true);
         done();
       },
       onError(err: Error) {

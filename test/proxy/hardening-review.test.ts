@@ -66,7 +66,16 @@ async function startKeeper(pki?: Pick<TestPki, 'certPem' | 'keyPem'>): Promise<K
         const end = buf.indexOf('\r\n\r\n');
         if (end < 0) return;
         const head = buf.slice(0, end + 4);
-        const cl = Number(/\r\ncontent-length: *(\d+)/i.exec(head)?.[1] ?? 0);
+        let cl = Number(/\r\ncontent-length: *(\d+)/i.exec(head)?.[1] ?? 0);
+        // A chunked body is read to its last chunk before the answer: an origin that answered
+        // after the head would make every chunked upload an early answer (which ends the
+        // client's connection: test/proxy/early-answer.test.ts).
+        if (/\r\ntransfer-encoding: *chunked/i.test(head)) {
+          const rest = buf.slice(end + 4);
+          const last = rest.startsWith('0\r\n\r\n') ? 0 : rest.indexOf('\r\n0\r\n\r\n');
+          if (last < 0) return;
+          cl = last === 0 && rest.startsWith('0\r\n\r\n') ? 5 : last + 7;
+        }
         if (buf.length < end + 4 + cl) return;
         buf = buf.slice(end + 4 + cl);
         const method = head.slice(0, head.indexOf(' '));

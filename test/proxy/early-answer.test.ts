@@ -1,0 +1,203 @@
+/**
+ * An answer that comes before the request's body has all arrived (an early 413, 401 or 403 to an
+ * upload): the client must learn that nobody reads the rest. On every path the answer goes back
+ * whole, and then:
+ * - HTTP/1.1 clients: `Connection: close` on the answer, and the connection ends after it, on the
+ *   Node path as on the fast path (test/proxy/h1/fast-path.test.ts). Before, the Node path said
+ *   keep-alive and read and dropped the rest of the upload for as long as the client sent it.
+ * - HTTP/2 clients: RST_STREAM(NO_ERROR) once the answer (trailers included) is out (RFC 9113
+ *   8.1), which tells the client to stop sending and keeps the answer. Before, the stream stayed
+ *   open and the proxy took the client's upload for as long as it came.
+ * An answer to a request whose body had ended keeps the connection or the stream as before.
+ * Real clients (raw TLS, node:http2) through the proxy to real origins on loopback.
+ */
+import http2 from 'node:http2';
+import type net from 'node:net';
+import tls from 'node:tls';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createTestPki, type TestPki } from '../helpers/pki.js';
+import { h2Through } from './h2-helpers.js';
+import { closeBothExchanges, HOST, lengthResponse, Reader, request, startBothExchanges, startScriptedOrigin, startTestProxy, values, type ScriptedOrigin, type TestProxy } from './h1/fast-helpers.js';
+
+let pki: TestPki;
+/** HTTP/1.1: answers /early as soon as the head and 1,000 bytes of body are in; echoes the rest once whole. */
+let h1: ScriptedOrigin;
+/** HTTP/1.1, hand-written: answers every request right after its head, reading no body. */
+let h1Early: tls.Server;
+let h1EarlyPort = 0;
+/** HTTP/2: /early answers (with trailers) and /early-204 at once, reading no body; anything else answers once the body ended. */
+let h2Origin: http2.Http2SecureServer;
+let h2Port = 0;
+let proxies: Record<'fast' | 'node', TestProxy>;
+let h2Proxy: TestProxy;
+
+beforeAll(async () => {
+  pki = await createTestPki([HOST]);
+  h1 = await startScriptedOrigin(pki, (req, s) => s.write(lengthResponse(`whole ${req.body.length}`)));
+  h1Early = tls.createServer({ key: pki.keyPem, cert: pki.certPem }, (s) => {
+    s.on('error', () => undefined);
+    let head = '';
+    s.on('data', (d: Buffer) => {
+      if (head.includes('\r\n\r\n')) return;
+      head += d.toString('latin1');
+      if (head.includes('\r\n\r\n')) s.write(lengthResponse('too large', [], '413 Payload Too Large'));
+    });
+  });
+  await new Promise<void>((r) => h1Early.listen(0, '127.0.0.1', () => r()));
+  h1EarlyPort = (h1Early.address() as net.AddressInfo).port;
+  h2Origin = http2.createSecureServer({ key: pki.keyPem, cert: pki.certPem });
+  h2Origin.on('stream', (s, h) => {
+    s.on('error', () => undefined);
+    if (h[':path'] === '/early') {
+      s.respond({ ':status': 413, 'content-type': 'text/plain' }, { waitForTrailers: true });
+      s.on('wantTrailers', () => s.sendTrailers({ 'x-reason': 'upload refused' }));
+      s.end('too large');
+      return;
+    }
+    if (h[':path'] === '/early-rst') {
+      // What RFC 9113 8.1 suggests to a server: the whole answer, then RST_STREAM(NO_ERROR).
+      s.respond({ ':status': 413 });
+      s.end('too large', () => s.close(http2.constants.NGHTTP2_NO_ERROR));
+      return;
+    }
+    if (h[':path'] === '/early-204') {
+      s.respond({ ':status': 204 }, { endStream: true });
+      return;
+    }
+    let n = 0;
+    s.on('data', (d: Buffer) => (n += d.length));
+    s.on('end', () => {
+      s.respond({ ':status': 200 });
+      s.end(`whole ${n}`);
+    });
+  });
+  await new Promise<void>((r) => h2Origin.listen(0, '127.0.0.1', () => r()));
+  h2Port = (h2Origin.address() as net.AddressInfo).port;
+  proxies = await startBothExchanges(pki, h1.port);
+  for (const p of Object.values(proxies)) p.route(h1EarlyPort);
+  h2Proxy = await startTestProxy(pki);
+  for (const port of [h1.port, h1EarlyPort, h2Port]) h2Proxy.route(port);
+});
+
+afterAll(async () => {
+  await h2Proxy?.close(200);
+  await closeBothExchanges(proxies, h1);
+  h1Early?.close();
+  h2Origin?.close();
+});
+
+/** Writes `chunk` every 10 ms until `stop()`; the bytes written so far. */
+function keepSending(write: (b: Buffer) => void, chunk = Buffer.alloc(16 * 1024, 0x61)) {
+  let sent = 0;
+  const timer = setInterval(() => {
+    write(chunk);
+    sent += chunk.length;
+  }, 10);
+  return { stop: () => clearInterval(timer), sent: () => sent };
+}
+
+describe.each(['fast', 'node'] as const)('HTTP/1.1 client, the %s exchange', (name) => {
+  // A chunked upload takes the Node path even with the fast path on; a Content-Length one the fast path.
+  for (const framing of ['chunked', 'length'] as const) {
+    it(`an answer before the ${framing} upload ended: Connection: close, then the connection ends`, async () => {
+      const c = new Reader(await proxies[name].connect(h1EarlyPort));
+      const framingHeader: [string, string] = framing === 'chunked' ? ['Transfer-Encoding', 'chunked'] : ['Content-Length', String(1 << 30)];
+      c.socket.write(request('POST', `/early-${name}-${framing}`, `${HOST}:${h1EarlyPort}`, [framingHeader]));
+      const chunk = Buffer.alloc(16 * 1024, 0x61);
+      const body = framing === 'chunked' ? Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n')]) : chunk;
+      const sender = keepSending((b) => !c.socket.destroyed && c.socket.write(b), body);
+      try {
+        const r = await c.next('POST');
+        expect(r.status).toBe(413);
+        expect(r.body.toString()).toBe('too large');
+        expect(values(r.headers, 'connection')).toEqual(['close']);
+        expect(await c.waitClosed(5000)).toBe(true);
+      } finally {
+        sender.stop();
+        c.socket.destroy();
+      }
+    });
+  }
+
+  it('an answer after the upload ended keeps the connection', async () => {
+    const c = new Reader(await proxies[name].connect(h1.port));
+    const r = await c.exchange(request('POST', `/whole-${name}`, `${HOST}:${h1.port}`, [['Transfer-Encoding', 'chunked']], '5\r\nhello\r\n0\r\n\r\n'), 'POST');
+    expect(r.status).toBe(200);
+    expect(r.body.toString()).toBe('whole 5');
+    expect(values(r.headers, 'connection')).not.toContain('close');
+    const again = await c.exchange(request('GET', `/again-${name}`, `${HOST}:${h1.port}`), 'GET');
+    expect(again.status).toBe(200);
+    c.socket.destroy();
+  });
+});
+
+describe('HTTP/2 client', () => {
+  /** POST on a new stream, sending until the stream closes; what the client saw. */
+  async function earlyUpload(port: number, path: string) {
+    const s = await h2Through(h2Proxy.handle.port, HOST, port, h2Proxy.caPem);
+    try {
+      const req = s.request({ ':method': 'POST', ':path': path, ':authority': `${HOST}:${port}` }, { endStream: false });
+      const out = { status: 0, body: '', trailers: {} as http2.IncomingHttpHeaders, ended: false, rstCode: -1, closed: false };
+      req.on('response', (h) => (out.status = Number(h[':status'])));
+      req.on('trailers', (t) => (out.trailers = t));
+      req.on('data', (d: Buffer) => (out.body += d.toString()));
+      req.on('end', () => (out.ended = true));
+      req.on('error', () => undefined);
+      const sender = keepSending((b) => !req.destroyed && !req.writableEnded && req.write(b));
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, 5000);
+        req.on('close', () => {
+          clearTimeout(timer);
+          out.closed = true;
+          out.rstCode = req.rstCode ?? -1;
+          resolve();
+        });
+      });
+      sender.stop();
+      return out;
+    } finally {
+      s.destroy();
+    }
+  }
+
+  it('an early answer from an HTTP/1.1 origin: the whole answer, then RST_STREAM(NO_ERROR)', async () => {
+    const out = await earlyUpload(h1EarlyPort, '/early-h2-h1');
+    expect(out).toMatchObject({ status: 413, body: 'too large', ended: true, closed: true, rstCode: http2.constants.NGHTTP2_NO_ERROR });
+  });
+
+  it('an early answer with trailers from an HTTP/2 origin: the answer and its trailers, then RST_STREAM(NO_ERROR)', async () => {
+    const out = await earlyUpload(h2Port, '/early');
+    expect(out).toMatchObject({ status: 413, body: 'too large', ended: true, closed: true, rstCode: http2.constants.NGHTTP2_NO_ERROR });
+    expect(out.trailers['x-reason']).toBe('upload refused');
+  });
+
+  it("an HTTP/2 origin's own RST_STREAM(NO_ERROR) after its whole answer: the answer, not a cut", async () => {
+    const out = await earlyUpload(h2Port, '/early-rst');
+    expect(out).toMatchObject({ status: 413, body: 'too large', ended: true, closed: true, rstCode: http2.constants.NGHTTP2_NO_ERROR });
+  });
+
+  it('an early 204 (a head that ends the stream, no trailers to wait for): the answer, then RST_STREAM(NO_ERROR)', async () => {
+    const out = await earlyUpload(h2Port, '/early-204');
+    expect(out).toMatchObject({ status: 204, body: '', ended: true, closed: true, rstCode: http2.constants.NGHTTP2_NO_ERROR });
+  });
+
+  it('an answer after the upload ended, from either origin: the answer, and the connection serves the next stream', async () => {
+    for (const port of [h1.port, h2Port]) {
+      const s = await h2Through(h2Proxy.handle.port, HOST, port, h2Proxy.caPem);
+      try {
+        for (let i = 0; i < 2; i++) {
+          const req = s.request({ ':method': 'POST', ':path': `/whole-${i}`, ':authority': `${HOST}:${port}` });
+          let body = '';
+          let status = 0;
+          req.on('response', (h) => (status = Number(h[':status'])));
+          req.on('data', (d: Buffer) => (body += d.toString()));
+          req.end('hello');
+          await new Promise((r) => req.on('close', r));
+          expect({ status, body, rst: req.rstCode }).toEqual({ status: 200, body: 'whole 5', rst: http2.constants.NGHTTP2_NO_ERROR });
+        }
+      } finally {
+        s.destroy();
+      }
+    }
+  });
+});
