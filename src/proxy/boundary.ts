@@ -4,7 +4,7 @@ import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore, TunnelTarget } from './context.js';
-import { chunkExtensionsTooLarge, headTimeout, malformed, ProxyError, writeRawError } from './errors.js';
+import { chunkExtensionsTooLarge, headTimeout, lingerThenDestroy, malformed, ProxyError, writeRawError } from './errors.js';
 import { HeadLines, headOverflowAnswer, type ProxyLimits } from './limits.js';
 import type { RequestFacts } from './plan.js';
 
@@ -85,6 +85,21 @@ export function answerAfterHalfClose(server: http.Server): void {
 }
 
 /**
+ * Node's server ends a connection after a closing answer (`Connection: close`: a refusal, an
+ * answer that came before the request's body had all arrived) with `socket.destroySoon()`: its
+ * end, then a destroy as soon as that is written, which resets a client still sending before it
+ * has read the answer (seen: a client uploading a chunked body got EPIPE and never the 421 or
+ * the 413). Each connection the server takes instead ends its side and lingers
+ * (lingerThenDestroy), as the fast path and the raw refusals do; a request read meanwhile is
+ * never acted on (the connection counts as answered).
+ */
+export function lingerAfterClosingAnswers(server: http.Server, boundary: NodeBoundary): void {
+  server.on('connection', (socket: Socket) => {
+    socket.destroySoon = () => boundary.endAndLinger(socket);
+  });
+}
+
+/**
  * Node's server answers an `Expect` other than `100-continue` with its own 417 and goes on
  * reading the connection (a request pipelined behind it was forwarded, credential included):
  * such a request is handed to the server's 'request' handler instead, where the plan step
@@ -133,6 +148,13 @@ export class NodeBoundary {
 
   isAnswered(socket: Duplex): boolean {
     return this.answered.has(socket);
+  }
+
+  /** Our end of a connection after its last answer, then a linger (lingerAfterClosingAnswers). */
+  endAndLinger(socket: Duplex): void {
+    this.answered.add(socket);
+    if (socket.writable) socket.end();
+    lingerThenDestroy(socket);
   }
 
   /** A socket handed over (CONNECT, upgrade) after the proxy's closing answer: closed once that answer is out. */

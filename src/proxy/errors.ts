@@ -127,8 +127,19 @@ export function writeRawError(socket: Duplex, err: ProxyError): void {
     return;
   }
   socket.end(errorResponse(err, true));
+  lingerThenDestroy(socket);
+}
+
+/**
+ * After the proxy has ended its side of a connection (its last answer written): goes on reading,
+ * and dropping, what the client still sends, for LINGER_MS, then destroys the socket. Destroyed
+ * at once, a socket with bytes it has not read resets the connection, and a client still sending
+ * (a body or a head nobody reads) may lose the answer it has not read yet (RFC 9112 9.6).
+ */
+export function lingerThenDestroy(socket: Duplex): void {
   const linger = setTimeout(() => socket.destroy(), LINGER_MS);
   socket.once('close', () => clearTimeout(linger));
+  socket.resume();
 }
 
 /**

@@ -3,7 +3,7 @@ import http from '../node-http.js';
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { formatAuthority, parseAuthority } from '../rules/host.js';
-import { answerAfterHalfClose, checkExpectationsInPlan, clientOf, factsOf, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';
+import { answerAfterHalfClose, checkExpectationsInPlan, clientOf, factsOf, lingerAfterClosingAnswers, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';
 import { EgressDenied } from './egress.js';
 import { malformed, overloaded, ProxyError, refused, shuttingDown, writeRawError } from './errors.js';
 import { forward, refuse } from './forward.js';
@@ -24,6 +24,7 @@ export function createListener(dp: DataPath, intercept: (client: Socket, head: B
   front.timeout = limits.idleTimeoutMs;
   checkExpectationsInPlan(front);
   answerAfterHalfClose(front);
+  lingerAfterClosingAnswers(front, boundary);
 
   front.on('connect', (req: IncomingMessage, client: Socket, head: Buffer) => {
     boundary.stopFollowing(client);

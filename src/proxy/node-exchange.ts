@@ -2,7 +2,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import http from '../node-http.js';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
-import { answerAfterHalfClose, checkExpectationsInPlan, factsOf, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';
+import { answerAfterHalfClose, checkExpectationsInPlan, factsOf, lingerAfterClosingAnswers, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';
 import { malformed, ProxyError } from './errors.js';
 import type { Exchange } from './exchange.js';
 import { forward, refuse } from './forward.js';
@@ -32,14 +32,18 @@ export function createNodeExchange(dp: DataPath): NodeExchange {
   inner.on('connection', (s: Duplex) => boundary.follow(s));
   checkExpectationsInPlan(inner);
   answerAfterHalfClose(inner);
+  lingerAfterClosingAnswers(inner, boundary);
 
   inner.on('request', (req: IncomingMessage, res: ServerResponse) => {
     const started = performance.now();
     const t = tunnels.get(req.socket);
-    if (!t || boundary.isAnswered(req.socket)) {
+    if (!t) {
       res.destroy();
       return;
     }
+    // Read after a closing answer: never acted on, and the connection is left to its linger
+    // (destroyed now, it would reset a client that has not read that answer yet).
+    if (boundary.isAnswered(req.socket)) return;
     const config = core.config(); // one snapshot for the whole request
     const rec = newRecord(req.method ?? '', { client: t.client, host: t.host, port: t.port, decision: 'intercept' }, '');
     t.inFlight++;

@@ -9,6 +9,10 @@
  *   8.1), which tells the client to stop sending and keeps the answer. Before, the stream stayed
  *   open and the proxy took the client's upload for as long as it came.
  * An answer to a request whose body had ended keeps the connection or the stream as before.
+ * A closing answer (this one, or a refusal) is not followed by a reset: the proxy ends its side
+ * and goes on reading for a while, so a client still sending reads the answer. Before, the Node
+ * path destroyed the connection once the answer was written, and a client that had not read it
+ * yet got EPIPE and never the answer.
  * Real clients (raw TLS, node:http2) through the proxy to real origins on loopback.
  */
 import http2 from 'node:http2';
@@ -17,7 +21,7 @@ import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { h2Through } from './h2-helpers.js';
-import { closeBothExchanges, HOST, lengthResponse, Reader, request, startBothExchanges, startScriptedOrigin, startTestProxy, values, type ScriptedOrigin, type TestProxy } from './h1/fast-helpers.js';
+import { closeBothExchanges, dialPlain, HOST, lengthResponse, Reader, request, startBothExchanges, startScriptedOrigin, startTestProxy, values, type ScriptedOrigin, type TestProxy } from './h1/fast-helpers.js';
 
 let pki: TestPki;
 /** HTTP/1.1: answers /early as soon as the head and 1,000 bytes of body are in; echoes the rest once whole. */
@@ -129,6 +133,69 @@ describe.each(['fast', 'node'] as const)('HTTP/1.1 client, the %s exchange', (na
     expect(again.status).toBe(200);
     c.socket.destroy();
   });
+});
+
+describe.each(['fast', 'node'] as const)('a client that reads only after a while, still sending (the %s exchange)', (name) => {
+  const cases = [
+    ['an early answer to a chunked upload', 'early', 'chunked', 413],
+    ['an early answer to a Content-Length upload', 'early', 'length', 413],
+    ['a refusal (Host names another authority) of a chunked upload', 'refused', 'chunked', 421],
+    ['a refusal of a Content-Length upload', 'refused', 'length', 421],
+  ] as const;
+  it.each(cases)('%s: the answer is read, not a reset', async (_what, kind, framing, status) => {
+    const t = await proxies[name].connect(h1EarlyPort);
+    const chunk = Buffer.alloc(16 * 1024, 0x61);
+    const body = framing === 'chunked' ? Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n')]) : chunk;
+    const host = kind === 'refused' ? `other.test.local:${h1EarlyPort}` : `${HOST}:${h1EarlyPort}`;
+    let error = '';
+    t.on('error', (e: NodeJS.ErrnoException) => (error = e.code ?? e.message));
+    // Not read (paused) while it sends: the answer waits in the client's socket.
+    t.pause();
+    t.write(request('POST', `/slow-${name}-${kind}-${framing}`, host, [framing === 'chunked' ? ['Transfer-Encoding', 'chunked'] : ['Content-Length', String(1 << 30)]]));
+    const sender = keepSending((b) => !t.destroyed && t.write(b), body);
+    await new Promise((r) => setTimeout(r, 400));
+    const c = new Reader(t);
+    t.resume();
+    try {
+      const r = await c.next('POST', 5000);
+      expect(r.status).toBe(status);
+      expect(values(r.headers, 'connection')).toEqual(['close']);
+      expect(await c.waitClosed(5000)).toBe(true);
+    } catch (e) {
+      throw new Error(`${(e as Error).message} (client error: ${error || 'none'})`);
+    } finally {
+      sender.stop();
+      t.destroy();
+    }
+  });
+});
+
+it("the proxy's plain listener: a refused absolute-form upload's answer is read by a client still sending, not a reset", async () => {
+  const px = proxies.node;
+  const t = await dialPlain(px);
+  let error = '';
+  t.on('error', (e: NodeJS.ErrnoException) => (error = e.code ?? e.message));
+  t.pause();
+  // The proxy's own address: never reachable through it (a closing 403).
+  const target = `127.0.0.1:${px.handle.port}`;
+  t.write(request('POST', `http://${target}/upload`, target, [['Transfer-Encoding', 'chunked']]));
+  const chunk = Buffer.alloc(16 * 1024, 0x61);
+  const sender = keepSending((b) => !t.destroyed && t.write(b), Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n')]));
+  await new Promise((r) => setTimeout(r, 400));
+  let got = '';
+  t.on('data', (d: Buffer) => (got += d.toString('latin1')));
+  const closed = new Promise<boolean>((resolve) => {
+    t.once('close', () => resolve(true));
+    setTimeout(() => resolve(false), 5000);
+  });
+  t.resume();
+  try {
+    expect(await closed).toBe(true);
+    expect(got, `client error: ${error || 'none'}`).toMatch(/^HTTP\/1\.1 403 [^]*\r\nConnection: close\r\n/i);
+  } finally {
+    sender.stop();
+    t.destroy();
+  }
 });
 
 describe('HTTP/2 client', () => {
