@@ -10,6 +10,8 @@ import path from 'node:path';
 import { Readable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Box, BoxSpec } from '../../src/sandbox/driver.js';
+import { stageWorkspace } from '../../src/sandbox/box-uid.js';
+import { isMountPoint } from '../../src/sandbox/disk.js';
 import { LocalDriver } from '../../src/sandbox/local.js';
 import { cleanupTmp, eventually, hostProcessesOf, localProbe, pidNamespace, run, RUN_DIR, spec } from './local-helpers.js';
 
@@ -223,5 +225,27 @@ describe.skipIf(!probe.ok || !root)(`local driver: a root server's box runs unde
     } finally {
       await plain.close();
     }
+  });
+
+  it('DELETE gives the id back; a staging a crashed start left is removed by reaping', async () => {
+    const s = spec({ id: 'uid-del' });
+    const box = await start(s);
+    const { uid } = await boxIds(box, s.id);
+    const record = path.join(RUN_DIR, 'uids', s.id);
+    expect(readFileSync(record, 'utf8').trim()).toBe(String(uid));
+    await driver.destroy(s.id, s.stateDir);
+    expect(existsSync(record)).toBe(false);
+    expect(processesOfUid(uid)).toEqual([]);
+    // A server killed while a box was starting leaves its workspace bound at the staging place;
+    // the next server's reaping (by the box's cgroup or run record) takes it away.
+    const left = spec({ id: 'uid-left' });
+    const ws = path.join(left.stateDir, 'workspace');
+    mkdirSync(ws, { recursive: true });
+    const staged = await stageWorkspace(RUN_DIR, left.id, { workspace: ws }, { uid, gid: uid });
+    expect(isMountPoint(staged.workspace)).toBe(true);
+    writeFileSync(path.join(RUN_DIR, `${left.id}.json`), JSON.stringify({ id: left.id, stateDir: left.stateDir, pid1: 1, pid1Start: 'never' }));
+    await new LocalDriver({ runDir: RUN_DIR }).reapOrphans(new Set());
+    expect(isMountPoint(staged.workspace)).toBe(false);
+    expect(existsSync(path.dirname(staged.workspace))).toBe(false);
   });
 });
