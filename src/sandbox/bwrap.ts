@@ -1,6 +1,7 @@
 /**
  * The bubblewrap command line of a local box (pure: the caller reads the file system and passes
- * what it found). Every namespace is new (`--unshare-all`, never `--share-net`), the root is a
+ * what it found). Every namespace is new (`--unshare-all`, or each one by name in the user
+ * namespace a root server made for the box; never `--share-net`), the root is a
  * fresh tmpfs holding only what is bound in here, and the box's one process is `sleep infinity`
  * under bwrap's own init (pid 1 in the box, which reaps orphans and takes the box down with it).
  */
