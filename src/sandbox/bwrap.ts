@@ -1,11 +1,15 @@
 /**
  * The bubblewrap command line of a local box (pure: the caller reads the file system and passes
- * what it found). Every namespace is new (`--unshare-all`, never `--share-net`), the root is a
+ * what it found). Every namespace is new (`--unshare-all`, or each one by name in the user
+ * namespace a root server made for the box; never `--share-net`), the root is a
  * fresh tmpfs holding only what is bound in here, and the box's one process is `sleep infinity`
  * under bwrap's own init (pid 1 in the box, which reaps orphans and takes the box down with it).
  */
 
-/** The uid and gid every process in a box has (mapped to the server's own uid outside). */
+/**
+ * The uid and gid every process in a box has. Outside: a root server's box, a host id of its own
+ * (box-uid.ts); an unprivileged server's, the server's own uid (bwrap maps it).
+ */
 export const BOX_UID = 1000;
 
 /**
@@ -30,6 +34,7 @@ export interface BwrapPlan {
   files: Record<string, number>;
   /** Host directory seen read-write at /workspace. */
   workspace: string;
+
   /** bwrap writes `{"child-pid": N, ...}` to this fd once the box's namespaces exist. */
   infoFd: number;
   /**
@@ -38,8 +43,14 @@ export interface BwrapPlan {
    * meanwhile (sealDevices), so that no box code ever sees it unfinished.
    */
   blockFd: number;
-  /** `--disable-userns` (a root server only: see bwrapArgs). */
+  /** `--disable-userns` (see bwrapArgs); not with `userns`. */
   disableUserns: boolean;
+  /**
+   * A descriptor of the user namespace to build the box in (`--userns`: a root server's, made by
+   * box-uid.ts, which maps BOX_UID to the box's own host id and allows no nested namespace);
+   * otherwise bwrap makes one (`--unshare-user`) that maps BOX_UID to the server's uid.
+   */
+  userns?: number;
   /**
    * Host programs lent to the box (the static tini of executions without cgroups): each file bound
    * read-only at its box path in `dir`, a top-level directory of its own that is a read-only tmpfs.
@@ -68,11 +79,13 @@ export interface BwrapPlan {
 }
 
 /**
- * Host-global places of /proc that the box sees read-only (Docker's read-only paths). The box's
- * user is the server's uid outside: for a root server, host uid 0, for which plain file
- * permissions pass on everything procfs gives to root, capabilities or not. Writable, they let a
- * box set `kernel.core_pattern` (`|/prog`: a program run as host root on the next crash) or any
- * sysctl, IRQ affinities, or PCI configuration space (`/proc/bus/pci`). bwrap's own cover of some
+ * Host-global places of /proc that the box sees read-only (Docker's read-only paths). Before boxes
+ * of a root server had host ids of their own (box-uid.ts), their user was host uid 0, for which
+ * plain file permissions pass on everything procfs gives to root, capabilities or not: writable,
+ * these let a box set `kernel.core_pattern` (`|/prog`: a program run as host root on the next
+ * crash) or any sysctl, IRQ affinities, or PCI configuration space (`/proc/bus/pci`). Kept as
+ * defence in depth (an unprivileged server whose box is its own uid, a box whose host id ever were
+ * root again must still find them read-only). bwrap's own cover of some
  * of them skips a directory that is not writable to begin with (mode 0555), which left every file
  * in /proc/sys writable. Bound from the host's /proc: a sysctl file answers for the namespaces of
  * the process that reads it (the box's network, UTS and IPC settings read as the box's).
@@ -81,7 +94,7 @@ export const PROC_READ_ONLY = ['sys', 'sysrq-trigger', 'irq', 'bus', 'fs'];
 /**
  * Files of /proc a box gets nothing from (the host's /dev/null, bound read-only and so without
  * devices: opening one fails, as for an unprivileged user): Docker's masked files, and every
- * file that only root may read (which a root server's box otherwise could): kernel memory, page
+ * file that only root may read (which a box that were host root could): kernel memory, page
  * and slab layouts, other users' keys, host-wide timers with their processes, the kernel log.
  */
 export const PROC_MASKED_FILES = [
@@ -126,17 +139,21 @@ const OWN = new Set(['proc', 'dev', 'tmp', 'workspace', 'etc', 'run', 'sys']);
 
 export function bwrapArgs(plan: BwrapPlan): string[] {
   const a = [
-    '--unshare-all',
-    // --unshare-all only tries a user namespace; a box must have one.
-    '--unshare-user',
+    // The user namespace given (which bwrap then cannot be told to unshare), or a new one: a box must have one.
+    // bwrap 0.8 leaves the --userns descriptor open in the box's main process (box code); as
+    // --sync-fd too, only its init keeps it (that namespace is the init's own: /proc/1/ns/user).
+    ...(plan.userns !== undefined
+      ? ['--userns', String(plan.userns), '--sync-fd', String(plan.userns), '--unshare-ipc', '--unshare-pid', '--unshare-net', '--unshare-uts', '--unshare-cgroup']
+      : ['--unshare-all', '--unshare-user']),
     '--die-with-parent',
     '--new-session',
     '--cap-drop',
     'ALL',
     // No user namespaces inside the box (less kernel to attack). bwrap does it with a nested user
     // namespace that owns none of the others, which only a root server can still enter them across;
-    // without it, a box can still make namespaces, all nested inside its own.
-    ...(plan.disableUserns ? ['--disable-userns'] : []),
+    // without it, a box can still make namespaces, all nested inside its own. A namespace given
+    // (`userns`) comes with user.max_user_namespaces = 0 instead (box-uid.ts).
+    ...(plan.disableUserns && plan.userns === undefined ? ['--disable-userns'] : []),
     '--uid',
     String(BOX_UID),
     '--gid',
@@ -193,9 +210,10 @@ export function bwrapArgs(plan: BwrapPlan): string[] {
 /**
  * `mount` options that make one of BOX_DEVICES, a bind of the host's device node, a read-only
  * mount that still allows devices: `mount -N <box mount ns> -o ... /dev/<name>`, run by a root
- * server once the box is built. The box's user is the server's uid outside, and for a root
- * server the owner of the host's /dev/null: on a writable bind it could chmod or touch the
- * host's node itself (chmod 0 /dev/null breaks every unprivileged program of the host). bwrap
+ * server once the box is built. A box that were host root (as a root server's were before they
+ * had ids of their own, box-uid.ts) would own the host's /dev/null: on a writable bind it could
+ * chmod or touch the host's node itself (chmod 0 /dev/null breaks every unprivileged program of
+ * the host). Kept as defence in depth: the box's own id owns none of them. bwrap
  * has no read-only bind that keeps devices (its `--remount-ro` adds nodev). A device written
  * through a read-only mount is still written (/dev/null still swallows); only its inode is
  * sealed. `current` are the mount's options now (mountinfo): a flag locked on it (nodev,
@@ -207,6 +225,8 @@ export function deviceRemountOptions(current: readonly string[]): string {
 
 /** The box's one long-lived process (after `--`, on bwrap's own command line: `--args` cannot carry it). */
 export const BOX_MAIN = ['sleep', 'infinity'];
+/** The descriptor a root server hands bwrap its box's user namespace on (`--userns`). */
+export const BOX_USERNS_FD = 5;
 
 /** The `host` template's /etc: who the box's user is, localhost, and no resolver at all. */
 export function hostEtc(): Record<string, string> {
@@ -249,7 +269,11 @@ export const BOX_NAMESPACES = [
  * through the server's /proc entry (`holder`: its pid): the helpers, and so the command, inherit
  * none of them (an execution's processes see only their stdio).
  */
-export function enterArgs(holder: number, fds: readonly number[], cwd: string): string[] {
+export function enterArgs(holder: number, fds: readonly number[], cwd: string, asBoxUser = false): string[] {
   const a: string[] = BOX_NAMESPACES.map(([, opt], i) => `${opt}=/proc/${holder}/fd/${fds[i]}`);
-  return [...a, `--root=/proc/${holder}/fd/${fds[BOX_NAMESPACES.length]}`, `--wdns=${cwd}`, '--preserve-credentials', '--'];
+  // asBoxUser (a root server, whose uid the box's namespace does not map): nsenter becomes the
+  // box's user inside (its host id outside), dropping supplementary groups; otherwise the caller's
+  // uid is the box's user already (bwrap mapped it).
+  const creds = asBoxUser ? [`--setuid=${BOX_UID}`, `--setgid=${BOX_UID}`] : ['--preserve-credentials'];
+  return [...a, `--root=/proc/${holder}/fd/${fds[BOX_NAMESPACES.length]}`, `--wdns=${cwd}`, ...creds, '--'];
 }

@@ -81,10 +81,28 @@ function isEmptyDir(dir: string): boolean {
 }
 
 /**
- * Mounts the box's sized workspace at `<stateDir>/workspace` (made on first use, owned by
- * `owner`) and returns that directory. Throws with a sentence saying what failed.
+ * Gives a workspace whose every file is its box's user's to `owner`, the host uid and gid that
+ * user has now: when its root is someone else's (a workspace of a version whose box ran as another
+ * host uid: a root server's boxes were host root before box-uid.ts), the whole tree is chowned,
+ * symlinks themselves and never followed (`chown -R -P -h`); `always`, whoever owns its root. Only
+ * while no box runs on it.
  */
-export async function mountWorkspace(stateDir: string, diskMb: number, owner: { uid: number; gid: number }, copyFrom?: string): Promise<string> {
+export async function adoptWorkspace(dir: string, owner: { uid: number; gid: number }, always = false): Promise<void> {
+  const st = statSync(dir);
+  if (!always && st.uid === owner.uid && st.gid === owner.gid) return;
+  try {
+    await run('chown', ['-R', '-P', '-h', `${owner.uid}:${owner.gid}`, '--', dir], { env: TOOL_ENV, timeout: 10 * TOOL_TIMEOUT_MS });
+  } catch (e) {
+    throw new Error(`cannot give /workspace to the box's user: ${toolError(e)}`);
+  }
+}
+
+/**
+ * Mounts the box's sized workspace at `<stateDir>/workspace` (made on first use, owned by
+ * `owner`) and returns that directory. `adopt`: everything in it is the box's user's, given to
+ * `owner` if its root is not (adoptWorkspace). Throws with a sentence saying what failed.
+ */
+export async function mountWorkspace(stateDir: string, diskMb: number, owner: { uid: number; gid: number }, copyFrom?: string, adopt = false): Promise<string> {
   const why = workspaceBoundUnavailable();
   if (why) throw new Error(why);
   if (!Number.isSafeInteger(diskMb) || diskMb < 1) throw new Error('disk_mb must be a positive whole number of MiB');
@@ -121,6 +139,7 @@ export async function mountWorkspace(stateDir: string, diskMb: number, owner: { 
     // mkfs's lost+found is nothing the box's user should find (nor could remove: root's, 0700).
     const lf = path.join(dir, 'lost+found');
     if (existsSync(lf) && isEmptyDir(lf)) rmdirSync(lf);
+    if (adopt) await adoptWorkspace(dir, owner);
     const st = statSync(dir);
     if (st.uid !== owner.uid || st.gid !== owner.gid) chownSync(dir, owner.uid, owner.gid);
     if (existsSync(legacy)) {
@@ -135,6 +154,8 @@ export async function mountWorkspace(stateDir: string, diskMb: number, owner: { 
         throw new Error(`the existing /workspace does not fit in disk_mb = ${diskMb} MiB (${toolError(e)})`);
       }
       rmSync(legacy, { recursive: true, force: true });
+      // `cp -a` kept the old owner (the server's uid, as boxes once ran): the box's now.
+      if (adopt) await adoptWorkspace(dir, owner, true);
     }
     // The docker driver's earlier /workspace (a volume of the engine) is copied, not moved: the
     // caller removes it once the box runs.

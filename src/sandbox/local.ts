@@ -29,9 +29,10 @@ import {
 import { BOX_TRUSTSTORE_PATH } from '../certs/env.js';
 import { readFileOrEmpty } from '../builtins/fs.js';
 import { readProcStat } from '../proc.js';
-import { BOX_DEVICES, BOX_MAIN, BOX_NAMESPACES, bwrapArgs, deviceRemountOptions, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, PROC_MASKED_FILES, tmpfsSizes, type RootEntry } from './bwrap.js';
+import { BOX_DEVICES, BOX_MAIN, BOX_NAMESPACES, BOX_USERNS_FD, bwrapArgs, deviceRemountOptions, enterArgs, HOST_ETC_JDK, HOST_ETC_SHARED, hostEtc, PROC_MASKED_FILES, tmpfsSizes, type RootEntry } from './bwrap.js';
 import { readBoxFile, writeBoxFile } from './box-files.js';
-import { DiskWatch, hostDiskUse, mountWorkspace, unmountWorkspace, WORKSPACE_DIR, workspaceBoundUnavailable } from './disk.js';
+import { BoxIds, boxIdsUnavailable, boxUserns, stageWorkspace, unstageWorkspace } from './box-uid.js';
+import { adoptWorkspace, DiskWatch, hostDiskUse, mountWorkspace, unmountWorkspace, WORKSPACE_DIR, workspaceBoundUnavailable } from './disk.js';
 import { BOX_RUNTIME_DIR, BOX_TINI, findTini } from './docker-relay.js';
 import { cgroupLayout, createCgroup, existingCgroup, cgroupHasProcesses, killCgroup, listBoxCgroups, procsFiles, removeCgroup, removeLayoutIfEmpty, rlimitArgs, type Cgroup, type CgroupLayout } from './limits.js';
 import { openRelay, type Relay } from './relay.js';
@@ -214,7 +215,7 @@ export class LocalDriver implements SandboxDriver {
   private readonly tiniOpt: string | undefined;
   private readonly boxes = new Map<string, LocalBox>();
   private probed: Promise<DriverProbe> | null = null;
-  private tools: { bwrap: string; nsenter: string; setpriv: string; bash: string; prlimit: string | null; tini: string | null; mount: string | null; enterFilter: string | null } | null = null;
+  private tools: { bwrap: string; nsenter: string; setpriv: string; bash: string; prlimit: string | null; tini: string | null; mount: string | null; unshare: string | null; enterFilter: string | null } | null = null;
   private layout: { ok: true; layout: CgroupLayout } | { ok: false; why: string } | null = null;
   /** /workspace is a sized file system of its own (disk.ts); else see LocalBox's disk watch. */
   readonly diskBound: boolean;
@@ -222,6 +223,11 @@ export class LocalDriver implements SandboxDriver {
   readonly relayBudget: RelayBudget;
   /** What of this kernel's /proc only root may read (procRootOnly), found once. */
   private rootOnlyProc: { path: string; dir: boolean }[] | null = null;
+  /**
+   * A root server's: every box runs under a host uid and gid of its own (box-uid.ts). Null where
+   * the server cannot map them (not root): a box's user is then the server's uid outside.
+   */
+  readonly boxIds: BoxIds | null;
 
   constructor(opts: LocalDriverOptions) {
     this.runDir = path.resolve(opts.runDir);
@@ -230,6 +236,7 @@ export class LocalDriver implements SandboxDriver {
     this.tiniOpt = opts.tini;
     this.diskBound = opts.workspaceFs !== false && workspaceBoundUnavailable() === null;
     this.relayBudget = new RelayBudget(opts.relayLimits ?? defaultRelayLimits());
+    this.boxIds = boxIdsUnavailable() === null ? new BoxIds(this.runDir) : null;
   }
 
   probe(): Promise<DriverProbe> {
@@ -257,6 +264,9 @@ export class LocalDriver implements SandboxDriver {
     // A root server seals the host device nodes it binds into a box (sealDevices): fail closed without mount.
     const mount = which('mount');
     if (!mount && process.getuid?.() === 0) return { ok: false, reason: 'mount is missing (a root server makes the device nodes of a box read-only with it)', hint: 'install util-linux (apt-get install util-linux)' };
+    // A root server makes each box's user namespace itself (box-uid.ts): fail closed without unshare.
+    const unshare = which('unshare');
+    if (!unshare && this.boxIds) return { ok: false, reason: "unshare is missing (a root server makes each box's user namespace, with a host uid of its own, with it)", hint: 'install util-linux (apt-get install util-linux)' };
     const filter = localFilter();
     let enterFilter: string | null = null;
     try {
@@ -264,7 +274,7 @@ export class LocalDriver implements SandboxDriver {
     } catch (e) {
       return { ok: false, reason: `cannot write the seccomp helper into ${this.runDir}: ${(e as NodeJS.ErrnoException).code ?? 'error'}`, hint: 'make the data directory writable by keygate' };
     }
-    this.tools = { bwrap, nsenter, setpriv, bash, prlimit: which('prlimit'), tini, mount, enterFilter };
+    this.tools = { bwrap, nsenter, setpriv, bash, prlimit: which('prlimit'), tini, mount, unshare, enterFilter };
     const tried = spawnSync(bwrap, ['--unshare-all', '--unshare-user', '--die-with-parent', '--ro-bind', '/', '/', '--', 'true'], {
       encoding: 'utf8',
       timeout: 10_000,
@@ -279,9 +289,11 @@ export class LocalDriver implements SandboxDriver {
     if (!cg && !tini) {
       return { ok: false, reason: `${noCgroups} and no static tini: an execution timeout could not kill what the execution started with setsid`, hint: 'install tini (apt-get install tini), or run where cgroups can be created' };
     }
-    // Fail closed: a box's processes are this server's user on the host, and the kernel exempts a
-    // real uid 0 from RLIMIT_NPROC: a root server without cgroups could not cap a box's processes
-    // (one fork bomb would take every pid of the host). `cgroups: false` (tests only) says so below.
+    // Fail closed: the kernel exempts a real uid 0 from RLIMIT_NPROC, and a box's processes were
+    // this server's user on the host: a root server without cgroups could not cap a box's
+    // processes (one fork bomb would take every pid of the host). Its boxes now run under host ids
+    // of their own, which the limit does count, but this fallback is not relied on for that (not
+    // tested here): still refused. `cgroups: false` (tests only) says so below.
     const root = process.getuid?.() === 0;
     if (!cg && root && this.useCgroups) {
       return { ok: false, reason: `${noCgroups}, and this server runs as root: rlimits cannot cap a box's processes (the kernel exempts root from RLIMIT_NPROC)`, hint: 'run keygate serve as a non-root user, or where it can create cgroups (cgroup v2 delegated to it)' };
@@ -306,11 +318,13 @@ export class LocalDriver implements SandboxDriver {
     } finally {
       rmSync(dir, { recursive: true, force: true });
       rmSync(path.join(this.runDir, `probe-${process.pid}.json`), { force: true });
+      this.boxIds?.release(`probe-${process.pid}`);
       if (cg && this.boxes.size === 0) this.dropLayout(cg);
     }
     const limits = cg ? `cgroup v${cg.version}` : `rlimits (${this.layout && !this.layout.ok ? this.layout.why : ''}${root ? '; as root: no process limit' : ''})`;
     const trees = cg ? 'their cgroup' : `a subreaper tini (${tini}) and the host's /proc`;
-    return { ok: true, detail: `bubblewrap ${bwrap}: new user, pid, ipc, uts, mount, cgroup and network namespaces; ${filterDetail()}; limits through ${limits}; execution trees killed through ${trees}` };
+    const users = this.boxIds ? 'each box a host uid of its own' : "boxes run as this server's uid";
+    return { ok: true, detail: `bubblewrap ${bwrap}: new user, pid, ipc, uts, mount, cgroup and network namespaces; ${users}; ${filterDetail()}; limits through ${limits}; execution trees killed through ${trees}` };
   }
 
   async start(spec: BoxSpec): Promise<Box> {
@@ -331,9 +345,25 @@ export class LocalDriver implements SandboxDriver {
     // Whatever a previous run of this box left behind goes first.
     await this.reapOne(spec.id);
 
+    // Who the box's user is on the host: a root server's box, a host id of its own, kept from its
+    // first start to its DELETE (box-uid.ts); else this server's uid (bwrap maps it).
+    let owner: { uid: number; gid: number };
+    try {
+      const id = this.boxIds?.idFor(spec.id);
+      owner = id === undefined ? { uid: process.getuid!(), gid: process.getgid!() } : { uid: id, gid: id };
+    } catch (e) {
+      throw new BoxStartError(`could not give the box a host uid: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+    }
     mkdirSync(spec.stateDir, { recursive: true, mode: 0o700 });
     const workspace = path.join(spec.stateDir, WORKSPACE_DIR);
-    if (!this.diskBound) mkdirSync(workspace, { recursive: true, mode: 0o755 });
+    if (!this.diskBound) {
+      mkdirSync(workspace, { recursive: true, mode: 0o755 });
+      try {
+        await adoptWorkspace(workspace, owner);
+      } catch (e) {
+        throw new BoxStartError(`could not give the box its /workspace: ${(e as Error).message}`);
+      }
+    }
     const filesDir = path.join(spec.stateDir, 'box-files');
     rmSync(filesDir, { recursive: true, force: true });
     mkdirSync(filesDir, { mode: 0o755 });
@@ -360,58 +390,87 @@ export class LocalDriver implements SandboxDriver {
     if (!layout && !tools.tini) throw new BoxStartError('no cgroups and no static tini: execution trees could not be killed (apt-get install tini)');
     // The files are handed to bwrap as descriptors (fd 5 on) that it copies into the box's root.
     const fileFds: number[] = [];
+    // A root server's box: its user namespace (made below) is fd 5 of bwrap, the files come after it.
+    const first = this.boxIds ? 6 : 5;
     const fileArgs: Record<string, number> = {};
     let seccomp: { program: number; helper: number } | undefined;
     try {
       for (const [boxPath, hostFile] of Object.entries(files)) {
         fileFds.push(openSync(hostFile, 'r'));
-        fileArgs[boxPath] = 4 + fileFds.length;
+        fileArgs[boxPath] = first - 1 + fileFds.length;
       }
       // The syscall filter (local-seccomp.ts), for the main process and, through the helper, every execution.
       const filter = localFilter();
       if (filter) {
         const { program, helper } = openFilterFiles(filesDir, filter);
         fileFds.push(program, helper);
-        seccomp = { program: 3 + fileFds.length, helper: 4 + fileFds.length };
+        seccomp = { program: first - 2 + fileFds.length, helper: first - 1 + fileFds.length };
       }
     } catch (e) {
       for (const fd of fileFds) closeSync(fd);
       if (this.diskBound) await unmountWorkspace(spec.stateDir);
       throw new BoxStartError(`could not prepare the box's files: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
     }
+    // /workspace is a file system of its own, sized disk_mb (disk.ts): the box's user (`owner`
+    // outside) owns it, and everything in it (adopt: a workspace of a version whose box ran as
+    // another host uid becomes this one's).
+    if (this.diskBound) {
+      try {
+        await mountWorkspace(spec.stateDir, spec.resources.disk_mb, owner, undefined, true);
+      } catch (e) {
+        for (const fd of fileFds) closeSync(fd);
+        throw new BoxStartError(`could not make the box's /workspace (disk_mb ${spec.resources.disk_mb}): ${(e as Error).message}`);
+      }
+    }
+    // A root server's box: its user namespace, mapping the box's user to `owner` and nothing else,
+    // and its workspace staged where bwrap, building the box as that user, may look it up
+    // (box-uid.ts); unstaged once the box is built.
+    let usernsFd: number | null = null;
+    let staged: { workspace: string; rootfs?: string } | null = null;
+    const unstage = async () => {
+      if (staged !== null) await unstageWorkspace(this.runDir, spec.id);
+      staged = null;
+    };
+    if (this.boxIds) {
+      try {
+        staged = await stageWorkspace(this.runDir, spec.id, { workspace, rootfs: root === 'host' ? undefined : root }, owner);
+        usernsFd = await boxUserns({ unshare: tools.unshare!, sh: tools.bash }, owner.uid, HOST_HELPER_ENV);
+      } catch (e) {
+        for (const fd of fileFds) closeSync(fd);
+        await unstage();
+        if (this.diskBound) await unmountWorkspace(spec.stateDir);
+        throw new BoxStartError(`could not make the box's user namespace: ${(e as Error).message}`);
+      }
+    }
+    const nsFd = usernsFd === null ? [] : [usernsFd];
     const args = bwrapArgs({
-      rootDir: root === 'host' ? '' : root,
+      rootDir: root === 'host' ? '' : (staged?.rootfs ?? root),
       entries: root === 'host' ? rootEntries('/', HOST_ROOT) : rootEntries(root),
       etcEntries,
       files: fileArgs,
-      workspace,
+      workspace: staged?.workspace ?? workspace,
       infoFd: 3,
-      blockFd: 5 + fileFds.length,
+      blockFd: first + fileFds.length,
       disableUserns: process.getuid?.() === 0,
+      // A root server's box: the user namespace made above.
+      userns: usernsFd === null ? undefined : BOX_USERNS_FD,
       lent: layout && !seccomp ? undefined : { dir: BOX_RUNTIME_DIR, files: layout ? {} : { [BOX_TINI]: tools.tini! }, copied: seccomp ? { [BOX_SECCOMP]: seccomp.helper } : {} },
       seccompFd: seccomp?.program,
       tmpfsMb: tmpfsSizes(spec.resources.memory_mb),
       procNames: [...readdirSync('/proc').filter((n) => !/^[0-9]+$/.test(n)), ...PROC_MASKED_FILES.filter((n) => n.includes('/') && existsSync(`/proc/${n}`))],
       procRootOnly: (this.rootOnlyProc ??= procRootOnly()),
     });
-    // /workspace is a file system of its own, sized disk_mb (disk.ts): the box's user owns its root
-    // (the box's uid is this server's outside).
-    if (this.diskBound) {
-      try {
-        await mountWorkspace(spec.stateDir, spec.resources.disk_mb, { uid: process.getuid!(), gid: process.getgid!() });
-      } catch (e) {
-        throw new BoxStartError(`could not make the box's /workspace (disk_mb ${spec.resources.disk_mb}): ${(e as Error).message}`);
-      }
-    }
     let cg: Cgroup | null = null;
     let prefix: string[];
     try {
       if (layout) cg = createCgroup(layout, spec.id, spec.resources);
-      // bwrap keeps fd 3 (its info), 4 (its arguments), the files it copies in (from 5 on), then
-      // the one it waits on before starting the box's main process.
-      prefix = this.wrap(5 + fileFds.length, cg, spec.resources);
+      // bwrap keeps fd 3 (its info), 4 (its arguments), 5 (a root server's: the box's user
+      // namespace), the files it copies in (from `first` on), then the one it waits on before
+      // starting the box's main process.
+      prefix = this.wrap(first + fileFds.length, cg, spec.resources);
     } catch (e) {
-      for (const fd of fileFds) closeSync(fd);
+      for (const fd of [...fileFds, ...nsFd]) closeSync(fd);
+      await unstage();
       if (this.diskBound) await unmountWorkspace(spec.stateDir);
       throw new BoxStartError(`could not apply resource limits: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
     }
@@ -422,17 +481,22 @@ export class LocalDriver implements SandboxDriver {
     // cwd `/`: bwrap's init is pid 1 in the box, whose environment (PWD) the box reads.
     let child: ChildProcess;
     try {
-      child = spawn(cmd[0], cmd.slice(1), { env: HOST_HELPER_ENV, cwd: '/', stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe', ...fileFds, 'pipe'] });
+      child = spawn(cmd[0], cmd.slice(1), { env: HOST_HELPER_ENV, cwd: '/', stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe', ...nsFd, ...fileFds, 'pipe'] });
     } finally {
       // bwrap holds its own copies.
-      for (const fd of fileFds) closeSync(fd);
+      for (const fd of [...fileFds, ...nsFd]) closeSync(fd);
     }
     const argsPipe = child.stdio[4] as NodeJS.WritableStream;
     argsPipe.on('error', () => undefined);
     argsPipe.end(args.map((a) => `${a}\0`).join(''));
-    const box = new LocalBox(this, spec, child, cg, child.stdio[5 + fileFds.length] as NodeJS.WritableStream);
+    const box = new LocalBox(this, spec, child, cg, child.stdio[first + fileFds.length] as NodeJS.WritableStream);
     try {
-      await box.boot();
+      try {
+        await box.boot();
+      } finally {
+        // Built (or failed): the box holds its own mount of the workspace.
+        await unstage();
+      }
       this.boxes.set(spec.id, box);
       mkdirSync(this.runDir, { recursive: true, mode: 0o700 });
       const rec: RunRecord = { id: spec.id, stateDir: spec.stateDir, pid1: box.pid1, pid1Start: box.pid1Start };
@@ -459,7 +523,10 @@ export class LocalDriver implements SandboxDriver {
     // own descriptors (enterArgs).
     const join = this.wrap(2, cg, res);
     // The host side of the syscall filter (local-seccomp.ts) before setpriv and nsenter.
-    return [...join, ...(t.enterFilter ? [t.enterFilter] : []), t.setpriv, '--no-new-privs', t.nsenter, ...enterArgs(process.pid, box.namespaceFds(), cwd), ...argv];
+    // A root server's box (its own host uid): setpriv drops the server's supplementary groups on
+    // the host, and nsenter becomes the box's user once inside (enterArgs).
+    const own = this.boxIds !== null;
+    return [...join, ...(t.enterFilter ? [t.enterFilter] : []), t.setpriv, ...(own ? ['--clear-groups'] : []), '--no-new-privs', t.nsenter, ...enterArgs(process.pid, box.namespaceFds(), cwd, own), ...argv];
   }
 
   /** The host-side start of every command line that ends in a box: clean descriptors, then cgroup or rlimits. */
@@ -495,7 +562,12 @@ export class LocalDriver implements SandboxDriver {
     }
   }
 
-  /** @internal */
+  /**
+   * @internal The relay's helper (relay.ts) enters the box's user and network namespaces keeping
+   * this server's uid: for a root server, one the box's namespace does not map (no capability
+   * there once it execs). Not the box's host uid: that uid may not be able to run this server's
+   * Node (installed under a directory only root may enter, as under /root).
+   */
   netEnter(userFd: number, netFd: number): string[] {
     return [this.tools!.nsenter, `--user=/proc/self/fd/${userFd}`, `--net=/proc/self/fd/${netFd}`, '--preserve-credentials', '--'];
   }
@@ -528,6 +600,8 @@ export class LocalDriver implements SandboxDriver {
       removeCgroup(cg);
     }
     if (rec) await waitGone(rec.pid1, rec.pid1Start, 5000);
+    // A start cut short by a crash may have left its workspace staged (box-uid.ts).
+    if (this.boxIds) await unstageWorkspace(this.runDir, id);
     if (rec) await unmountWorkspace(rec.stateDir);
     rmSync(this.recordPath(id), { force: true });
   }
@@ -537,6 +611,8 @@ export class LocalDriver implements SandboxDriver {
     if (box) await box.stop();
     else if (ID_RE.test(id)) await this.reapOne(id);
     rmSync(stateDir, { recursive: true, force: true });
+    // Its files gone with it, its host uid may be another box's.
+    if (ID_RE.test(id)) this.boxIds?.release(id);
   }
 
   async reapOrphans(knownIds: ReadonlySet<string>): Promise<void> {
@@ -697,7 +773,8 @@ class LocalBox implements Box {
     // Opened from the right process: it still is the box's pid 1.
     if (startTime(pid) !== this.pid1Start) throw new BoxStartError('the box exited while starting');
     this.assertIsolated();
-    // A root server's box is host uid 0 outside, the owner of the host's device nodes bound in.
+    // A root server binds host device nodes that are root's: sealed read-only all the same
+    // (defence in depth; its box's user is a host uid of its own, which owns none of them).
     if (process.getuid?.() === 0) await this.driver.sealDevices(pid, this.nsFds[BOX_NAMESPACES.findIndex(([k]) => k === 'mnt')]);
     this.release.end('1');
     await waitFor(() => readFileOrEmpty(`/proc/${pid}/task/${pid}/children`).trim() !== '');
@@ -779,7 +856,7 @@ class LocalBox implements Box {
     const cwd = opts.cwd ?? '/workspace';
     if (!cwd.startsWith('/') || cwd.includes('\0')) throw new Error('cwd must be an absolute path in the box');
     // The box's environment is applied only once inside (`env -i` in the box): the helpers that run
-    // on the host first (sh, prlimit, setpriv, nsenter, as this server's user) must never see
+    // on the host first (sh, prlimit, setpriv, nsenter, as this server's user until nsenter becomes the box's) must never see
     // LD_PRELOAD or the like from a request, which could name a host path the box wrote to.
     const env = Object.entries(this.env(opts.env));
     if (env.some(([k, v]) => !/^[^=\0]+$/.test(k) || v.includes('\0'))) throw new Error('environment names must not hold "=" or NUL, nor values NUL');

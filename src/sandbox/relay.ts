@@ -37,7 +37,9 @@ export interface Relay {
 export async function openRelay(enterNet: string[], nsFds: number[], proxy: { host: string; port: number }, budget: RelayBudget): Promise<Relay> {
   const listener = await new Promise<net.Server>((resolve, reject) => {
     const child = spawn(enterNet[0], [...enterNet.slice(1), process.execPath, '--max-old-space-size=16', '-e', HELPER], {
-      // No environment of this server reaches the helper (it runs as the box's user).
+      // No environment of this server reaches the helper (it runs in the box's user namespace: as
+      // the box's user for an unprivileged server; for a root server, as this server's uid, which
+      // that namespace does not map and which holds no capability there).
       env: {},
       // fd 3 is the IPC channel; the namespace descriptors follow it (as `enterNet` names them).
       stdio: ['ignore', 'ignore', 'pipe', 'ipc', ...nsFds],

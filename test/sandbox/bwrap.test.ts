@@ -5,7 +5,7 @@ import { chmodSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync }
 import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { bwrapArgs, deviceRemountOptions, PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READ_ONLY, type BwrapPlan } from '../../src/sandbox/bwrap.js';
+import { bwrapArgs, deviceRemountOptions, enterArgs, PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READ_ONLY, type BwrapPlan } from '../../src/sandbox/bwrap.js';
 import { procRootOnly } from '../../src/sandbox/local.js';
 
 function plan(procNames: string[], procRootOnly: BwrapPlan['procRootOnly'] = []): BwrapPlan {
@@ -88,5 +88,28 @@ describe('procRootOnly', () => {
     } finally {
       rmSync(base, { recursive: true, force: true });
     }
+  });
+});
+
+describe('bwrapArgs and enterArgs: the user namespace', () => {
+  it("a root server's box is built in the namespace it is given: no --unshare-user, no nested one of bwrap's, the descriptor kept by init only", () => {
+    const given = bwrapArgs({ ...plan([]), userns: 5 });
+    expect(given.slice(0, 4)).toEqual(['--userns', '5', '--sync-fd', '5']);
+    for (const ns of ['ipc', 'pid', 'net', 'uts', 'cgroup']) expect(given).toContain(`--unshare-${ns}`);
+    expect(given).not.toContain('--unshare-user');
+    expect(given).not.toContain('--unshare-all');
+    expect(given).not.toContain('--disable-userns');
+    const own = bwrapArgs(plan([]));
+    expect(own.slice(0, 2)).toEqual(['--unshare-all', '--unshare-user']);
+    expect(own).toContain('--disable-userns');
+    expect(own).not.toContain('--userns');
+  });
+
+  it('an execution of a root server becomes the box user inside; otherwise it keeps its uid (bwrap mapped it)', () => {
+    const fds = [10, 11, 12, 13, 14, 15, 16, 17];
+    const asBox = enterArgs(42, fds, '/workspace', true);
+    expect(asBox.slice(-4)).toEqual(['--wdns=/workspace', '--setuid=1000', '--setgid=1000', '--']);
+    expect(asBox).not.toContain('--preserve-credentials');
+    expect(enterArgs(42, fds, '/workspace').slice(-3)).toEqual(['--wdns=/workspace', '--preserve-credentials', '--']);
   });
 });

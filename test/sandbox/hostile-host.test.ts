@@ -1,11 +1,12 @@
 /**
  * Local driver, an attacker inside a real box going for the host's kernel settings and devices.
- * The box's user is this server's uid outside: for a root server (CI, many deployments) that is
- * host uid 0. Capabilities are dropped, but plain file permissions (DAC) still pass for uid 0 on
- * every procfs file owned by global root: whatever the box's mounts leave writable, the box
- * writes on the host (`/proc/sys/kernel/core_pattern` = `|/prog` runs a program as host root on
- * the next crash; `/proc/bus/pci/*` is PCI configuration space). Likewise for reading root-only
- * host-global files, and for changing the modes of host inodes bound in (`/dev/null`).
+ * A root server's box was host uid 0 outside before it had a host uid of its own (box-uid.ts,
+ * `local-uid`): capabilities dropped, but plain file permissions (DAC) passed for uid 0 on every
+ * procfs file owned by global root, so whatever the box's mounts left writable, the box wrote on
+ * the host (`/proc/sys/kernel/core_pattern` = `|/prog` runs a program as host root on the next
+ * crash; `/proc/bus/pci/*` is PCI configuration space). Likewise for reading root-only host-global
+ * files, and for changing the modes of host inodes bound in (`/dev/null`). The mounts that fence
+ * them stay (defence in depth), and are checked here still.
  *
  * SAFETY: every write here is harmless if it succeeds (the current value written back), or only
  * opens a file for writing without writing; the host's values are compared before and after.

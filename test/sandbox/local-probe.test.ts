@@ -57,9 +57,10 @@ describe('local driver: fail closed', () => {
   // and keygate's own boxes use them), so no cgroup2 mount can carry them, and the v2 limits
   // themselves cannot be exercised here. What can: a server that sees a cgroup2 hierarchy at
   // /sys/fs/cgroup (a real one, mounted in a mount namespace of its own) without those
-  // controllers says so and falls back to rlimits -- which cannot cap the processes of a box run by
-  // root (the kernel exempts uid 0 from RLIMIT_NPROC, and a box's processes are the server's user
-  // on the host): as root, the probe refuses; an unprivileged server there gets boxes on rlimits
+  // controllers says so and falls back to rlimits -- which could not cap the processes of a box run
+  // by root (the kernel exempts uid 0 from RLIMIT_NPROC, and a box's processes were the server's
+  // user on the host before they had host ids of their own; the refusal stays): as root, the probe
+  // refuses; an unprivileged server there gets boxes on rlimits
   // (local-nocgroup.test.ts runs one).
   it.skipIf(!outer.ok || process.getuid?.() !== 0 || existsSync('/sys/fs/cgroup/cgroup.controllers'))('cgroup v2 that does not hand out memory, pids and cpu, as root: the probe says processes could not be capped, and start rejects', () => {
     const cgroup2 = ['unshare', '-m', '--propagation', 'private', 'sh', '-c', 'mount -t cgroup2 none /sys/fs/cgroup && exec "$@"', 'sh'];
