@@ -18,13 +18,20 @@ const H2_INTERNAL_ERROR = 2;
 const H2_NO_ERROR = 0;
 
 /**
- * Asks an HTTP/2 client to stop sending a request body nobody will read (the answer came before
- * it ended): RST_STREAM(NO_ERROR) once the answer is out, which keeps the answer whole (RFC 9113
- * 8.1). Node's compatibility API sends an answer's trailers (or its empty end) when the stream
+ * Writes an HTTP/2 client's whole answer (`answer`), then asks the client to stop sending a
+ * request body nobody will read (the answer came before it ended: an early answer, a refusal):
+ * RST_STREAM(NO_ERROR) once the answer is out, which keeps the answer whole (RFC 9113 8.1). Node's compatibility API sends an answer's trailers (or its empty end) when the stream
  * emits 'wantTrailers', after the stream's 'finish': a reset submitted before that overtakes
  * them. Submitted after it, from outside the session's callbacks, Node writes what is pending
  * first. An answer whose head ended the stream (204, 304) has no trailers to wait for.
  */
+export function answerThenStopUpload(res: Http2ServerResponse, answer: () => void): void {
+  const stream = res.stream;
+  const headEnded = stream.writableEnded;
+  answer();
+  if (!stream.destroyed && stream.state.remoteClose === 0) stopUpload(stream, headEnded);
+}
+
 function stopUpload(stream: Http2ServerResponse['stream'], headEnded: boolean): void {
   const close = () =>
     setImmediate(() => {
@@ -197,6 +204,18 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
     else res.destroy();
   };
 
+  /**
+   * The proxy's own answer in place of the origin's (an upstream failure, an answer not
+   * accepted). `close`: an HTTP/1.1 connection closes after it (a refusal). A request whose body
+   * is still coming has no reader left: its HTTP/1.1 connection closes too, and an HTTP/2 client
+   * is asked to stop sending (answerThenStopUpload; HTTP/2 has no `Connection` to set).
+   */
+  const answerInstead = (perr: ProxyError, close: boolean) => {
+    if (!t.h2) refuse(core, res, rec, started, perr, close || !req.complete);
+    else if (t.h2.body) answerThenStopUpload(res as unknown as Http2ServerResponse, () => refuse(core, res, rec, started, perr));
+    else refuse(core, res, rec, started, perr);
+  };
+
   const flush = () => {
     flushScheduled = false;
     if (!finished && !res.headersSent) res.flushHeaders();
@@ -232,7 +251,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
           abortUpstream?.(new Error('upstream answer not accepted'));
           const perr = invalidAnswer(t.host, problem);
           core.events.emit('upstream_error', { host: t.host, reason: perr.reason });
-          refuse(core, res, rec, started, perr);
+          answerInstead(perr, false);
           return true;
         }
         // undici hands informational answers (103 Early Hints, 102) here too: they are not relayed
@@ -263,7 +282,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
           for (const name of res.getHeaderNames()) res.removeHeader(name);
           const perr = repeated ? invalidAnswer(t.host, `more than one ${repeated} field, which HTTP/2 carries once`) : upstreamError({ code: 'INVALID_RESPONSE_HEADER' }, t.host);
           core.events.emit('upstream_error', { host: t.host, reason: perr.reason });
-          refuse(core, res, rec, started, perr);
+          answerInstead(perr, false);
           return true;
         };
         if (repeated) return unrelayable();
@@ -324,10 +343,8 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
           }
         }
         // The HTTP/2 client's counterpart of `Connection: close` above (RFC 9113 8.1).
-        const h2stream = t.h2?.body ? (res as unknown as Http2ServerResponse).stream : undefined;
-        const headEnded = h2stream?.writableEnded;
-        res.end();
-        if (h2stream && !h2stream.destroyed && h2stream.state.remoteClose === 0) stopUpload(h2stream, headEnded === true);
+        if (t.h2?.body) answerThenStopUpload(res as unknown as Http2ServerResponse, () => res.end());
+        else res.end();
         done();
       },
       onError(err: Error) {
@@ -357,7 +374,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         req.resume();
         // A refusal found on the way (the egress policy after resolution: a 403) closes like every
         // refusal; an upstream failure (502, 504) leaves the connection to the client.
-        refuse(core, res, rec, started, perr, perr.status < 500);
+        answerInstead(perr, perr.status < 500);
       },
     },
   );

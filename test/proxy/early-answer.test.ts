@@ -29,6 +29,9 @@ let h1: ScriptedOrigin;
 /** HTTP/1.1, hand-written: answers every request right after its head, reading no body. */
 let h1Early: tls.Server;
 let h1EarlyPort = 0;
+/** HTTP/1.1, hand-written: closes every connection, unanswered, once a request head and some body are in. */
+let h1Reset: tls.Server;
+let h1ResetPort = 0;
 /** HTTP/2: /early answers (with trailers) and /early-204 at once, reading no body; anything else answers once the body ended. */
 let h2Origin: http2.Http2SecureServer;
 let h2Port = 0;
@@ -44,11 +47,24 @@ beforeAll(async () => {
     s.on('data', (d: Buffer) => {
       if (head.includes('\r\n\r\n')) return;
       head += d.toString('latin1');
-      if (head.includes('\r\n\r\n')) s.write(lengthResponse('too large', [], '413 Payload Too Large'));
+      if (!head.includes('\r\n\r\n')) return;
+      // /bad-...: an answer no path relays (a reason phrase with a control byte), so the proxy answers instead.
+      if (head.startsWith('POST /bad')) s.write('HTTP/1.1 200 O\x01K\r\nContent-Length: 2\r\n\r\nok', 'latin1');
+      else s.write(lengthResponse('too large', [], '413 Payload Too Large'));
     });
   });
   await new Promise<void>((r) => h1Early.listen(0, '127.0.0.1', () => r()));
   h1EarlyPort = (h1Early.address() as net.AddressInfo).port;
+  h1Reset = tls.createServer({ key: pki.keyPem, cert: pki.certPem }, (s) => {
+    s.on('error', () => undefined);
+    let seen = 0;
+    s.on('data', (d: Buffer) => {
+      seen += d.length;
+      if (seen > 20_000) s.destroy();
+    });
+  });
+  await new Promise<void>((r) => h1Reset.listen(0, '127.0.0.1', () => r()));
+  h1ResetPort = (h1Reset.address() as net.AddressInfo).port;
   h2Origin = http2.createSecureServer({ key: pki.keyPem, cert: pki.certPem });
   h2Origin.on('stream', (s, h) => {
     s.on('error', () => undefined);
@@ -78,15 +94,16 @@ beforeAll(async () => {
   await new Promise<void>((r) => h2Origin.listen(0, '127.0.0.1', () => r()));
   h2Port = (h2Origin.address() as net.AddressInfo).port;
   proxies = await startBothExchanges(pki, h1.port);
-  for (const p of Object.values(proxies)) p.route(h1EarlyPort);
+  for (const p of Object.values(proxies)) for (const port of [h1EarlyPort, h1ResetPort]) p.route(port);
   h2Proxy = await startTestProxy(pki);
-  for (const port of [h1.port, h1EarlyPort, h2Port]) h2Proxy.route(port);
+  for (const port of [h1.port, h1EarlyPort, h1ResetPort, h2Port]) h2Proxy.route(port);
 });
 
 afterAll(async () => {
   await h2Proxy?.close(200);
   await closeBothExchanges(proxies, h1);
   h1Early?.close();
+  h1Reset?.close();
   h2Origin?.close();
 });
 
@@ -122,6 +139,38 @@ describe.each(['fast', 'node'] as const)('HTTP/1.1 client, the %s exchange', (na
       }
     });
   }
+
+  it('an origin that fails mid-upload: the 502 closes the connection (the rest of the body has no reader)', async () => {
+    const c = new Reader(await proxies[name].connect(h1ResetPort));
+    c.socket.write(request('POST', `/reset-${name}`, `${HOST}:${h1ResetPort}`, [['Transfer-Encoding', 'chunked']]));
+    const chunk = Buffer.alloc(16 * 1024, 0x61);
+    const sender = keepSending((b) => !c.socket.destroyed && c.socket.write(b), Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n')]));
+    try {
+      const r = await c.next('POST');
+      expect(r.status).toBe(502);
+      expect(values(r.headers, 'connection')).toEqual(['close']);
+      expect(await c.waitClosed(5000)).toBe(true);
+    } finally {
+      sender.stop();
+      c.socket.destroy();
+    }
+  });
+
+  it("an early answer the proxy does not relay: its 502 closes the connection", async () => {
+    const c = new Reader(await proxies[name].connect(h1EarlyPort));
+    c.socket.write(request('POST', `/bad-${name}`, `${HOST}:${h1EarlyPort}`, [['Transfer-Encoding', 'chunked']]));
+    const chunk = Buffer.alloc(16 * 1024, 0x61);
+    const sender = keepSending((b) => !c.socket.destroyed && c.socket.write(b), Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n')]));
+    try {
+      const r = await c.next('POST');
+      expect(r.status).toBe(502);
+      expect(values(r.headers, 'connection')).toEqual(['close']);
+      expect(await c.waitClosed(5000)).toBe(true);
+    } finally {
+      sender.stop();
+      c.socket.destroy();
+    }
+  });
 
   it('an answer after the upload ended keeps the connection', async () => {
     const c = new Reader(await proxies[name].connect(h1.port));
@@ -200,10 +249,10 @@ it("the proxy's plain listener: a refused absolute-form upload's answer is read 
 
 describe('HTTP/2 client', () => {
   /** POST on a new stream, sending until the stream closes; what the client saw. */
-  async function earlyUpload(port: number, path: string) {
+  async function earlyUpload(port: number, path: string, authority = `${HOST}:${port}`) {
     const s = await h2Through(h2Proxy.handle.port, HOST, port, h2Proxy.caPem);
     try {
-      const req = s.request({ ':method': 'POST', ':path': path, ':authority': `${HOST}:${port}` }, { endStream: false });
+      const req = s.request({ ':method': 'POST', ':path': path, ':authority': authority }, { endStream: false });
       const out = { status: 0, body: '', trailers: {} as http2.IncomingHttpHeaders, ended: false, rstCode: -1, closed: false };
       req.on('response', (h) => (out.status = Number(h[':status'])));
       req.on('trailers', (t) => (out.trailers = t));
@@ -241,6 +290,21 @@ describe('HTTP/2 client', () => {
   it("an HTTP/2 origin's own RST_STREAM(NO_ERROR) after its whole answer: the answer, not a cut", async () => {
     const out = await earlyUpload(h2Port, '/early-rst');
     expect(out).toMatchObject({ status: 413, body: 'too large', ended: true, closed: true, rstCode: http2.constants.NGHTTP2_NO_ERROR });
+  });
+
+  it("the proxy's own refusal (an :authority other than the tunnel's) of an upload under way: the answer, then RST_STREAM(NO_ERROR)", async () => {
+    const out = await earlyUpload(h2Port, '/refused', `other.test.local:${h2Port}`);
+    expect(out).toMatchObject({ status: 421, ended: true, closed: true, rstCode: http2.constants.NGHTTP2_NO_ERROR });
+  });
+
+  it('an origin that fails mid-upload: the 502, then RST_STREAM(NO_ERROR)', async () => {
+    const out = await earlyUpload(h1ResetPort, '/reset-h2');
+    expect(out).toMatchObject({ status: 502, ended: true, closed: true, rstCode: http2.constants.NGHTTP2_NO_ERROR });
+  });
+
+  it('an early answer the proxy does not relay: its 502, then RST_STREAM(NO_ERROR)', async () => {
+    const out = await earlyUpload(h1EarlyPort, '/bad-h2');
+    expect(out).toMatchObject({ status: 502, ended: true, closed: true, rstCode: http2.constants.NGHTTP2_NO_ERROR });
   });
 
   it('an early 204 (a head that ends the stream, no trailers to wait for): the answer, then RST_STREAM(NO_ERROR)', async () => {

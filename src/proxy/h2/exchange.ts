@@ -5,7 +5,7 @@ import type { DataPath } from '../boundary.js';
 import type { TunnelTarget } from '../context.js';
 import { ProxyError } from '../errors.js';
 import type { Exchange } from '../exchange.js';
-import { forward, refuse } from '../forward.js';
+import { answerThenStopUpload, forward, refuse } from '../forward.js';
 import { planIntercepted } from '../plan.js';
 import { finishRecord, newRecord, refusedPath } from '../record.js';
 import { readH2Request } from './fields.js';
@@ -74,7 +74,10 @@ export function createH2Exchange(dp: DataPath): H2Exchange {
     if (planned instanceof ProxyError) {
       rec.path = refusedPath(req.headers[':path'] ?? '');
       req.resume();
-      refuse(core, hres, rec, started, planned);
+      // A body still coming is read by nobody: the client is asked to stop sending it.
+      const refusal = planned;
+      if (req.stream.endAfterHeaders) refuse(core, hres, rec, started, refusal);
+      else answerThenStopUpload(res, () => refuse(core, hres, rec, started, refusal));
       return;
     }
     const { fields, trailers } = read as Exclude<typeof read, ProxyError>;
