@@ -51,9 +51,9 @@ export interface LocalDriverOptions {
   /**
    * `false`: never use cgroups, even where they can be made: limits through rlimits (`prlimit`),
    * as on a machine without delegated cgroups. Default: cgroups where this process can create them.
-   * For testing that fallback where cgroups work. Run as root, boxes then have no process limit
-   * (root is exempt from RLIMIT_NPROC): without this option, a root server with no cgroups is
-   * refused by the probe for that reason.
+   * For testing that fallback where cgroups work. A root server's boxes have host ids of their
+   * own (box-uid.ts), which RLIMIT_NPROC counts; one that cannot give them any would run them as
+   * host root, which the limit exempts: without this option, the probe refuses that server.
    */
   cgroups?: false;
   /**
@@ -289,13 +289,14 @@ export class LocalDriver implements SandboxDriver {
     if (!cg && !tini) {
       return { ok: false, reason: `${noCgroups} and no static tini: an execution timeout could not kill what the execution started with setsid`, hint: 'install tini (apt-get install tini), or run where cgroups can be created' };
     }
-    // Fail closed: the kernel exempts a real uid 0 from RLIMIT_NPROC, and a box's processes were
-    // this server's user on the host: a root server without cgroups could not cap a box's
-    // processes (one fork bomb would take every pid of the host). Its boxes now run under host ids
-    // of their own, which the limit does count, but this fallback is not relied on for that (not
-    // tested here): still refused. `cgroups: false` (tests only) says so below.
+    // Fail closed: the kernel exempts a real uid 0 from RLIMIT_NPROC, so a box whose processes are
+    // host root could not have them capped without cgroups (one fork bomb would take every pid of
+    // the host). A root server's boxes run under host ids of their own (box-uid.ts), which the
+    // limit counts (local-nocgroup.test.ts: a fork loop stops at `pids`); only a root server that
+    // cannot give them one is refused. `cgroups: false` (tests only) says so below.
     const root = process.getuid?.() === 0;
-    if (!cg && root && this.useCgroups) {
+    const uncapped = root && !this.boxIds;
+    if (!cg && uncapped && this.useCgroups) {
       return { ok: false, reason: `${noCgroups}, and this server runs as root: rlimits cannot cap a box's processes (the kernel exempts root from RLIMIT_NPROC)`, hint: 'run keygate serve as a non-root user, or where it can create cgroups (cgroup v2 delegated to it)' };
     }
     // The real thing, end to end: a box, an execution in it, its relay, then gone again.
@@ -321,7 +322,7 @@ export class LocalDriver implements SandboxDriver {
       this.boxIds?.release(`probe-${process.pid}`);
       if (cg && this.boxes.size === 0) this.dropLayout(cg);
     }
-    const limits = cg ? `cgroup v${cg.version}` : `rlimits (${this.layout && !this.layout.ok ? this.layout.why : ''}${root ? '; as root: no process limit' : ''})`;
+    const limits = cg ? `cgroup v${cg.version}` : `rlimits (${this.layout && !this.layout.ok ? this.layout.why : ''}${uncapped ? '; as root: no process limit' : ''})`;
     const trees = cg ? 'their cgroup' : `a subreaper tini (${tini}) and the host's /proc`;
     const users = this.boxIds ? 'each box a host uid of its own' : "boxes run as this server's uid";
     return { ok: true, detail: `bubblewrap ${bwrap}: new user, pid, ipc, uts, mount, cgroup and network namespaces; ${users}; ${filterDetail()}; limits through ${limits}; execution trees killed through ${trees}` };

@@ -55,7 +55,8 @@ describe.skipIf(!probe.ok)(`local driver without cgroups: execution trees (${pro
   });
 
   it('the probe says limits are rlimits and which mechanism kills execution trees', async () => {
-    expect(probe.why).toMatch(process.getuid?.() === 0 ? /limits through rlimits \(cgroups turned off; as root: no process limit\)/ : /limits through rlimits \(cgroups turned off\)/);
+    // A root server's boxes have host ids of their own (box-uid.ts): the process limit binds for them too.
+    expect(probe.why).toMatch(/limits through rlimits \(cgroups turned off\)/);
     expect(probe.why).toMatch(/execution trees killed through a subreaper tini \(\/\S+\) and the host's \/proc$/);
   });
 
@@ -104,8 +105,22 @@ describe.skipIf(!probe.ok)(`local driver without cgroups: execution trees (${pro
     expect(hostProcessesOf(ns, s.id)).toEqual([]);
   });
 
+  // The kernel exempts a real uid 0 from RLIMIT_NPROC: before boxes had host ids of their own, a
+  // root server's box with `pids: 20` ran 60 processes, and a fork loop took every pid of the host.
+  it('the process limit binds (as root too): a box of `pids` 24 cannot hold 60 processes', async () => {
+    const box = await driver.start(spec({ resources: { pids: 24 } }));
+    const r = await run(box, `i=0; while [ $i -lt 60 ]; do sleep 1040 & i=$((i+1)); done; echo started all`, { timeoutMs: 20_000 });
+    const ns = await pidNamespace(box).catch(() => '');
+    expect(r.stdout).not.toContain('started all');
+    expect(r.stderr).toMatch(/fork/i);
+    if (ns) expect(hostProcessesOf(ns, box.id).length).toBeLessThanOrEqual(26);
+    await box.stop();
+  });
+
   it('a tree still forking daemons when it is killed goes whole, and leaves no zombie to the host', async () => {
-    const s = spec();
+    // Room for all 400 daemons: a root server's box is a host uid of its own (box-uid.ts), so the
+    // process limit (RLIMIT_NPROC, 128 by default) binds, and a loop whose forks fail ends early.
+    const s = spec({ resources: { pids: 2048 } });
     const box = await driver.start(s);
     const ns = await pidNamespace(box);
     // Forks a setsid daemon every few milliseconds (bounded: 400) until the timeout.
