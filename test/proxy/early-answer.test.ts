@@ -117,53 +117,29 @@ function keepSending(write: (b: Buffer) => void, chunk = Buffer.alloc(16 * 1024,
   return { stop: () => clearInterval(timer), sent: () => sent };
 }
 
+/** One 16 KiB piece of an upload in the given framing. */
+function uploadPiece(framing: 'chunked' | 'length'): Buffer<ArrayBuffer> {
+  const chunk = Buffer.alloc(16 * 1024, 0x61);
+  return framing === 'chunked' ? Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n')]) : chunk;
+}
+
 describe.each(['fast', 'node'] as const)('HTTP/1.1 client, the %s exchange', (name) => {
   // A chunked upload takes the Node path even with the fast path on; a Content-Length one the fast path.
-  for (const framing of ['chunked', 'length'] as const) {
-    it(`an answer before the ${framing} upload ended: Connection: close, then the connection ends`, async () => {
-      const c = new Reader(await proxies[name].connect(h1EarlyPort));
-      const framingHeader: [string, string] = framing === 'chunked' ? ['Transfer-Encoding', 'chunked'] : ['Content-Length', String(1 << 30)];
-      c.socket.write(request('POST', `/early-${name}-${framing}`, `${HOST}:${h1EarlyPort}`, [framingHeader]));
-      const chunk = Buffer.alloc(16 * 1024, 0x61);
-      const body = framing === 'chunked' ? Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n')]) : chunk;
-      const sender = keepSending((b) => !c.socket.destroyed && c.socket.write(b), body);
-      try {
-        const r = await c.next('POST');
-        expect(r.status).toBe(413);
-        expect(r.body.toString()).toBe('too large');
-        expect(values(r.headers, 'connection')).toEqual(['close']);
-        expect(await c.waitClosed(5000)).toBe(true);
-      } finally {
-        sender.stop();
-        c.socket.destroy();
-      }
-    });
-  }
-
-  it('an origin that fails mid-upload: the 502 closes the connection (the rest of the body has no reader)', async () => {
-    const c = new Reader(await proxies[name].connect(h1ResetPort));
-    c.socket.write(request('POST', `/reset-${name}`, `${HOST}:${h1ResetPort}`, [['Transfer-Encoding', 'chunked']]));
-    const chunk = Buffer.alloc(16 * 1024, 0x61);
-    const sender = keepSending((b) => !c.socket.destroyed && c.socket.write(b), Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n')]));
+  const cases = [
+    ['an answer before the chunked upload ended', () => h1EarlyPort, '/early', 'chunked', 413, 'too large'],
+    ['an answer before the length upload ended', () => h1EarlyPort, '/early', 'length', 413, 'too large'],
+    ['an origin that fails mid-upload (its 502)', () => h1ResetPort, '/reset', 'chunked', 502, undefined],
+    ['an early answer the proxy does not relay (its 502)', () => h1EarlyPort, '/bad', 'chunked', 502, undefined],
+  ] as const;
+  it.each(cases)('%s: Connection: close, then the connection ends (the rest of the body has no reader)', async (_what, port, path, framing, status, body) => {
+    const p = port();
+    const c = new Reader(await proxies[name].connect(p));
+    c.socket.write(request('POST', `${path}-${name}-${framing}`, `${HOST}:${p}`, [framing === 'chunked' ? ['Transfer-Encoding', 'chunked'] : ['Content-Length', String(1 << 30)]]));
+    const sender = keepSending((b) => !c.socket.destroyed && c.socket.write(b), uploadPiece(framing));
     try {
       const r = await c.next('POST');
-      expect(r.status).toBe(502);
-      expect(values(r.headers, 'connection')).toEqual(['close']);
-      expect(await c.waitClosed(5000)).toBe(true);
-    } finally {
-      sender.stop();
-      c.socket.destroy();
-    }
-  });
-
-  it("an early answer the proxy does not relay: its 502 closes the connection", async () => {
-    const c = new Reader(await proxies[name].connect(h1EarlyPort));
-    c.socket.write(request('POST', `/bad-${name}`, `${HOST}:${h1EarlyPort}`, [['Transfer-Encoding', 'chunked']]));
-    const chunk = Buffer.alloc(16 * 1024, 0x61);
-    const sender = keepSending((b) => !c.socket.destroyed && c.socket.write(b), Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n')]));
-    try {
-      const r = await c.next('POST');
-      expect(r.status).toBe(502);
+      expect(r.status).toBe(status);
+      if (body) expect(r.body.toString()).toBe(body);
       expect(values(r.headers, 'connection')).toEqual(['close']);
       expect(await c.waitClosed(5000)).toBe(true);
     } finally {
@@ -193,8 +169,7 @@ describe.each(['fast', 'node'] as const)('a client that reads only after a while
   ] as const;
   it.each(cases)('%s: the answer is read, not a reset', async (_what, kind, framing, status) => {
     const t = await proxies[name].connect(h1EarlyPort);
-    const chunk = Buffer.alloc(16 * 1024, 0x61);
-    const body = framing === 'chunked' ? Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n')]) : chunk;
+    const body = uploadPiece(framing);
     const host = kind === 'refused' ? `other.test.local:${h1EarlyPort}` : `${HOST}:${h1EarlyPort}`;
     let error = '';
     t.on('error', (e: NodeJS.ErrnoException) => (error = e.code ?? e.message));
@@ -228,8 +203,7 @@ it("the proxy's plain listener: a refused absolute-form upload's answer is read 
   // The proxy's own address: never reachable through it (a closing 403).
   const target = `127.0.0.1:${px.handle.port}`;
   t.write(request('POST', `http://${target}/upload`, target, [['Transfer-Encoding', 'chunked']]));
-  const chunk = Buffer.alloc(16 * 1024, 0x61);
-  const sender = keepSending((b) => !t.destroyed && t.write(b), Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n')]));
+  const sender = keepSending((b) => !t.destroyed && t.write(b), uploadPiece('chunked'));
   await new Promise((r) => setTimeout(r, 400));
   let got = '';
   t.on('data', (d: Buffer) => (got += d.toString('latin1')));
