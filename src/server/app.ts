@@ -198,10 +198,15 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
     if (allowed.length) return reply.status(405).header('allow', allowed.join(', ')).send({ detail: 'Method Not Allowed' });
     return reply.status(404).send({ detail: 'Not Found' });
   });
-  // An answer that closes the connection while the client is still sending its body (fastify's
-  // 413 for a declared length over the limit) lingers: Node would close at once, and the
-  // client's next write would meet a reset that can discard the answer.
+  // An answer while the client is still sending its body (a 401 or 404 before the body was read,
+  // a 413 mid-upload) closes the connection: nobody reads the rest, and Node would otherwise read
+  // and drop it, keep-alive, for as long as the client sends (an endless upload to a refusal).
+  // Such an answer, and any other that closes the connection (fastify's 413 for a declared length
+  // over the limit), lingers: the rest is drained within bounds (lingerIfUnread) before the close,
+  // where Node would close at once and the client's next write would meet a reset that can
+  // discard the answer.
   app.addHook('onSend', async (req, reply, payload) => {
+    if (!req.raw.complete && !req.raw.destroyed) void reply.header('connection', 'close');
     if (/\bclose\b/i.test(String(reply.getHeader('connection') ?? ''))) lingerIfUnread(req.raw);
     return payload;
   });

@@ -84,6 +84,32 @@ describe('a refusal before the body is read lingers instead of resetting', () =>
     }
   });
 
+  it('an answer while a chunked body is still coming (401, no key) closes after a bounded drain, not after the whole upload', async () => {
+    // The client would send 160 MiB; the server drops at most 64 MiB of it before it closes.
+    const url = new URL(server.url);
+    const r = await new Promise<{ answer: string; sent: number }>((resolve) => {
+      const s = net.connect(Number(url.port), url.hostname);
+      let answer = '';
+      let sent = 0;
+      s.on('data', (c) => (answer += c.toString('latin1')));
+      s.on('error', () => undefined);
+      s.on('close', () => resolve({ answer, sent }));
+      s.write(`POST /v2/deployments HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n`);
+      const piece = Buffer.concat([Buffer.from(`${(64 * 1024).toString(16)}\r\n`), Buffer.alloc(64 * 1024, 0x20), Buffer.from('\r\n')]);
+      const pump = () => {
+        while (sent < 160 * 1024 * 1024 && !s.destroyed) {
+          sent += 64 * 1024;
+          if (!s.write(piece)) return void s.once('drain', pump);
+        }
+        if (!s.destroyed) s.end('0\r\n\r\n');
+      };
+      pump();
+    });
+    expect(r.answer).toMatch(/^HTTP\/1\.1 401 /);
+    expect(r.answer.toLowerCase()).toContain('connection: close');
+    expect(r.sent).toBeLessThan(160 * 1024 * 1024);
+  });
+
   it('a body beyond what is worth draining is still cut (the bound holds)', async () => {
     // Declared 100 MiB: over the drain bound, so the server closes at once after its answer.
     const url = new URL(server.url);
