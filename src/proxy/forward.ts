@@ -20,10 +20,11 @@ const H2_NO_ERROR = 0;
 /**
  * Writes an HTTP/2 client's whole answer (`answer`), then asks the client to stop sending a
  * request body nobody will read (the answer came before it ended: an early answer, a refusal):
- * RST_STREAM(NO_ERROR) once the answer is out, which keeps the answer whole (RFC 9113 8.1). Node's compatibility API sends an answer's trailers (or its empty end) when the stream
- * emits 'wantTrailers', after the stream's 'finish': a reset submitted before that overtakes
- * them. Submitted after it, from outside the session's callbacks, Node writes what is pending
- * first. An answer whose head ended the stream (204, 304) has no trailers to wait for.
+ * RST_STREAM(NO_ERROR) once the answer is out, which keeps the answer whole (RFC 9113 8.1).
+ * Node's compatibility API sends an answer's trailers (or its empty end) when the stream emits
+ * 'wantTrailers', after the stream's 'finish': a reset submitted before that overtakes them.
+ * Submitted after it, from outside the session's callbacks, Node writes what is pending first.
+ * An answer whose head ended the stream (204, 304) has no trailers to wait for.
  */
 export function answerThenStopUpload(res: Http2ServerResponse, answer: () => void): void {
   const stream = res.stream;
@@ -373,7 +374,8 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
         core.events.emit('upstream_error', { host: t.host, reason: perr.reason });
         req.resume();
         // A refusal found on the way (the egress policy after resolution: a 403) closes like every
-        // refusal; an upstream failure (502, 504) leaves the connection to the client.
+        // refusal; an upstream failure (502, 504) leaves the connection to the client, unless the
+        // request's body is still coming (answerInstead).
         answerInstead(perr, perr.status < 500);
       },
     },
