@@ -95,7 +95,7 @@ export function answerAfterHalfClose(server: http.Server): void {
  */
 export function lingerAfterClosingAnswers(server: http.Server, boundary: NodeBoundary): void {
   server.on('connection', (socket: Socket) => {
-    socket.destroySoon = () => boundary.endAndLinger(socket);
+    socket.destroySoon = () => boundary.closeAfterAnswer(socket);
   });
 }
 
@@ -150,18 +150,15 @@ export class NodeBoundary {
     return this.answered.has(socket);
   }
 
-  /** Our end of a connection after its last answer, then a linger (lingerAfterClosingAnswers). */
-  endAndLinger(socket: Duplex): void {
+  /**
+   * Our end of a connection after its last answer, then a linger (lingerThenDestroy): what Node's
+   * server does after a closing answer (lingerAfterClosingAnswers), and what a socket handed over
+   * (CONNECT, upgrade) after the proxy's closing answer gets. Nothing read meanwhile is acted on.
+   */
+  closeAfterAnswer(socket: Duplex): void {
     this.answered.add(socket);
     if (socket.writable) socket.end();
     lingerThenDestroy(socket);
-  }
-
-  /** A socket handed over (CONNECT, upgrade) after the proxy's closing answer: closed once that answer is out. */
-  closeAfterAnswer(socket: Duplex): void {
-    const s = socket as Socket;
-    if (typeof s.destroySoon === 'function') s.destroySoon();
-    else socket.destroy();
   }
 
   /** Follows a connection's lines from its first byte (a later 'data' listener than the parser's). */
