@@ -27,23 +27,25 @@
  *   one else may look in), where bwrap binds them from; `unstageWorkspace` removes them once the
  *   box is built (the box's own mounts stay).
  */
-import { execFile, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { chmodSync, chownSync, closeSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, readlinkSync, rmdirSync, rmSync, writeFileSync, writeSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { promisify } from 'node:util';
 import { BOX_UID } from './bwrap.js';
-import { isMountPoint } from './disk.js';
-
-const run = promisify(execFile);
-const TOOL_ENV = { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' };
+import { readFileOrEmpty } from '../builtins/fs.js';
+import { isMountPoint, run, TOOL_ENV, TOOL_TIMEOUT_MS } from './disk.js';
 
 /** The first host id of box ids; blocks of BLOCK ids from here to 2^31 - 1. */
 export const BOX_ID_BASE = 2_000_000_000;
 const BLOCK = 65_536;
 const BLOCKS = Math.floor((2 ** 31 - 1 - BOX_ID_BASE) / BLOCK);
 const SET_UP_TIMEOUT_MS = 10_000;
+
+/** The run directory's digest: it picks the server's block of ids and names its staged workspaces. */
+function runDirDigest(runDir: string): string {
+  return createHash('sha256').update(path.resolve(runDir)).digest('hex');
+}
 
 /** Whether `id` is mapped in this process's own user namespace (`/proc/self/{uid,gid}_map`), for both maps. */
 function mappedHere(first: number, count: number): boolean {
@@ -105,7 +107,7 @@ export class BoxIds {
 
   constructor(runDir: string) {
     this.dir = path.join(runDir, 'uids');
-    const block = parseInt(createHash('sha256').update(path.resolve(runDir)).digest('hex').slice(0, 8), 16) % BLOCKS;
+    const block = parseInt(runDirDigest(runDir).slice(0, 8), 16) % BLOCKS;
     this.first = BOX_ID_BASE + block * BLOCK;
   }
 
@@ -118,7 +120,7 @@ export class BoxIds {
       /* none yet */
     }
     for (const name of names) {
-      const n = Number(readFileOr(path.join(this.dir, name)).trim());
+      const n = Number(readFileOrEmpty(path.join(this.dir, name)).trim());
       if (Number.isSafeInteger(n) && n >= this.first && n < this.first + BLOCK) out.set(name, n);
     }
     return out;
@@ -143,14 +145,6 @@ export class BoxIds {
   /** The box is gone for good (DELETE): its id may be given again. */
   release(boxId: string): void {
     rmSync(path.join(this.dir, boxId), { force: true });
-  }
-}
-
-function readFileOr(p: string): string {
-  try {
-    return readFileSync(p, 'utf8');
-  } catch {
-    return '';
   }
 }
 
@@ -199,7 +193,7 @@ export async function boxUserns(tools: { unshare: string; sh: string }, hostId: 
     writeProcFile(`/proc/${pid}/uid_map`, `${BOX_UID} ${hostId} 1\n`);
     writeProcFile(`/proc/${pid}/gid_map`, `${BOX_UID} ${hostId} 1\n`);
     const fd = openSync(`/proc/${pid}/ns/user`, 'r');
-    if (readFileOr(`/proc/${pid}/uid_map`).trim().split(/\s+/).join(' ') !== `${BOX_UID} ${hostId} 1`) {
+    if (readFileOrEmpty(`/proc/${pid}/uid_map`).trim().split(/\s+/).join(' ') !== `${BOX_UID} ${hostId} 1`) {
       closeSync(fd);
       throw new Error("the box's user namespace did not take its uid map");
     }
@@ -239,7 +233,7 @@ function stageRoot(): string {
 }
 
 function stageDir(runDir: string, boxId: string): string {
-  return path.join(stageRoot(), `${createHash('sha256').update(path.resolve(runDir)).digest('hex').slice(0, 12)}-${boxId}`);
+  return path.join(stageRoot(), `${runDirDigest(runDir).slice(0, 12)}-${boxId}`);
 }
 
 /**
@@ -257,7 +251,7 @@ export async function stageWorkspace(runDir: string, boxId: string, from: { work
   try {
     for (const [src, point, how] of [[from.workspace, out.workspace, '--bind'], ...(out.rootfs ? [[from.rootfs!, out.rootfs, '--rbind']] : [])]) {
       mkdirSync(point, { mode: 0o700 });
-      await run('mount', [how, '--', src, point], { env: TOOL_ENV, timeout: 60_000 });
+      await run('mount', [how, '--', src, point], { env: TOOL_ENV, timeout: TOOL_TIMEOUT_MS });
     }
   } catch (e) {
     await unstageWorkspace(runDir, boxId);
@@ -272,7 +266,7 @@ export async function unstageWorkspace(runDir: string, boxId: string): Promise<v
   const points = [path.join(dir, 'workspace'), path.join(dir, 'root')];
   for (const point of points) {
     for (let i = 0; i < 8 && isMountPoint(point); i++) {
-      await run('umount', ['-l', '--', point], { env: TOOL_ENV, timeout: 60_000 }).catch(() => undefined);
+      await run('umount', ['-l', '--', point], { env: TOOL_ENV, timeout: TOOL_TIMEOUT_MS }).catch(() => undefined);
     }
   }
   for (const d of [...points, dir]) {

@@ -20,14 +20,15 @@ import { chownSync, closeSync, existsSync, ftruncateSync, mkdirSync, openSync, r
 import path from 'node:path';
 import { promisify } from 'node:util';
 
-const run = promisify(execFile);
+/** Runs a host tool (mount, mkfs, chown) with TOOL_ENV and a timeout; box-uid.ts runs its mounts the same way. */
+export const run = promisify(execFile);
 
 export const WORKSPACE_IMAGE = 'workspace.img';
 export const WORKSPACE_DIR = 'workspace';
 /** Where a workspace kept by an earlier version (a plain directory) waits to be copied in. */
 const LEGACY_DIR = 'workspace.legacy';
-const TOOL_ENV = { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' };
-const TOOL_TIMEOUT_MS = 60_000;
+export const TOOL_ENV = { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' };
+export const TOOL_TIMEOUT_MS = 60_000;
 
 let bound: string | null | undefined;
 
