@@ -614,11 +614,17 @@ export class Upstream {
     return net.connect({ host: address, port, onread, allowHalfOpen: true });
   }
 
-  /** A verified TLS connection (WebSocket upgrades) to `address` (from dialAddress, as above), SNI and certificate checked for `host`. */
+  /**
+   * A verified TLS connection (WebSocket upgrades) to `address` (from dialAddress, as above), SNI
+   * and certificate checked for `host`. Half-open allowed, as connectTcp: once spliced, an
+   * origin's close_notify and FIN end only its direction.
+   */
   connectTls(host: string, port: number, address: string): tls.TLSSocket {
     return tls.connect({
       host: address,
       port,
+      // Passed on to the TLSSocket by tls.connect (@types/node's ConnectionOptions omits it).
+      ...{ allowHalfOpen: true },
       servername: net.isIP(host) ? undefined : host,
       secureContext: this.secureContext,
       rejectUnauthorized: true,

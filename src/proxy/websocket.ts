@@ -1,6 +1,7 @@
 import type { IncomingMessage, RequestOptions } from 'node:http';
 import http, { STATUS_CODES } from '../node-http.js';
 import type { Duplex } from 'node:stream';
+import { joinHalfOpen } from '../half-open.js';
 import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore } from './context.js';
 import type { ForwardTarget } from './forward.js';
@@ -118,21 +119,16 @@ function relayTo(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Bu
     socket.write(rawHead(rec.status, res.statusMessage, filterRawResponseHeaders(res.rawHeaders, true)));
     if (upHead.length) socket.write(upHead);
     if (head.length) upSocket.write(head);
-    upSocket.pipe(socket);
-    socket.pipe(upSocket);
+    // Each direction's end is passed on alone: a side that stopped sending may still read.
     const done = () => {
       upSocket.destroy();
       socket.destroy();
     };
-    upSocket.on('error', done);
-    socket.on('error', done);
-    socket.on('close', () => {
-      upSocket.destroy();
+    joinHalfOpen(socket, upSocket, () => {
       rec.bytes_in = (socket as { bytesRead?: number }).bytesRead ?? 0;
       rec.bytes_out = (socket as { bytesWritten?: number }).bytesWritten ?? 0;
       finishRecord(core, rec, started);
     });
-    upSocket.on('close', () => socket.end());
     core.watchEgress(socket, {
       host: t.host,
       port: t.port,

@@ -2,7 +2,7 @@ import { execFileSync } from 'node:child_process';
 import { chmodSync, existsSync, mkdirSync, realpathSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import { joinHalfOpen } from './join.js';
+import { joinHalfOpen } from '../half-open.js';
 import type { RelayBudget } from './relay-budget.js';
 
 /**

@@ -12,7 +12,7 @@
  */
 import { spawn } from 'node:child_process';
 import net from 'node:net';
-import { joinHalfOpen } from './join.js';
+import { joinHalfOpen } from '../half-open.js';
 import type { RelayBudget } from './relay-budget.js';
 
 export const RELAY_PORT = 3128;
