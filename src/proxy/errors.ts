@@ -107,6 +107,8 @@ export function errorResponse(err: ProxyError, close: boolean): string {
 
 /** How long a connection answered with a closing error may stay half-open while its client reads the answer. */
 const LINGER_MS = 2000;
+/** How long the tail of a last answer may wait for a client that reads slowly (or not at all). */
+const TAIL_MS = 30_000;
 
 /**
  * Answers on a raw socket (CONNECT refusals, failed upgrades, parse errors) and closes it: the
@@ -131,14 +133,26 @@ export function writeRawError(socket: Duplex, err: ProxyError): void {
 }
 
 /**
- * After the proxy has ended its side of a connection (its last answer written): goes on reading,
- * and dropping, what the client still sends, for LINGER_MS, then destroys the socket. Destroyed
- * at once, a socket with bytes it has not read resets the connection, and a client still sending
- * (a body or a head nobody reads) may lose the answer it has not read yet (RFC 9112 9.6).
+ * After the proxy has ended its side of a connection (its last answer handed to the socket):
+ * goes on reading, and dropping, what the client still sends, then destroys the socket LINGER_MS
+ * after everything it was to write has gone out (its 'finish'). Destroyed at once, a socket with
+ * bytes it has not read resets the connection, and a client still sending (a body or a head
+ * nobody reads) may lose the answer it has not read yet (RFC 9112 9.6). Counted from the end
+ * instead of from 'finish', the clock cut the tail of an answer still queued for a client that
+ * reads slowly. A client that does not read at all holds the connection for TAIL_MS at most, and
+ * one that never sends its FIN no longer than the linger: neither keeps it until some idle clock.
  */
 export function lingerThenDestroy(socket: Duplex): void {
-  const linger = setTimeout(() => socket.destroy(), LINGER_MS);
-  socket.once('close', () => clearTimeout(linger));
+  if (socket.destroyed) return;
+  const destroy = () => socket.destroy();
+  let clock = setTimeout(destroy, socket.writableFinished ? LINGER_MS : TAIL_MS);
+  if (!socket.writableFinished) {
+    socket.once('finish', () => {
+      clearTimeout(clock);
+      clock = setTimeout(destroy, LINGER_MS);
+    });
+  }
+  socket.once('close', () => clearTimeout(clock));
   socket.resume();
 }
 
