@@ -21,7 +21,7 @@ import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import { h2Through } from './h2-helpers.js';
-import { closeBothExchanges, dialPlain, HOST, lengthResponse, Reader, request, startBothExchanges, startScriptedOrigin, startTestProxy, values, type ScriptedOrigin, type TestProxy } from './h1/fast-helpers.js';
+import { closeBothExchanges, dialPlain, HOST, lengthResponse, Reader, request, startBothExchanges, startScriptedOrigin, startTestProxy, values, WS_HEADERS, type ScriptedOrigin, type TestProxy } from './h1/fast-helpers.js';
 
 let pki: TestPki;
 /** HTTP/1.1: answers /early as soon as the head and 1,000 bytes of body are in; echoes the rest once whole. */
@@ -192,6 +192,74 @@ describe.each(['fast', 'node'] as const)('a client that reads only after a while
       t.destroy();
     }
   });
+});
+
+describe.each(['fast', 'node'] as const)('a client that never ends its side after a closing answer (the %s exchange)', (name) => {
+  // The proxy's idle clock (keep_alive_timeout_ms) is 30 s here: a connection the proxy ended is
+  // not left to it. Holding half-closed connections open would let a client keep a proxy's
+  // sockets, TLS state and connection slots for as long as it likes by never sending its FIN.
+  // A FIN looks the same to the client whether the proxy still holds the socket or closed it;
+  // a byte sent now and then tells them apart: a closed socket answers it with a reset.
+  const cases = [
+    ["the client's Connection: close", 'GET', () => h1.port, [['Connection', 'close']], undefined, 200],
+    ['an early answer to an upload', 'POST', () => h1EarlyPort, [['Content-Length', '100000']], 'x'.repeat(1000), 413],
+    ['a refusal (Host names another authority)', 'GET', () => h1.port, [], undefined, 421],
+    ['a WebSocket handshake the origin answered without switching', 'GET', () => h1.port, WS_HEADERS, undefined, 200],
+  ] as const;
+  it.each(cases)('%s: the proxy closes the connection within its linger, not at the idle clock', async (_what, method, port, headers, body, status) => {
+    const p = port();
+    const t = await proxies[name].connect(p);
+    // A client that keeps its sending side open after the proxy's end (Node would end it).
+    (t as tls.TLSSocket & { allowHalfOpen: boolean }).allowHalfOpen = true;
+    const c = new Reader(t);
+    const host = status === 421 ? `other.test.local:${p}` : `${HOST}:${p}`;
+    t.write(request(method, `/hold-${name}-${status}`, host, headers.map(([k, v]) => [k, v] as [string, string]), body));
+    let poke: NodeJS.Timeout | undefined;
+    try {
+      const r = await c.next(method);
+      expect(r.status).toBe(status);
+      expect(values(r.headers, 'connection')).toEqual(['close']);
+      poke = setInterval(() => !t.destroyed && t.write('x'), 200);
+      expect(await c.waitClosed(6000), 'closed within 6 s').toBe(true);
+    } finally {
+      clearInterval(poke);
+      t.destroy();
+    }
+  });
+});
+
+describe.each(['fast', 'node'] as const)('a slow reader of a closing answer (the %s exchange)', (name) => {
+  // The linger after a closing answer must not cut the answer itself: a client that reads slowly
+  // still has the tail of its answer queued in the proxy when the exchange is over.
+  it('gets the whole answer, however long after the exchange it reads the tail', async () => {
+    const size = 16 << 20;
+    const big = await startScriptedOrigin(pki, (_req, s) => s.write(lengthResponse(Buffer.alloc(size, 0x62))));
+    try {
+      proxies[name].route(big.port);
+      const t = await proxies[name].connect(big.port);
+      t.write(request('GET', `/big-${name}`, `${HOST}:${big.port}`, [['Connection', 'close']]));
+      // Not read for 4 s: the proxy's exchange completes while the tail waits in its queue.
+      t.pause();
+      await new Promise((r) => setTimeout(r, 4000));
+      let got = 0;
+      let text = '';
+      const done = new Promise<string>((resolve) => {
+        t.on('data', (d: Buffer) => {
+          if (text.length < 200) text += d.toString('latin1', 0, 200);
+          got += d.length;
+        });
+        t.on('end', () => resolve('end'));
+        t.on('error', (e: NodeJS.ErrnoException) => resolve(e.code ?? 'error'));
+      });
+      t.resume();
+      await done;
+      expect(text).toMatch(/^HTTP\/1\.1 200 /);
+      const headLength = text.indexOf('\r\n\r\n') + 4;
+      expect(got - headLength).toBe(size);
+    } finally {
+      await big.close();
+    }
+  }, 20_000);
 });
 
 it("the proxy's plain listener: a refused absolute-form upload's answer is read by a client still sending, not a reset", async () => {
