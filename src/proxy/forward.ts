@@ -16,6 +16,8 @@ import { repeatedSingleValue } from './h2/fields.js';
 /** RFC 9113 INTERNAL_ERROR, as a number: importing node:http2 for its constant would load HTTP/2 into every sidecar (test/cli/proxy-imports.test.ts). */
 const H2_INTERNAL_ERROR = 2;
 const H2_NO_ERROR = 0;
+/** RFC 9113 CANCEL: the stream is no longer wanted (a client whose idle clock ran out on it). */
+const H2_CANCEL = 8;
 
 /**
  * Writes an HTTP/2 client's whole answer (`answer`), then asks the client to stop sending a
@@ -188,11 +190,21 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
     done('client closed the connection');
   };
   res.once('close', onClose);
-  // The client's idle clock (server.timeout) fires here instead of closing blindly: a client
-  // stalled mid-upload, or not reading what it asked for, is cut; one waiting for the upstream
-  // is left to the upstream clocks (response header and body timeouts).
+  // The client's idle clock fires here instead of closing blindly (HTTP/1.1: the connection's,
+  // server.timeout; HTTP/2: the stream's, h2/exchange.ts): a client stalled mid-upload, or not
+  // reading what it asked for, is cut (HTTP/2: its stream alone, RST_STREAM(CANCEL)); one
+  // waiting for the upstream is left to the upstream clocks (response header and body timeouts).
   res.on('timeout', () => {
-    if (idleCutsExchange(!req.complete, res.headersSent && (res.socket?.writableLength ?? 0) > 0)) res.destroy();
+    const stream = t.h2 ? (res as unknown as Http2ServerResponse).stream : undefined;
+    const unread = res.headersSent && ((stream ? stream.writableLength : res.socket?.writableLength) ?? 0) > 0;
+    // HTTP/2: whether the client's END_STREAM came (Node's `complete` waits for the body to be read).
+    const uploading = stream ? stream.state.remoteClose === 0 : !req.complete;
+    if (!idleCutsExchange(uploading, unread)) return;
+    rec.error ??= uploading ? 'client stopped sending the request body' : 'client stopped reading';
+    // As if the client had gone (the upstream request given up, the record written), then cut.
+    onClose();
+    if (stream) stream.close(H2_CANCEL);
+    else res.destroy();
   });
 
   /**

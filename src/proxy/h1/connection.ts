@@ -177,7 +177,10 @@ class FastConnection {
       if (this.pending.length === 0) this.socket.destroy();
       return;
     }
-    if (idleCutsExchange(this.bodyLeft > 0, this.headersSent && this.socket.writableLength > 0)) this.socket.destroy();
+    const uploading = this.bodyLeft > 0;
+    if (!idleCutsExchange(uploading, this.headersSent && this.socket.writableLength > 0)) return;
+    this.rec.error ??= uploading ? 'client stopped sending the request body' : 'client stopped reading';
+    this.socket.destroy();
   };
 
   private readonly onClientDrain = (): void => {

@@ -57,6 +57,10 @@ export function createH2Exchange(dp: DataPath): H2Exchange {
     const method = req.method ?? '';
     const rec = newRecord(method, { client: t.client, host: t.host, port: t.port, decision: 'intercept' }, '', 'h2');
     t.inFlight++;
+    // The client's idle clock, per stream: the session's clock below closes only a session with
+    // nothing in flight, so a stream whose client stopped reading or sending would be held
+    // forever. No frame on this stream for that long: forward.ts decides (idleCutsExchange).
+    req.stream.setTimeout(limits.idleTimeoutMs);
     req.stream.once('close', () => {
       t.inFlight--;
       if (core.draining() && t.inFlight === 0) req.stream.session?.close();
