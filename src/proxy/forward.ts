@@ -7,7 +7,7 @@ import { finishRecord } from './record.js';
 import { invalidAnswer, ProxyError, sendError, upstreamError } from './errors.js';
 import { filterRawResponseHeaders, relayedTrailers, trailerProblem, upstreamRequestHeaders } from './headers.js';
 import { answerProblem, bodilessAnswer } from './answer.js';
-import { idleCutsExchange } from './limits.js';
+import { idleCutReason, idleCutsExchange } from './limits.js';
 import { upstreamAnswerVersion, upstreamEnding } from './upstream.js';
 import type { Http2ServerResponse } from 'node:http2';
 import { chunkRelayed } from './buffer-gc.js';
@@ -200,7 +200,8 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
     // HTTP/2: whether the client's END_STREAM came (Node's `complete` waits for the body to be read).
     const uploading = stream ? stream.state.remoteClose === 0 : !req.complete;
     if (!idleCutsExchange(uploading, unread)) return;
-    rec.error ??= uploading ? 'client stopped sending the request body' : 'client stopped reading';
+    // Held back: a body the proxy has read up to its buffer's bound and nobody consumed since.
+    rec.error ??= idleCutReason(uploading, req.readableLength >= req.readableHighWaterMark);
     // As if the client had gone (the upstream request given up, the record written), then cut.
     onClose();
     if (stream) stream.close(H2_CANCEL);

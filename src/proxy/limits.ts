@@ -153,6 +153,16 @@ export function idleCutsExchange(uploading: boolean, unreadResponse: boolean): b
   return uploading || unreadResponse;
 }
 
+/**
+ * What the access record says of an exchange its client's idle clock cut. An upload the proxy
+ * itself holds back (the upstream not reading it, so the proxy stopped reading the client) is
+ * the upstream's stall, not the client's.
+ */
+export function idleCutReason(uploading: boolean, heldBack: boolean): string {
+  if (!uploading) return 'client stopped reading';
+  return heldBack ? 'upstream stopped reading the request body' : 'client stopped sending the request body';
+}
+
 export { HeadLines } from '../server/head-lines.js';
 
 /**

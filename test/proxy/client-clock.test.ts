@@ -11,6 +11,7 @@
  */
 import http2, { type ClientHttp2Stream, type ServerHttp2Stream } from 'node:http2';
 import type net from 'node:net';
+import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import type { RequestRecord } from '../../src/proxy/context.js';
@@ -31,6 +32,9 @@ let h2Port = 0;
 const originEnd = new Map<string, string>();
 /** HTTP/1.1: /big answers 32 MiB; anything else reads its body to the end, then answers. */
 let h1o: ScriptedOrigin;
+/** HTTP/1.1, hand-written: reads a request head, then nothing more, ever. */
+let deaf: tls.Server;
+let deafPort = 0;
 
 beforeAll(async () => {
   pki = await createTestPki([HOST]);
@@ -53,6 +57,8 @@ beforeAll(async () => {
         s.end();
       };
       pump();
+    } else if (path.startsWith('/deaf')) {
+      s.pause(); // reads nothing of the body, ever
     } else if (path.startsWith('/slow')) {
       setTimeout(() => {
         s.respond({ ':status': 200 });
@@ -72,15 +78,23 @@ beforeAll(async () => {
     const body = req.path.startsWith('/big') ? Buffer.alloc(BIG, 0x61) : Buffer.from('whole');
     s.write(Buffer.concat([Buffer.from(`HTTP/1.1 200 OK\r\nContent-Length: ${body.length}\r\n\r\n`), body]));
   });
+  deaf = tls.createServer({ key: pki.keyPem, cert: pki.certPem }, (s) => {
+    s.on('error', () => undefined);
+    s.once('data', () => s.pause());
+  });
+  await new Promise<void>((r) => deaf.listen(0, '127.0.0.1', () => r()));
+  deafPort = (deaf.address() as net.AddressInfo).port;
   for (const p of [px, nodePx]) {
     p.route(h2Port);
     p.route(h1o.port);
+    p.route(deafPort);
   }
 });
 
 afterAll(async () => {
   await px?.close(200);
   await nodePx?.close(200);
+  deaf?.close();
   h2o?.close();
   await h1o?.close();
 });
@@ -169,6 +183,34 @@ describe.each(origins)('an HTTP/2 client, %s', (_name, port) => {
   }, 40_000);
 });
 
+/** Writes `piece` whenever the socket or stream drains, until stopped: an upload that never ends. */
+function uploadForever(w: { write(b: Buffer): boolean; once(e: 'drain', f: () => void): unknown; destroyed: boolean }, piece: Buffer) {
+  let stopped = false;
+  const pump = () => {
+    while (!stopped && !w.destroyed) if (!w.write(piece)) return void w.once('drain', pump);
+  };
+  pump();
+  return () => (stopped = true);
+}
+
+it.each([
+  ['an HTTP/2 origin', () => h2Port, '/deaf'],
+  ['an HTTP/1.1 origin', () => deafPort, '/deaf'],
+] as const)('an HTTP/2 client whose upstream (%s) stops reading its body: the stream is reset, and the record blames the upstream', async (_name, port, prefix) => {
+  const p = port();
+  const c = await h2Through(px.handle.port, HOST, p, px.caPem);
+  const path = `${prefix}-h2-${p}`;
+  const req = c.request({ ':path': path, ':authority': `${HOST}:${p}`, ':method': 'POST' }, { endStream: false });
+  const stop = uploadForever(req, Buffer.alloc(16 * 1024, 0x61));
+  try {
+    expect(await endOf(req, IDLE_MS * 8)).toBe(`reset ${http2.constants.NGHTTP2_CANCEL}`);
+    expect((await recordOf(px, path))?.error).toBe('upstream stopped reading the request body');
+  } finally {
+    stop();
+    c.destroy();
+  }
+});
+
 it('an HTTP/2 client waiting for a slow upstream is left to the upstream clocks, not cut by its idle clock', async () => {
   const c = await h2Through(px.handle.port, HOST, h2Port, px.caPem);
   try {
@@ -214,6 +256,26 @@ describe.each(['fast', 'node'] as const)('an HTTP/1.1 client (the %s exchange)',
       expect(await c.waitClosed(IDLE_MS * 8)).toBe(true);
       expect((await recordOf(proxy(), path))?.error).toBe('client stopped sending the request body');
     } finally {
+      t.destroy();
+    }
+  });
+});
+
+describe.each(['fast', 'node'] as const)('an HTTP/1.1 client whose upstream stops reading its body (the %s exchange)', (exchange) => {
+  const proxy = () => (exchange === 'fast' ? px : nodePx);
+  it.each(['length', 'chunked'] as const)('%s body: the connection is cut, and the record blames the upstream', async (framing) => {
+    const path = `/deaf-h1-${exchange}-${framing}`;
+    const t = await proxy().connect(deafPort);
+    const c = new Reader(t);
+    const piece = Buffer.alloc(16 * 1024, 0x61);
+    const head: [string, string] = framing === 'length' ? ['Content-Length', String(1 << 30)] : ['Transfer-Encoding', 'chunked'];
+    t.write(request('POST', path, `${HOST}:${deafPort}`, [head]));
+    const stop = uploadForever(t, framing === 'length' ? piece : Buffer.concat([Buffer.from('4000\r\n'), piece, Buffer.from('\r\n')]));
+    try {
+      expect(await c.waitClosed(IDLE_MS * 8)).toBe(true);
+      expect((await recordOf(proxy(), path))?.error).toBe('upstream stopped reading the request body');
+    } finally {
+      stop();
       t.destroy();
     }
   });

@@ -7,7 +7,7 @@ import { errorResponse, invalidAnswer, layerError, lingerThenDestroy, ProxyError
 import type { InterceptPlan, RequestFacts } from '../plan.js';
 import { finishRecord, newRecord, refusedPath } from '../record.js';
 import { filterRawResponseHeaders, relayedTrailerLines, upstreamRequestHeaders } from '../headers.js';
-import { headTimeout, idleCutsExchange, type ProxyLimits } from '../limits.js';
+import { headTimeout, idleCutReason, idleCutsExchange, type ProxyLimits } from '../limits.js';
 import { chunkRelayed } from '../buffer-gc.js';
 import { ChunkedScanner, chunkOf, LAST_CHUNK } from './chunked.js';
 import { keepAliveHintMs, usable } from './pool.js';
@@ -179,7 +179,8 @@ class FastConnection {
     }
     const uploading = this.bodyLeft > 0;
     if (!idleCutsExchange(uploading, this.headersSent && this.socket.writableLength > 0)) return;
-    this.rec.error ??= uploading ? 'client stopped sending the request body' : 'client stopped reading';
+    // Paused mid-upload: the proxy stopped reading the client because the upstream does not read.
+    this.rec.error ??= idleCutReason(uploading, this.socket.isPaused());
     this.socket.destroy();
   };
 
