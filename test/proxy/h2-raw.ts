@@ -112,7 +112,12 @@ export function outcome(frames: Frame[]): { reset: boolean; headers?: Buffer } {
  * frame goes to `onHeaders` with its stream id, header block and the number of its connection
  * (from 0), which answers by writing frames on the socket.
  */
-export async function rawH2Server(cert: { keyPem: string; certPem: string }, onHeaders: (s: tls.TLSSocket, stream: number, block: Buffer, conn: number) => void): Promise<tls.Server> {
+export async function rawH2Server(
+  cert: { keyPem: string; certPem: string },
+  onHeaders: (s: tls.TLSSocket, stream: number, block: Buffer, conn: number, endStream: boolean) => void,
+  /** DATA frames; with it, the server gives back the flow-control window each one used. */
+  onData?: (s: tls.TLSSocket, stream: number, payload: Buffer, endStream: boolean, conn: number) => void,
+): Promise<tls.Server> {
   let conns = 0;
   const server = tls.createServer({ key: cert.keyPem, cert: cert.certPem, ALPNProtocols: ['h2'] }, (s) => {
     const conn = conns++;
@@ -134,7 +139,16 @@ export async function rawH2Server(cert: { keyPem: string; certPem: string }, onH
         const payload = buf.subarray(9, 9 + len);
         buf = buf.subarray(9 + len);
         if (type === 0x4 && !(flags & 0x1)) s.write(frame(0x4, 0x1, 0)); // SETTINGS ACK
-        if (type === 0x1) onHeaders(s, stream, payload, conn);
+        if (type === 0x1) onHeaders(s, stream, payload, conn, (flags & 0x1) !== 0);
+        if (type === 0x0 && onData) {
+          const data = flags & 0x8 ? payload.subarray(1, payload.length - payload[0]) : payload; // PADDED
+          if (payload.length > 0) {
+            const inc = Buffer.alloc(4);
+            inc.writeUInt32BE(payload.length, 0);
+            s.write(Buffer.concat([frame(0x8, 0, 0, inc), frame(0x8, 0, stream, inc)])); // WINDOW_UPDATE
+          }
+          onData(s, stream, data, (flags & 0x1) !== 0, conn);
+        }
       }
     });
   });

@@ -5,6 +5,7 @@ import { urlAuthority } from '../../rules/host.js';
 import { MAX_ANSWER_FIELDS, MAX_ANSWER_HEAD } from '../answer.js';
 import { layerError, type LayerCode } from '../errors.js';
 import type { H2Client, H2UpstreamHost, ProxyTimeouts } from '../upstream.js';
+import { ReplayBody } from './replay.js';
 
 /**
  * keygate's own HTTP/2 client for the HTTP/2 clients' requests (forward.ts), in place of undici's
@@ -356,6 +357,12 @@ class Exchange {
   private paused = false;
   private clock: NodeJS.Timeout | undefined;
   private readonly ready: Ready = (err, s) => this.onSession(err, s);
+  /** The request body, kept while the origin may refuse the stream (replay.ts). */
+  private body: ReplayBody | undefined;
+  /** The upload loop is between reads: a retry waits for it to settle (one reader at a time). */
+  private uploading = false;
+  /** Refused while the upload loop was waiting: it hands the body over to the retry when it wakes. */
+  private retryWhenIdle = false;
 
   constructor(
     private readonly client: H2Upstream,
@@ -467,7 +474,7 @@ class Exchange {
       if (this.cleanEnd && this.headSeen) this.complete();
     });
     // The answer's head is waited for once the request is sent (its body included, as on HTTP/1.1).
-    if (body) void this.upload(stream, o.body as AsyncIterable<Buffer>);
+    if (body) void this.upload(stream, (this.body = ReplayBody.of(o.body as AsyncIterable<Buffer>)));
     else this.headersClock();
   }
 
@@ -478,6 +485,8 @@ class Exchange {
     const final = !(status >= 100 && status < 200);
     if (final) {
       this.headSeen = true;
+      // The origin processed the stream: nothing of the body will be sent again.
+      this.body?.release();
       this.startClock(this.client.timeouts.bodyMs, 'upstream stalled', 'UND_ERR_BODY_TIMEOUT');
     }
     const resume = () => {
@@ -504,13 +513,14 @@ class Exchange {
 
   /**
    * The origin did not process this request (RFC 9113 8.7: RST_STREAM REFUSED_STREAM, or a
-   * GOAWAY whose last stream id is below this stream), nothing of its answer came, and nothing
-   * of it came from the client but its head (no body: a body read once cannot be sent again).
-   * Such a request may be sent again; once, so an origin that keeps refusing gets the 502.
+   * GOAWAY whose last stream id is below this stream), nothing of its answer came, and all that
+   * was read of its body is kept (replay.ts: at most REPLAY_MAX bytes). Such a request may be
+   * sent again, whatever its method; once, so an origin that keeps refusing gets the 502.
    */
   private refused(): boolean {
     const st = this.stream;
-    if (this.settled || this.retried || this.headSeen || !st || hasBody(this.opts)) return false;
+    if (this.settled || this.retried || this.headSeen || !st) return false;
+    if (hasBody(this.opts) && !this.body?.replayable) return false;
     if (st.rstCode === http2.constants.NGHTTP2_REFUSED_STREAM) return true;
     const last = this.session?.goawayLast;
     return last !== undefined && st.id !== undefined && st.id > last;
@@ -519,7 +529,17 @@ class Exchange {
   private sendAgain(): void {
     this.settled = true;
     clearTimeout(this.clock);
-    this.client.retry(this.opts, this.handler);
+    if (this.uploading) this.retryWhenIdle = true;
+    else this.handOver();
+  }
+
+  /** The retry, from the body's first byte (the upload loop of this attempt has stopped). */
+  private handOver(): void {
+    this.retryWhenIdle = false;
+    if (!this.body) return this.client.retry(this.opts, this.handler);
+    // The read that settled last may have taken the body past what is kept.
+    if (!this.body.rewind()) return void this.handler.onError?.(layerError('upstream refused the stream, and the request body is too large to send again', 'UND_ERR_SOCKET'));
+    this.client.retry({ ...this.opts, body: this.body as unknown as Dispatcher.DispatchOptions['body'] }, this.handler);
   }
 
   private onClose(): void {
@@ -536,11 +556,19 @@ class Exchange {
     this.fail(err);
   }
 
-  /** The request body, streamed with backpressure: written as the origin's flow-control window allows. */
-  private async upload(stream: ClientHttp2Stream, body: AsyncIterable<Buffer>): Promise<void> {
+  /**
+   * The request body, streamed with backpressure: written as the origin's flow-control window
+   * allows. A chunk read once this attempt is over stays in the ReplayBody for the retry.
+   */
+  private async upload(stream: ClientHttp2Stream, body: ReplayBody): Promise<void> {
+    const over = () => this.settled || stream.closed || stream.destroyed;
+    this.uploading = true;
+    let failed: Error | undefined;
     try {
-      for await (const chunk of body) {
-        if (this.settled || stream.closed || stream.destroyed) return;
+      while (!over()) {
+        const chunk = await body.next();
+        if (over()) return;
+        if (chunk === null) break;
         if (!stream.write(chunk)) {
           await new Promise<void>((resolve) => {
             const go = () => {
@@ -553,13 +581,22 @@ class Exchange {
           });
         }
       }
-      if (!this.settled && !stream.closed) {
+      if (!over()) {
         stream.end();
         if (!this.headSeen) this.headersClock();
       }
     } catch (err) {
-      // The client's body failed (it reset its stream): the upstream request is cancelled.
-      this.abort(err instanceof Error ? err : new Error('request body failed'));
+      failed = err instanceof Error ? err : new Error('request body failed');
+    } finally {
+      this.uploading = false;
+      if (failed && this.retryWhenIdle) {
+        // Refused, and the client's body failed meanwhile: there is nothing to send again.
+        this.retryWhenIdle = false;
+        this.handler.onError?.(failed);
+      } else if (failed) {
+        // The client's body failed (it reset its stream): the upstream request is cancelled.
+        this.abort(failed);
+      } else if (this.retryWhenIdle) this.handOver();
     }
   }
 
