@@ -8,6 +8,7 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { ensureContent, ensurePackages, ensurePki, findNodes, has, machineInfo } from './lib/setup.mjs';
 import { BENCH_DIR, REPO_ROOT, startBare, startKeygate, startMitmproxy, startOrigin, startSquid } from './lib/peers.mjs';
+import { runClient } from './lib/client-run.mjs';
 import { cpuSeconds, peakRssMiB, rssMiB } from './lib/proc.mjs';
 import { GRPC_HOST, measureH2, showH2, startGrpcOrigin, verifyH2 } from './lib/h2.mjs';
 

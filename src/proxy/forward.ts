@@ -201,7 +201,8 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
     const uploading = stream ? stream.state.remoteClose === 0 : !req.complete;
     if (!idleCutsExchange(uploading, unread)) return;
     // Held back: a body the proxy has read up to its buffer's bound and nobody consumed since.
-    rec.error ??= idleCutReason(uploading, req.readableLength >= req.readableHighWaterMark);
+    // (A record already written, the answer's tail still queued, is not changed.)
+    if (!finished) rec.error ??= idleCutReason(uploading, req.readableLength >= req.readableHighWaterMark);
     // As if the client had gone (the upstream request given up, the record written), then cut.
     onClose();
     if (stream) stream.close(H2_CANCEL);

@@ -180,7 +180,8 @@ class FastConnection {
     const uploading = this.bodyLeft > 0;
     if (!idleCutsExchange(uploading, this.headersSent && this.socket.writableLength > 0)) return;
     // Paused mid-upload: the proxy stopped reading the client because the upstream does not read.
-    this.rec.error ??= idleCutReason(uploading, this.socket.isPaused());
+    // (A record already written, the answer's tail still queued, is not changed.)
+    if (this.phase !== 'done') this.rec.error ??= idleCutReason(uploading, this.socket.isPaused());
     this.socket.destroy();
   };
 
