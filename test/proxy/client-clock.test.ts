@@ -17,6 +17,7 @@ import { createTestPki, type TestPki } from '../helpers/pki.js';
 import type { RequestRecord } from '../../src/proxy/context.js';
 import { h2Through } from './h2-helpers.js';
 import { HOST, Reader, request, startScriptedOrigin, startTestProxy, type ScriptedOrigin, type TestProxy } from './h1/fast-helpers.js';
+import { pumpChunks } from '../helpers/pump.js';
 
 const IDLE_MS = 600;
 const BIG = 32 << 20;
@@ -47,16 +48,7 @@ beforeAll(async () => {
     s.on('close', () => originEnd.set(path, s.rstCode ? `reset ${s.rstCode}` : 'closed'));
     if (path.startsWith('/big')) {
       s.respond({ ':status': 200 });
-      const chunk = Buffer.alloc(64 * 1024, 0x61);
-      let left = BIG;
-      const pump = () => {
-        while (left > 0) {
-          left -= chunk.length;
-          if (!s.write(chunk)) return void s.once('drain', pump);
-        }
-        s.end();
-      };
-      pump();
+      pumpChunks(s, Buffer.alloc(64 * 1024, 0x61), BIG / (64 * 1024));
     } else if (path.startsWith('/deaf')) {
       s.pause(); // reads nothing of the body, ever
     } else if (path.startsWith('/slow')) {
@@ -183,16 +175,6 @@ describe.each(origins)('an HTTP/2 client, %s', (_name, port) => {
   }, 40_000);
 });
 
-/** Writes `piece` whenever the socket or stream drains, until stopped: an upload that never ends. */
-function uploadForever(w: { write(b: Buffer): boolean; once(e: 'drain', f: () => void): unknown; destroyed: boolean }, piece: Buffer) {
-  let stopped = false;
-  const pump = () => {
-    while (!stopped && !w.destroyed) if (!w.write(piece)) return void w.once('drain', pump);
-  };
-  pump();
-  return () => (stopped = true);
-}
-
 it.each([
   ['an HTTP/2 origin', () => h2Port, '/deaf'],
   ['an HTTP/1.1 origin', () => deafPort, '/deaf'],
@@ -201,7 +183,7 @@ it.each([
   const c = await h2Through(px.handle.port, HOST, p, px.caPem);
   const path = `${prefix}-h2-${p}`;
   const req = c.request({ ':path': path, ':authority': `${HOST}:${p}`, ':method': 'POST' }, { endStream: false });
-  const stop = uploadForever(req, Buffer.alloc(16 * 1024, 0x61));
+  const stop = pumpChunks(req, Buffer.alloc(16 * 1024, 0x61));
   try {
     expect(await endOf(req, IDLE_MS * 8)).toBe(`reset ${http2.constants.NGHTTP2_CANCEL}`);
     expect((await recordOf(px, path))?.error).toBe('upstream stopped reading the request body');
@@ -270,7 +252,7 @@ describe.each(['fast', 'node'] as const)('an HTTP/1.1 client whose upstream stop
     const piece = Buffer.alloc(16 * 1024, 0x61);
     const head: [string, string] = framing === 'length' ? ['Content-Length', String(1 << 30)] : ['Transfer-Encoding', 'chunked'];
     t.write(request('POST', path, `${HOST}:${deafPort}`, [head]));
-    const stop = uploadForever(t, framing === 'length' ? piece : Buffer.concat([Buffer.from('4000\r\n'), piece, Buffer.from('\r\n')]));
+    const stop = pumpChunks(t, framing === 'length' ? piece : Buffer.concat([Buffer.from('4000\r\n'), piece, Buffer.from('\r\n')]));
     try {
       expect(await c.waitClosed(IDLE_MS * 8)).toBe(true);
       expect((await recordOf(proxy(), path))?.error).toBe('upstream stopped reading the request body');

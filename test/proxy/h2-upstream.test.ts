@@ -14,6 +14,7 @@ import { h2Request, h2Through } from './h2-helpers.js';
 import { compileConfig } from '../../src/rules/index.js';
 import { tcpGate } from '../helpers/gate.js';
 import { HOST, INJECTED, OTHER, startTestProxy, type TestProxy } from './h1/fast-helpers.js';
+import { pumpChunks } from '../helpers/pump.js';
 
 let pki: TestPki;
 let px: TestProxy;
@@ -242,12 +243,7 @@ describe('HTTP/2 upstream: the client going away cancels the upstream stream', (
     const o = await h2Origin((s) => {
       s.on('close', () => closed(s.rstCode ?? -1));
       s.respond({ ':status': 200 });
-      const chunk = Buffer.alloc(16 * 1024, 'x');
-      const pump = () => {
-        while (!s.destroyed && s.write(chunk));
-        if (!s.destroyed) s.once('drain', pump);
-      };
-      pump();
+      pumpChunks(s, Buffer.alloc(16 * 1024, 'x'));
     });
     const c = await session(o);
     try {

@@ -21,6 +21,7 @@ import { connectTunnel, interceptedTls, rawExchange } from '../helpers/connect.j
 import { CONFIG, NAMES, OPAQUE, SECRET } from './fixture.js';
 import { h2Request, h2Through, tunnelTls } from './h2-helpers.js';
 import { converseH2, END_HEADERS, END_STREAM, frame, literalBlock, outcome, statusOf } from './h2-raw.js';
+import { pumpChunks } from '../helpers/pump.js';
 
 let pki: TestPki;
 let origin: TestOrigin;
@@ -41,16 +42,7 @@ beforeAll(async () => {
       // 96 MiB, written as fast as the proxy reads it (backpressure respected).
       res.writeHead(200, { 'content-type': 'application/octet-stream' });
       res.once('close', () => bigEnds.push(`${req.url} ${res.writableFinished ? 'finished' : 'closed'}`));
-      const chunk = Buffer.alloc(64 * 1024, 'q');
-      let left = 1536;
-      const pump = () => {
-        while (left > 0) {
-          left--;
-          if (!res.write(chunk)) return void res.once('drain', pump);
-        }
-        res.end();
-      };
-      pump();
+      pumpChunks(res, Buffer.alloc(64 * 1024, 'q'), 1536);
       return;
     }
     req.resume();

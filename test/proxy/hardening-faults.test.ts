@@ -14,6 +14,7 @@ import * as x509 from '@peculiar/x509';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { memoryOf, spawnProxy, type SpawnedProxy } from '../helpers/proxy.js';
 import { dial, eventually, fdCount, rawPlain, readUntilClose, sleep } from './hardening-helpers.js';
+import { pumpChunks } from '../helpers/pump.js';
 
 let faulty: net.Server;
 let faultyPort = 0;
@@ -47,12 +48,7 @@ function onFaultySocket(s: net.Socket): void {
     else if (p === '/bad-header') s.end('HTTP/1.1 200 OK\r\nX-Bad: a\x00b\r\nContent-Length: 0\r\n\r\n');
     else if (p === '/download') {
       s.write('HTTP/1.1 200 OK\r\nContent-Length: 50000000\r\n\r\n');
-      const chunk = Buffer.alloc(64 * 1024, 0x62);
-      const pump = () => {
-        while (!s.destroyed && s.write(chunk));
-        if (!s.destroyed) s.once('drain', pump);
-      };
-      pump();
+      pumpChunks(s, Buffer.alloc(64 * 1024, 0x62));
     } else if (p === '/upload') {
       /* reads forever, never answers */
     } else if (p === '/hang') {

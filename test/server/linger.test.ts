@@ -10,6 +10,7 @@ import path from 'node:path';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startCli, type RunningCli } from '../helpers/cli.js';
+import { pumpChunks } from '../helpers/pump.js';
 
 const KEY = 'kg_test_linger_key_0000000001';
 const dataDir = mkdtempSync(path.join(os.tmpdir(), 'keygate-linger-'));
@@ -44,15 +45,7 @@ function sendAfterAnswer(size: number): Promise<{ answer: string; error?: string
         // The answer is in: now the body the request declared, in pieces, as a client that
         // does not read while it writes would send it.
         const chunk = Buffer.alloc(64 * 1024, 0x20);
-        let left = size;
-        const pump = () => {
-          while (left > 0) {
-            left -= chunk.length;
-            if (!s.write(chunk)) return void s.once('drain', pump);
-          }
-          s.end();
-        };
-        pump();
+        pumpChunks(s, chunk, Math.ceil(size / chunk.length));
       }
     });
     s.on('error', (e: NodeJS.ErrnoException) => (error = e.code ?? e.message));
