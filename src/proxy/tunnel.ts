@@ -5,6 +5,7 @@ import { layerError, ProxyError, upstreamError, writeRawError } from './errors.j
 import { accessLog } from './record.js';
 import { afterEarlierAnswers } from './boundary.js';
 import { chunkRelayed } from './buffer-gc.js';
+import { passOnFailure } from '../half-open.js';
 
 export const CONNECT_OK = 'HTTP/1.1 200 Connection Established\r\n\r\n';
 
@@ -120,25 +121,6 @@ class DirectReader {
 
 type TunnelTarget = { host: string; port: number; client: string; decision: Decision };
 
-/**
- * Closes `other` after its peer side failed with `err`: a reset goes on as a reset (RST), anything
- * else as a close. A blind tunnel sees only bytes, so how a connection ended is all it can pass on
- * of it: destroy() alone would send a FIN, the sign of a clean end, for a connection that was
- * reset (TLS inside the tunnel cannot tell the two apart for the other side: Node, browsers and
- * curl all take a FIN without close_notify for the end).
- */
-function abort(other: Socket, err: NodeJS.ErrnoException): void {
-  if (err.code === 'ECONNRESET' && !other.destroyed) {
-    try {
-      other.resetAndDestroy();
-      return;
-    } catch {
-      // Not a TCP socket (Node throws ERR_INVALID_HANDLE_TYPE): there is no RST to send, only a close.
-    }
-  }
-  other.destroy();
-}
-
 function splice(core: ProxyCore, client: Socket, head: Buffer, target: TunnelTarget, track: (s: Socket) => void, address: string, started: number): void {
   const rec: TunnelRecord = { type: 'tunnel', phase: 'open', client: target.client, host: target.host, port: target.port, decision: target.decision };
   const direct = new DirectReader(client);
@@ -195,9 +177,9 @@ function splice(core: ProxyCore, client: Socket, head: Buffer, target: TunnelTar
       finish(perr.reason);
       return;
     }
-    abort(client, err);
+    passOnFailure(client, err);
   });
-  client.on('error', (err) => abort(upstream, err));
+  client.on('error', (err) => passOnFailure(upstream, err));
   upstream.on('close', (hadError) => {
     // After the origin's FIN the client was ended (its queued bytes still go out); destroying it
     // here could drop them. A close with no FIN before it was a failure or a local destroy, and

@@ -2,7 +2,7 @@ import { execFileSync } from 'node:child_process';
 import { chmodSync, existsSync, mkdirSync, realpathSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import { joinHalfOpen } from '../half-open.js';
+import { HALF_OPEN_IDLE_MS, joinHalfOpen } from '../half-open.js';
 import type { RelayBudget } from './relay-budget.js';
 
 /**
@@ -34,20 +34,35 @@ export const RELAY_READY = 'keygate-relay ready';
 
 /**
  * The relay program (node -e). Nothing but a pipe: the proxy does every check. Each side's end
- * goes on alone, as the host side's joinHalfOpen (join.ts) does it: a program that shuts its
- * sending side after its request still gets the answer.
+ * goes on alone, as the host side's joinHalfOpen (src/half-open.ts) does it: a program that
+ * shuts its sending side after its request still gets the answer; a reset goes on as a reset
+ * where the socket can send one (passOnFailure); and a pair left half-open with nothing moving
+ * is cut after HALF_OPEN_IDLE_MS. (A twin: this program runs in the box and cannot import the
+ * module.) The hop between the two relays is a unix socket, which carries no reset: a reset of
+ * the proxy's reaches a docker box as an end.
  */
 const RELAY_JS = `
 const net = require('net');
 const target = process.argv[1];
 const server = net.createServer({ noDelay: true, allowHalfOpen: true }, (inside) => {
   const out = net.connect({ path: target, allowHalfOpen: true });
+  let clock;
   const cut = () => { inside.destroy(); out.destroy(); };
+  const halfOpen = () => {
+    if (clock) return;
+    clock = setTimeout(cut, ${HALF_OPEN_IDLE_MS});
+    const moved = () => clock.refresh();
+    inside.on('data', moved); out.on('data', moved);
+  };
+  let closed = 0;
   const wire = (src, dst) => {
     let ended = false;
-    src.once('end', () => { ended = true; });
-    src.on('error', cut);
-    src.once('close', () => { if (!ended) dst.destroy(); });
+    src.once('end', () => { ended = true; halfOpen(); });
+    src.on('error', (e) => {
+      if (e.code === 'ECONNRESET' && typeof dst.resetAndDestroy === 'function') { try { dst.resetAndDestroy(); } catch { dst.destroy(); } } else dst.destroy();
+      src.destroy();
+    });
+    src.once('close', () => { if (!ended) dst.destroy(); if (++closed === 2) clearTimeout(clock); });
     src.pipe(dst);
   };
   wire(inside, out); wire(out, inside);
