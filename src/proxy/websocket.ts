@@ -119,11 +119,12 @@ function relayTo(core: ProxyCore, req: IncomingMessage, socket: Duplex, head: Bu
     socket.write(rawHead(rec.status, res.statusMessage, filterRawResponseHeaders(res.rawHeaders, true)));
     if (upHead.length) socket.write(upHead);
     if (head.length) upSocket.write(head);
-    // Each direction's end is passed on alone: a side that stopped sending may still read.
     const done = () => {
       upSocket.destroy();
       socket.destroy();
     };
+    // Each direction's end is passed on alone (a side that stopped sending may still read), a
+    // reset as a reset; the record is written once both sides are closed.
     joinHalfOpen(socket, upSocket, () => {
       rec.bytes_in = (socket as { bytesRead?: number }).bytesRead ?? 0;
       rec.bytes_out = (socket as { bytesWritten?: number }).bytesWritten ?? 0;
