@@ -4,7 +4,7 @@ import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { formatAuthority } from '../rules/host.js';
 import type { ProxyCore, TunnelTarget } from './context.js';
-import { chunkExtensionsTooLarge, headTimeout, lingerThenDestroy, malformed, ProxyError, writeRawError } from './errors.js';
+import { chunkExtensionsTooLarge, endThenLinger, headTimeout, malformed, ProxyError, writeRawError } from './errors.js';
 import { HeadLines, headOverflowAnswer, type ProxyLimits } from './limits.js';
 import type { RequestFacts } from './plan.js';
 
@@ -90,7 +90,7 @@ export function answerAfterHalfClose(server: http.Server): void {
  * end, then a destroy as soon as that is written, which resets a client still sending before it
  * has read the answer (seen: a client uploading a chunked body got EPIPE and never the 421 or
  * the 413). Each connection the server takes instead ends its side and lingers
- * (lingerThenDestroy), as the fast path and the raw refusals do; a request read meanwhile is
+ * (endThenLinger), as the fast path and the raw refusals do; a request read meanwhile is
  * never acted on (the connection counts as answered).
  */
 export function lingerAfterClosingAnswers(server: http.Server, boundary: NodeBoundary): void {
@@ -151,14 +151,13 @@ export class NodeBoundary {
   }
 
   /**
-   * Our end of a connection after its last answer, then a linger (lingerThenDestroy): what Node's
+   * Our end of a connection after its last answer, then a linger (endThenLinger): what Node's
    * server does after a closing answer (lingerAfterClosingAnswers), and what a socket handed over
    * (CONNECT, upgrade) after the proxy's closing answer gets. Nothing read meanwhile is acted on.
    */
   closeAfterAnswer(socket: Duplex): void {
     this.answered.add(socket);
-    if (socket.writable) socket.end();
-    lingerThenDestroy(socket);
+    endThenLinger(socket);
   }
 
   /** Follows a connection's lines from its first byte (a later 'data' listener than the parser's). */

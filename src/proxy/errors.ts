@@ -129,12 +129,13 @@ export function writeRawError(socket: Duplex, err: ProxyError): void {
     return;
   }
   socket.end(errorResponse(err, true));
-  lingerThenDestroy(socket);
+  endThenLinger(socket);
 }
 
 /**
- * After the proxy has ended its side of a connection (its last answer handed to the socket):
- * goes on reading, and dropping, what the client still sends, then destroys the socket LINGER_MS
+ * The end of a connection after its last answer (handed to the socket): ends the proxy's side
+ * if the caller has not, goes on reading, and dropping, what the client still sends, then
+ * destroys the socket LINGER_MS
  * after everything it was to write has gone out (its 'finish'). Destroyed at once, a socket with
  * bytes it has not read resets the connection, and a client still sending (a body or a head
  * nobody reads) may lose the answer it has not read yet (RFC 9112 9.6). Counted from the end
@@ -142,8 +143,9 @@ export function writeRawError(socket: Duplex, err: ProxyError): void {
  * reads slowly. A client that does not read at all holds the connection for TAIL_MS at most, and
  * one that never sends its FIN no longer than the linger: neither keeps it until some idle clock.
  */
-export function lingerThenDestroy(socket: Duplex): void {
+export function endThenLinger(socket: Duplex): void {
   if (socket.destroyed) return;
+  if (socket.writable) socket.end();
   const destroy = () => socket.destroy();
   let clock = setTimeout(destroy, socket.writableFinished ? LINGER_MS : TAIL_MS);
   if (!socket.writableFinished) {

@@ -7,7 +7,7 @@ import type { ProxyCore } from './context.js';
 import type { ForwardTarget } from './forward.js';
 import { afterEarlierAnswers } from './boundary.js';
 import { finishRecord, newRecord } from './record.js';
-import { invalidAnswer, layerError, lingerThenDestroy, malformed, ProxyError, upstreamError, writeRawError } from './errors.js';
+import { endThenLinger, invalidAnswer, layerError, malformed, ProxyError, upstreamError, writeRawError } from './errors.js';
 import { filterRawResponseHeaders, relayedTrailers, trailerProblem, upstreamRequestHeaders } from './headers.js';
 import { answerProblem, bodilessAnswer, MAX_ANSWER_FIELDS, MAX_ANSWER_HEAD } from './answer.js';
 import { chunkOf } from './h1/chunked.js';
@@ -212,8 +212,7 @@ function relayRefusedHandshake(core: ProxyCore, res: IncomingMessage, socket: Du
       socket.write(section + '\r\n');
     }
     // Nothing the client sends from here reaches anyone; the linger bounds how long it may hold on.
-    socket.end();
-    lingerThenDestroy(socket);
+    endThenLinger(socket);
     finishRecord(core, rec, started);
   });
   // Cut by the origin (or the client gone): the client's connection is cut too.

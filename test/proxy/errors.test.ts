@@ -5,7 +5,7 @@
  */
 import net from 'node:net';
 import { describe, expect, it } from 'vitest';
-import { layerError, lingerThenDestroy, ProxyError, upstreamError, type LayerCode } from '../../src/proxy/errors.js';
+import { endThenLinger, layerError, ProxyError, upstreamError, type LayerCode } from '../../src/proxy/errors.js';
 
 const HOST = 'api.example.test';
 
@@ -51,7 +51,7 @@ describe('layerError and upstreamError', () => {
   });
 });
 
-describe('lingerThenDestroy: the end of a connection after its last answer', () => {
+describe('endThenLinger: the end of a connection after its last answer', () => {
   /** A loopback pair: the server side writes `bytes`, ends and lingers; resolves with the server socket and the client. */
   async function pair(bytes: number): Promise<{ client: net.Socket; server: net.Socket; close(): void }> {
     let serverSocket!: net.Socket;
@@ -62,8 +62,7 @@ describe('lingerThenDestroy: the end of a connection after its last answer', () 
       // exchange is over (its last chunk, the answer's tail).
       const chunk = Buffer.alloc(1 << 20, 0x61);
       for (let left = bytes; left > 0; left -= chunk.length) s.write(left >= chunk.length ? chunk : chunk.subarray(0, left));
-      s.end();
-      lingerThenDestroy(s);
+      endThenLinger(s);
     });
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
     // Half-open: the client does not answer the server's FIN with its own (Node would).

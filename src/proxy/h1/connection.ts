@@ -3,7 +3,7 @@ import type { TLSSocket } from 'node:tls';
 import type { CompiledConfig, CompiledRule } from '../../rules/compile.js';
 import { urlAuthority } from '../../rules/host.js';
 import type { ProxyCore, RequestRecord, TunnelTarget } from '../context.js';
-import { errorResponse, invalidAnswer, layerError, lingerThenDestroy, ProxyError, upstreamError, writeRawError } from '../errors.js';
+import { endThenLinger, errorResponse, invalidAnswer, layerError, ProxyError, upstreamError, writeRawError } from '../errors.js';
 import type { InterceptPlan, RequestFacts } from '../plan.js';
 import { finishRecord, newRecord, refusedPath } from '../record.js';
 import { filterRawResponseHeaders, relayedTrailerLines, upstreamRequestHeaders } from '../headers.js';
@@ -674,9 +674,8 @@ class FastConnection {
     // Draining may have begun after this response's head went out: close now, not at the grace deadline.
     if (this.closeAfter || this.socket.destroyed || this.core.draining()) {
       // Ended, then the linger: neither left to a client's FIN that may never come, nor
-      // destroyed before a slow reader has the answer's tail (lingerThenDestroy).
-      this.socket.end();
-      lingerThenDestroy(this.socket);
+      // destroyed before a slow reader has the answer's tail.
+      endThenLinger(this.socket);
       return;
     }
     this.phase = 'idle';
