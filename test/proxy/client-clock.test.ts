@@ -15,6 +15,7 @@ import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
 import type { RequestRecord } from '../../src/proxy/context.js';
+import { eventually } from './hardening-helpers.js';
 import { h2Through } from './h2-helpers.js';
 import { HOST, Reader, request, startScriptedOrigin, startTestProxy, type ScriptedOrigin, type TestProxy } from './h1/fast-helpers.js';
 import { pumpChunks } from '../helpers/pump.js';
@@ -105,12 +106,9 @@ function endOf(req: ClientHttp2Stream, ms: number): Promise<string> {
 
 /** The access record of the request for `path`, once written (undefined after `ms`). */
 async function recordOf(p: TestProxy, path: string, ms = 2000): Promise<RequestRecord | undefined> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const rec = p.records.find((r) => r.path === path);
-    if (rec || Date.now() > deadline) return rec;
-    await new Promise((r) => setTimeout(r, 20));
-  }
+  const find = () => p.records.find((r) => r.path === path);
+  await eventually(() => find() !== undefined, ms, 20);
+  return find();
 }
 
 const origins = [
@@ -130,7 +128,7 @@ describe.each(origins)('an HTTP/2 client, %s', (_name, port) => {
       const ended = endOf(req, IDLE_MS * 8);
       expect(await ended).toBe(`reset ${http2.constants.NGHTTP2_CANCEL}`);
       if (p === h2Port) {
-        for (let i = 0; i < 100 && !originEnd.has(path); i++) await new Promise((r) => setTimeout(r, 20));
+        await eventually(() => originEnd.has(path), 2000, 20);
         expect(originEnd.get(path)).toMatch(/^reset /);
       }
       expect((await recordOf(px, path))?.error).toBe('client stopped reading');

@@ -13,6 +13,7 @@ import net from 'node:net';
 import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPki, type TestPki } from '../helpers/pki.js';
+import { eventually } from './hardening-helpers.js';
 import { closeBothExchanges, dialPlain, HOST, request, startBothExchanges, WS_HEADERS, type TestProxy } from './h1/fast-helpers.js';
 
 let pki: TestPki;
@@ -107,7 +108,7 @@ async function open(px: TestProxy, scheme: 'ws' | 'wss', path: string): Promise<
 
 /** Resolves once the origin's side of the connection opened on `path` saw the client's FIN. */
 async function originRead(path: string): Promise<string | undefined> {
-  for (let i = 0; i < 200 && !readAfter.has(path); i++) await new Promise((r) => setTimeout(r, 10));
+  await eventually(() => readAfter.has(path), 2000, 10);
   return readAfter.get(path);
 }
 
