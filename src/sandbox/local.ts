@@ -389,9 +389,28 @@ export class LocalDriver implements SandboxDriver {
     // Without cgroups, executions run under the host's static tini (LocalBox.exec), lent read-only:
     // it is the same file for every template, including those with a root file system of their own.
     if (!layout && !tools.tini) throw new BoxStartError('no cgroups and no static tini: execution trees could not be killed (apt-get install tini)');
+    // What this start has set up on the host, undone in reverse order if it fails before bwrap
+    // runs (after that, the box's own stop undoes it). One list, so no failure path forgets a step.
+    const undo: (() => unknown)[] = [];
+    const codeOf = (e: unknown) => (e as NodeJS.ErrnoException).code ?? (e as Error).message;
+    const failed = async (what: string, detail: string): Promise<BoxStartError> => {
+      for (const step of undo.splice(0).reverse()) {
+        try {
+          await step();
+        } catch {
+          // Best effort: the next start of this box (reapOne) clears what is left.
+        }
+      }
+      return new BoxStartError(`${what}: ${detail}`);
+    };
     // The files are handed to bwrap as descriptors (fd 5 on) that it copies into the box's root.
     const fileFds: number[] = [];
     // A root server's box: its user namespace (made below) is fd 5 of bwrap, the files come after it.
+    const nsFd: number[] = [];
+    const closeFds = () => {
+      for (const fd of [...fileFds.splice(0), ...nsFd.splice(0)]) closeSync(fd);
+    };
+    undo.push(closeFds);
     const first = this.boxIds ? 6 : 5;
     const fileArgs: Record<string, number> = {};
     let seccomp: { program: number; helper: number } | undefined;
@@ -408,10 +427,9 @@ export class LocalDriver implements SandboxDriver {
         seccomp = { program: first - 2 + fileFds.length, helper: first - 1 + fileFds.length };
       }
     } catch (e) {
-      for (const fd of fileFds) closeSync(fd);
-      if (this.diskBound) await unmountWorkspace(spec.stateDir);
-      throw new BoxStartError(`could not prepare the box's files: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+      throw await failed("could not prepare the box's files", codeOf(e));
     }
+    const fdCount = fileFds.length;
     // /workspace is a file system of its own, sized disk_mb (disk.ts): the box's user (`owner`
     // outside) owns it, and everything in it (adopt: a workspace of a version whose box ran as
     // another host uid becomes this one's).
@@ -419,14 +437,13 @@ export class LocalDriver implements SandboxDriver {
       try {
         await mountWorkspace(spec.stateDir, spec.resources.disk_mb, owner, undefined, true);
       } catch (e) {
-        for (const fd of fileFds) closeSync(fd);
-        throw new BoxStartError(`could not make the box's /workspace (disk_mb ${spec.resources.disk_mb}): ${(e as Error).message}`);
+        throw await failed(`could not make the box's /workspace (disk_mb ${spec.resources.disk_mb})`, (e as Error).message);
       }
+      undo.push(() => unmountWorkspace(spec.stateDir));
     }
     // A root server's box: its user namespace, mapping the box's user to `owner` and nothing else,
     // and its workspace staged where bwrap, building the box as that user, may look it up
     // (box-uid.ts); unstaged once the box is built.
-    let usernsFd: number | null = null;
     let staged: { workspace: string; rootfs?: string } | null = null;
     const unstage = async () => {
       if (staged !== null) await unstageWorkspace(this.runDir, spec.id);
@@ -435,45 +452,48 @@ export class LocalDriver implements SandboxDriver {
     if (this.boxIds) {
       try {
         staged = await stageWorkspace(this.runDir, spec.id, { workspace, rootfs: root === 'host' ? undefined : root }, owner);
-        usernsFd = await boxUserns({ unshare: tools.unshare!, sh: tools.bash }, owner.uid, HOST_HELPER_ENV);
+        undo.push(unstage);
+        nsFd.push(await boxUserns({ unshare: tools.unshare!, sh: tools.bash }, owner.uid, HOST_HELPER_ENV));
       } catch (e) {
-        for (const fd of fileFds) closeSync(fd);
-        await unstage();
-        if (this.diskBound) await unmountWorkspace(spec.stateDir);
-        throw new BoxStartError(`could not make the box's user namespace: ${(e as Error).message}`);
+        throw await failed("could not make the box's user namespace", (e as Error).message);
       }
     }
-    const nsFd = usernsFd === null ? [] : [usernsFd];
-    const args = bwrapArgs({
-      rootDir: root === 'host' ? '' : (staged?.rootfs ?? root),
-      entries: root === 'host' ? rootEntries('/', HOST_ROOT) : rootEntries(root),
-      etcEntries,
-      files: fileArgs,
-      workspace: staged?.workspace ?? workspace,
-      infoFd: 3,
-      blockFd: first + fileFds.length,
-      disableUserns: process.getuid?.() === 0,
-      // A root server's box: the user namespace made above.
-      userns: usernsFd === null ? undefined : BOX_USERNS_FD,
-      lent: layout && !seccomp ? undefined : { dir: BOX_RUNTIME_DIR, files: layout ? {} : { [BOX_TINI]: tools.tini! }, copied: seccomp ? { [BOX_SECCOMP]: seccomp.helper } : {} },
-      seccompFd: seccomp?.program,
-      tmpfsMb: tmpfsSizes(spec.resources.memory_mb),
-      procNames: [...readdirSync('/proc').filter((n) => !/^[0-9]+$/.test(n)), ...PROC_MASKED_FILES.filter((n) => n.includes('/') && existsSync(`/proc/${n}`))],
-      procRootOnly: (this.rootOnlyProc ??= procRootOnly()),
-    });
+    let args: string[];
+    try {
+      args = bwrapArgs({
+        rootDir: root === 'host' ? '' : (staged?.rootfs ?? root),
+        entries: root === 'host' ? rootEntries('/', HOST_ROOT) : rootEntries(root),
+        etcEntries,
+        files: fileArgs,
+        workspace: staged?.workspace ?? workspace,
+        infoFd: 3,
+        blockFd: first + fdCount,
+        disableUserns: process.getuid?.() === 0,
+        // A root server's box: the user namespace made above.
+        userns: nsFd.length ? BOX_USERNS_FD : undefined,
+        lent: layout && !seccomp ? undefined : { dir: BOX_RUNTIME_DIR, files: layout ? {} : { [BOX_TINI]: tools.tini! }, copied: seccomp ? { [BOX_SECCOMP]: seccomp.helper } : {} },
+        seccompFd: seccomp?.program,
+        tmpfsMb: tmpfsSizes(spec.resources.memory_mb),
+        procNames: [...readdirSync('/proc').filter((n) => !/^[0-9]+$/.test(n)), ...PROC_MASKED_FILES.filter((n) => n.includes('/') && existsSync(`/proc/${n}`))],
+        procRootOnly: (this.rootOnlyProc ??= procRootOnly()),
+      });
+    } catch (e) {
+      throw await failed("could not lay out the box's root", codeOf(e));
+    }
     let cg: Cgroup | null = null;
     let prefix: string[];
     try {
-      if (layout) cg = createCgroup(layout, spec.id, spec.resources);
+      if (layout) {
+        cg = createCgroup(layout, spec.id, spec.resources);
+        const made = cg;
+        undo.push(() => removeCgroup(made));
+      }
       // bwrap keeps fd 3 (its info), 4 (its arguments), 5 (a root server's: the box's user
       // namespace), the files it copies in (from `first` on), then the one it waits on before
       // starting the box's main process.
-      prefix = this.wrap(first + fileFds.length, cg, spec.resources);
+      prefix = this.wrap(first + fdCount, cg, spec.resources);
     } catch (e) {
-      for (const fd of [...fileFds, ...nsFd]) closeSync(fd);
-      await unstage();
-      if (this.diskBound) await unmountWorkspace(spec.stateDir);
-      throw new BoxStartError(`could not apply resource limits: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+      throw await failed('could not apply resource limits', codeOf(e));
     }
 
     // The arguments go through a pipe (`--args`): the box reads pid 1's command line, and host
@@ -483,14 +503,22 @@ export class LocalDriver implements SandboxDriver {
     let child: ChildProcess;
     try {
       child = spawn(cmd[0], cmd.slice(1), { env: HOST_HELPER_ENV, cwd: '/', stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe', ...nsFd, ...fileFds, 'pipe'] });
-    } finally {
-      // bwrap holds its own copies.
-      for (const fd of [...fileFds, ...nsFd]) closeSync(fd);
+    } catch (e) {
+      throw await failed('could not start bwrap', codeOf(e));
     }
+    // Out of processes or descriptors (EAGAIN, EMFILE, ENFILE), spawn returns a child that never
+    // ran and emits its error on the next tick: with no listener there, it would end the server.
+    if (child.pid === undefined) {
+      const err = await new Promise<Error>((resolve) => child.once('error', resolve));
+      throw await failed('could not start bwrap', codeOf(err));
+    }
+    // bwrap holds its own copies; from here the box's stop undoes the rest.
+    closeFds();
+    undo.length = 0;
     const argsPipe = child.stdio[4] as NodeJS.WritableStream;
     argsPipe.on('error', () => undefined);
     argsPipe.end(args.map((a) => `${a}\0`).join(''));
-    const box = new LocalBox(this, spec, child, cg, child.stdio[first + fileFds.length] as NodeJS.WritableStream);
+    const box = new LocalBox(this, spec, child, cg, child.stdio[first + fdCount] as NodeJS.WritableStream);
     try {
       try {
         await box.boot();
