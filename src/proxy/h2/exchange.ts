@@ -46,6 +46,11 @@ export function createH2Exchange(dp: DataPath): H2Exchange {
     session.on('error', () => session.destroy());
   });
 
+  // An `Expect` other than `100-continue`: node:http2's compatibility layer would answer 417
+  // itself, before the checks (no Proxy-Status, no record, whatever the authority); the plan step
+  // refuses it instead (plan.ts expectationProblem), as boundary.ts does for HTTP/1.1.
+  inner.on('checkExpectation', (req: Http2ServerRequest, res: Http2ServerResponse) => inner.emit('request', req, res));
+
   inner.on('request', (req: Http2ServerRequest, res: Http2ServerResponse) => {
     const started = performance.now();
     const t = sessions.get(req.stream.session as ServerHttp2Session);
