@@ -193,7 +193,9 @@ export function send(rs: RawSession, req: WireRequest, ms = 8000): Promise<WireA
     const hasTrailers = req.trailers !== undefined;
     let stream: http2.ClientHttp2Stream;
     try {
-      stream = rs.session.request({ ':method': 'POST', ':path': '/placeholder' }, { endStream: !hasBody && !hasTrailers && !req.reset, waitForTrailers: hasTrailers });
+      // The client's own idea of the method decides how it reads the answer (no body after HEAD).
+      const method = req.fields.find(([n]) => n === ':method')?.[1] === 'HEAD' ? 'HEAD' : 'POST';
+      stream = rs.session.request({ ':method': method, ':path': '/placeholder' }, { endStream: !hasBody && !hasTrailers && !req.reset, waitForTrailers: hasTrailers });
     } catch {
       // The session is gone (a connection error on an earlier stream).
       resolve({ ...out, rstCode: -1 });

@@ -187,4 +187,21 @@ describe('regressions found by the HTTP/2 properties', () => {
       rs.close();
     }
   });
+
+  it.each(['h2', 'h1'] as const)('a HEAD request whose client resets it mid-upload never completes at the origin (%s origin)', async (leg) => {
+    const port = portOf(leg);
+    const rs = await rawSession(px.handle.port, HOST, port, px.caPem);
+    try {
+      // The upstream connection first, so the HEAD's upstream stream opens while its body comes.
+      expect((await send(rs, toWire(control(leg), `head-reset-warm-${leg}`))).status).toBe(200);
+      // HEADERS without END_STREAM, three bytes of DATA, then RST_STREAM: no END_STREAM ever.
+      const a = await send(rs, { fields: [[':method', 'HEAD'], [':scheme', 'https'], [':path', '/repos/x'], [':authority', `${HOST}:${port}`], ['x-case-id', `head-reset-${leg}`]], body: [Buffer.from('abc')], reset: true });
+      expect(a.status).toBe(0);
+      await sleep(300);
+      const seen = seenFor(leg, h1, h2, `head-reset-${leg}`);
+      expect(seen.filter((s) => s.complete)).toEqual([]);
+    } finally {
+      rs.close();
+    }
+  });
 });
