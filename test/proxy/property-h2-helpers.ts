@@ -171,6 +171,8 @@ export interface WireRequest {
   trailers?: [string, string][];
   /** The client resets the stream (RST_STREAM, no END_STREAM) after sending its body. */
   reset?: boolean;
+  /** The client resets the stream this long after its END_STREAM (it gives up waiting for the answer). */
+  resetAfterEndMs?: number;
 }
 
 export interface WireAnswer {
@@ -232,6 +234,7 @@ export function send(rs: RawSession, req: WireRequest, ms = 8000): Promise<WireA
       else stream.end();
     } else if (req.reset) setTimeout(() => stream.destroy(new Error('client resets')), 50);
     else if (hasTrailers) stream.end();
+    if (req.resetAfterEndMs !== undefined) setTimeout(() => stream.close(http2.constants.NGHTTP2_CANCEL), req.resetAfterEndMs);
   });
 }
 
@@ -354,6 +357,8 @@ export async function h1Recorder(pki: Pick<TestPki, 'certPem' | 'keyPem'>): Prom
         }
         conn.rest = conn.rest.subarray(r.used);
         requests.push({ conn: conn.id, ...r.req });
+        // /repos/slow: never answered (a client that gives up first is tested with it).
+        if (r.req.target.startsWith('/repos/slow')) continue;
         const body = `ok ${r.req.headers.find(([k]) => k.toLowerCase() === 'x-case-id')?.[1] ?? '-'}`;
         s.write(`HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: ${body.length}\r\n\r\n${r.req.method === 'HEAD' ? '' : body}`);
       }
@@ -413,7 +418,7 @@ export async function h2Recorder(pki: Pick<TestPki, 'certPem' | 'keyPem'>): Prom
       rec.body = Buffer.concat(parts);
       // Node ends the readable side on a reset too; only after END_STREAM is the stream still open.
       rec.complete = !stream.closed;
-      if (!rec.complete || stream.destroyed) return;
+      if (!rec.complete || stream.destroyed || String(headers[':path']).startsWith('/repos/slow')) return;
       const body = `ok ${String(headers['x-case-id'] ?? '-')}`;
       stream.respond({ ':status': 200, 'content-type': 'text/plain' }, { endStream: headers[':method'] === 'HEAD' });
       if (headers[':method'] !== 'HEAD') stream.end(body);

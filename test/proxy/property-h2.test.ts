@@ -22,6 +22,7 @@
  * returned carries a configured value; the proxy's own answers say so (Proxy-Status); the
  * connection and the other streams go on, and a good request is served after each case.
  */
+import http2 from 'node:http2';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { compileConfig } from '../../src/rules/index.js';
@@ -200,6 +201,29 @@ describe('regressions found by the HTTP/2 properties', () => {
       await sleep(300);
       const seen = seenFor(leg, h1, h2, `head-reset-${leg}`);
       expect(seen.filter((s) => s.complete)).toEqual([]);
+    } finally {
+      rs.close();
+    }
+  });
+
+  it.each(['h2', 'h1'] as const)('a HEAD request whose client resets it while waiting for the origin is given up upstream, and recorded as 499 (%s origin)', async (leg) => {
+    const port = portOf(leg);
+    const before = px.records.length;
+    const rs = await rawSession(px.handle.port, HOST, port, px.caPem);
+    try {
+      expect((await send(rs, toWire(control(leg), `head-wait-warm-${leg}`))).status).toBe(200);
+      const id = `head-wait-${leg}`;
+      const a = await send(rs, { fields: [[':method', 'HEAD'], [':scheme', 'https'], [':path', '/repos/slow'], [':authority', `${HOST}:${port}`], ['x-case-id', id]], resetAfterEndMs: 300 });
+      expect(a.status).toBe(0);
+      if (leg === 'h2') {
+        // The upstream stream is cancelled (RST_STREAM CANCEL), not left open until the origin answers.
+        await expect.poll(() => h2.streams.find((s) => s.raw.includes(id))?.closed, { timeout: 5000 }).toBe(true);
+        expect(h2.streams.find((s) => s.raw.includes(id))?.rstCode).toBe(http2.constants.NGHTTP2_CANCEL);
+      } else {
+        // The HTTP/1.1 connection carrying it is closed by the proxy.
+        await expect.poll(() => h1.conns[h1.requests.find((r) => r.head.includes(id))?.conn ?? -1]?.closed, { timeout: 5000 }).toBe(true);
+      }
+      await expect.poll(() => px.records.slice(before).find((r) => r.method === 'HEAD')?.status, { timeout: 5000 }).toBe(499);
     } finally {
       rs.close();
     }

@@ -70,6 +70,8 @@ export function createH2Exchange(dp: DataPath): H2Exchange {
       t.inFlight--;
       if (core.draining() && t.inFlight === 0) req.stream.session?.close();
     });
+    // node:http2 treats a stream as a HEAD request when its :method is exactly `HEAD`.
+    if (method === 'HEAD') tellHeadStreamClose(req.stream, res);
     // Node's compatibility objects are close enough to HTTP/1's for refuse and forward.
     const hreq = req as unknown as IncomingMessage;
     const hres = res as unknown as ServerResponse;
@@ -125,4 +127,24 @@ export function createH2Exchange(dp: DataPath): H2Exchange {
       inner.close();
     },
   };
+}
+
+/**
+ * A HEAD stream's compatibility response, made to say when its answer is done as for any other
+ * method. node:http2 ends a HEAD stream's writable side as soon as the request arrives (there is
+ * no answer body), so the response read as all written (`writableFinished`) before any answer,
+ * and it emits 'close' only once its answer was ended (onStreamCloseResponse compares the
+ * stream's `headRequest` with the one res.end() records). forward.ts learns that a client left
+ * from that 'close' and that flag: a HEAD stream the client reset (mid-upload, or waiting for the
+ * origin) was never given up upstream, and its body, the request's readable side ended by the
+ * close, completed at the origin truncated. Here the answer is written once it was ended, and the
+ * stream's close is told when the response did not tell it.
+ */
+function tellHeadStreamClose(stream: Http2ServerRequest['stream'], res: Http2ServerResponse): void {
+  Object.defineProperty(res, 'writableFinished', { configurable: true, get: () => res.writableEnded });
+  let told = false;
+  res.once('close', () => (told = true));
+  stream.once('close', () => {
+    if (!told) res.emit('close');
+  });
 }
