@@ -500,7 +500,8 @@ const okValue = fc
 
 const okField: fc.Arbitrary<GenField> = fc.record({ name: token, value: okValue }).map((f) => ({ ...f, tag: 'ok' as const }));
 
-const badValue = fc.tuple(okValue, fc.constantFrom('\r', '\n', '\r\n', '\0', ' ', '\t', '\r\nx-smuggled: 1', '\r\n\r\nGET /admin HTTP/1.1\r\nhost: x'), fc.constantFrom('start', 'middle', 'end')).map(([v, bad, at]) => (at === 'start' ? bad + v : at === 'end' ? v + bad : v.slice(0, 1) + bad + v.slice(1)));
+const badValue = fc.tuple(okValue, fc.constantFrom('\r', '\n', '\r\n', '\0', ' ', '\t', '\r\nx-smuggled: 1', '\r\n\r\nGET /admin HTTP/1.1\r\nhost: x'), fc.constantFrom('start', 'middle', 'end')).filter(([, bad, at]) => !(at === 'middle' && (bad === ' ' || bad === '\t')))
+  .map(([v, bad, at]) => (at === 'start' ? bad + v : at === 'end' ? v + bad : v.slice(0, 1) + bad + v.slice(1)));
 
 const droppedField: fc.Arbitrary<GenField> = fc.oneof(
   // Invalid value bytes (CR, LF, NUL, surrounding whitespace).

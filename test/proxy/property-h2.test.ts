@@ -228,4 +228,25 @@ describe('regressions found by the HTTP/2 properties', () => {
       rs.close();
     }
   });
+
+  it.each(['h2', 'h1'] as const)('a stream the proxy resets for a malformed trailer section, its upstream request still waiting for a connection, never completes at the origin (%s origin)', async (leg) => {
+    const port = portOf(leg);
+    for (let i = 0; i < 6; i++) {
+      const rs = await rawSession(px.handle.port, HOST, port, px.caPem);
+      try {
+        const id = `bad-trailers-${leg}-${i}`;
+        // A control stream beside it takes the upstream connection at hand: the other one waits for a new one.
+        const [a] = await Promise.all([
+          send(rs, { fields: [[':method', 'GET'], [':scheme', 'https'], [':path', '/repos'], [':authority', `${HOST}:${port}`], ['x-case-id', id]], body: [Buffer.from([0])], trailers: [[':path', '/admin']] }),
+          send(rs, toWire(control(leg), `${id}-control`)),
+        ]);
+        expect(a.status).toBe(0);
+        expect(a.rstCode).toBe(http2.constants.NGHTTP2_PROTOCOL_ERROR);
+        await sleep(100);
+        expect(seenFor(leg, h1, h2, id).filter((s) => s.complete)).toEqual([]);
+      } finally {
+        rs.close();
+      }
+    }
+  });
 });
