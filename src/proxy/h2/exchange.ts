@@ -70,8 +70,7 @@ export function createH2Exchange(dp: DataPath): H2Exchange {
       t.inFlight--;
       if (core.draining() && t.inFlight === 0) req.stream.session?.close();
     });
-    // node:http2 treats a stream as a HEAD request when its :method is exactly `HEAD`.
-    if (method === 'HEAD') tellHeadStreamClose(req.stream, res);
+    answerDoneOnlyWhenEnded(req.stream, res);
     // Node's compatibility objects are close enough to HTTP/1's for refuse and forward.
     const hreq = req as unknown as IncomingMessage;
     const hres = res as unknown as ServerResponse;
@@ -130,18 +129,22 @@ export function createH2Exchange(dp: DataPath): H2Exchange {
 }
 
 /**
- * A HEAD stream's compatibility response, made to say when its answer is done as for any other
- * method. node:http2 ends a HEAD stream's writable side as soon as the request arrives (there is
- * no answer body), so the response read as all written (`writableFinished`) before any answer,
- * and it emits 'close' only once its answer was ended (onStreamCloseResponse compares the
- * stream's `headRequest` with the one res.end() records). forward.ts learns that a client left
- * from that 'close' and that flag: a HEAD stream the client reset (mid-upload, or waiting for the
- * origin) was never given up upstream, and its body, the request's readable side ended by the
- * close, completed at the origin truncated. Here the answer is written once it was ended, and the
- * stream's close is told when the response did not tell it.
+ * The compatibility response, made to say that its answer was all written only when it was: ended
+ * by the proxy and its stream's writable side finished. forward.ts takes a response whose
+ * `writableFinished` holds at its 'close' for one whose answer went out, and gives up the upstream
+ * request only otherwise; node:http2's compatibility response reads its stream's flag, which
+ * says nothing of the answer:
+ * - a stream that closes before its answer (a client reset, or nghttp2 resetting it for a
+ *   malformed trailer section) has its writable side ended by the close (closeStream), so it read
+ *   as all written: the upstream request went on, and with it a body whose readable side that
+ *   close ended, complete and truncated, at the origin;
+ * - a HEAD stream has its writable side ended as soon as the request arrives (no answer body), so
+ *   it read as all written before any answer; and its response emits 'close' only once its answer
+ *   was ended (onStreamCloseResponse compares the stream's `headRequest` with the one res.end()
+ *   records), so a HEAD stream closed first never told forward.ts at all: the stream's close tells it.
  */
-function tellHeadStreamClose(stream: Http2ServerRequest['stream'], res: Http2ServerResponse): void {
-  Object.defineProperty(res, 'writableFinished', { configurable: true, get: () => res.writableEnded });
+function answerDoneOnlyWhenEnded(stream: Http2ServerRequest['stream'], res: Http2ServerResponse): void {
+  Object.defineProperty(res, 'writableFinished', { configurable: true, get: () => res.writableEnded && stream.writableFinished });
   let told = false;
   res.once('close', () => (told = true));
   stream.once('close', () => {
