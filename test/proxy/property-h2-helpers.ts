@@ -165,7 +165,11 @@ export async function rawSession(proxyPort: number, host: string, port: number, 
 export interface WireRequest {
   /** The header block's fields, in order, exactly as sent. */
   fields: [string, string][];
-  /** DATA frames, in order (none: END_STREAM on the HEADERS frame, unless trailers follow). */
+  /**
+   * DATA frames, in order (none: END_STREAM on the HEADERS frame, unless trailers follow). No
+   * empty chunk: Node's client may then never close its stream (its writable side does not
+   * finish), though both END_STREAMs went by.
+   */
   body?: Buffer[];
   /** A trailer block (HEADERS with END_STREAM after the DATA). */
   trailers?: [string, string][];
@@ -564,7 +568,7 @@ export function requestArb(host: string, port: number): fc.Arbitrary<GenRequest>
       extraPseudo: fc.oneof({ weight: 12, arbitrary: fc.constant([] as [string, string][]) }, { weight: 1, arbitrary: fc.array(fc.constantFrom<[string, string]>([':foo', 'x'], [':status', '200'], [':protocol', 'websocket'], [':path', '/repos/y'], [':method', 'GET'], [':authority', 'other.test.local'], [':scheme', 'https']), { minLength: 1, maxLength: 2 }) }),
       late: fc.integer({ min: 0, max: 15 }),
       fields: fc.array(field, { maxLength: 7 }),
-      body: fc.oneof({ weight: 2, arbitrary: fc.constant(undefined) }, { weight: 1, arbitrary: fc.array(fc.uint8Array({ maxLength: 40 }).map((a) => Buffer.from(a)), { minLength: 1, maxLength: 3 }) }),
+      body: fc.oneof({ weight: 2, arbitrary: fc.constant(undefined) }, { weight: 1, arbitrary: fc.array(fc.uint8Array({ minLength: 1, maxLength: 40 }).map((a) => Buffer.from(a)), { minLength: 1, maxLength: 3 }) }),
       cl: fc.oneof({ weight: 3, arbitrary: fc.constant('none' as const) }, { weight: 2, arbitrary: fc.constant('match' as const) }, { weight: 1, arbitrary: fc.constantFrom('0', '1', '7', '1000', '5, 5', '+3', '-1', '0x10', '03') }),
       trailers: fc.oneof({ weight: 6, arbitrary: fc.constant(undefined) }, { weight: 1, arbitrary: fc.array(fc.constantFrom<[string, string]>(['x-trailer', 'kgTRAILER'], [':path', '/admin'], ['content-length', '0'], ['host', 'evil.test'], ['transfer-encoding', 'chunked'], ['authorization', 'kgTRAILER-auth'], ['x-api-key', 'kgTRAILER-key']), { minLength: 1, maxLength: 2 }) }),
       reset: fc.oneof({ weight: 10, arbitrary: fc.constant(false) }, { weight: 1, arbitrary: fc.constant(true) }),
@@ -656,6 +660,12 @@ export function expectation(r: GenRequest): Expectation {
   if (auths.length === 0) refuse.push('no authority');
   let misdirected = false;
   for (const a of auths) {
+    // A host field whose bytes are no field value is dropped by nghttp2 like any such field: the
+    // request then stands on its :authority alone (the host field never goes upstream anyway).
+    if (a === r.host && r.authority !== undefined && /[\0\r\n]|^[ \t]|[ \t]$/.test(a.value)) {
+      any.push(`host field ${JSON.stringify(a.value)} not a field value`);
+      continue;
+    }
     if (a.kind === 'bad') refuse.push(`bad authority ${JSON.stringify(a.value)}`);
     if (a.kind === 'other') misdirected = true;
   }

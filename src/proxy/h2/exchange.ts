@@ -134,10 +134,11 @@ export function createH2Exchange(dp: DataPath): H2Exchange {
  * `writableFinished` holds at its 'close' for one whose answer went out, and gives up the upstream
  * request only otherwise; node:http2's compatibility response reads its stream's flag, which
  * says nothing of the answer:
- * - a stream that closes before its answer (a client reset, or nghttp2 resetting it for a
- *   malformed trailer section) has its writable side ended by the close (closeStream), so it read
- *   as all written: the upstream request went on, and with it a body whose readable side that
- *   close ended, complete and truncated, at the origin;
+ * - a stream that closes before its answer can have its writable side finished by the close
+ *   (Node's closeStream ends it; seen when nghttp2 resets a stream for a malformed trailer
+ *   section), so it read as all written: the upstream request went on (one still waiting for an
+ *   HTTP/1.1 connection was sent later), with a body whose readable side that close ended:
+ *   complete and truncated at the origin;
  * - a HEAD stream has its writable side ended as soon as the request arrives (no answer body), so
  *   it read as all written before any answer; and its response emits 'close' only once its answer
  *   was ended (onStreamCloseResponse compares the stream's `headRequest` with the one res.end()
