@@ -46,6 +46,11 @@ export function createH2Exchange(dp: DataPath): H2Exchange {
     session.on('error', () => session.destroy());
   });
 
+  // An `Expect` other than `100-continue`: node:http2's compatibility layer would answer 417
+  // itself, before the checks (no Proxy-Status, no record, whatever the authority); the plan step
+  // refuses it instead (plan.ts expectationProblem), as boundary.ts does for HTTP/1.1.
+  inner.on('checkExpectation', (req: Http2ServerRequest, res: Http2ServerResponse) => inner.emit('request', req, res));
+
   inner.on('request', (req: Http2ServerRequest, res: Http2ServerResponse) => {
     const started = performance.now();
     const t = sessions.get(req.stream.session as ServerHttp2Session);
@@ -65,6 +70,7 @@ export function createH2Exchange(dp: DataPath): H2Exchange {
       t.inFlight--;
       if (core.draining() && t.inFlight === 0) req.stream.session?.close();
     });
+    answerDoneOnlyWhenEnded(req.stream, res);
     // Node's compatibility objects are close enough to HTTP/1's for refuse and forward.
     const hreq = req as unknown as IncomingMessage;
     const hres = res as unknown as ServerResponse;
@@ -120,4 +126,29 @@ export function createH2Exchange(dp: DataPath): H2Exchange {
       inner.close();
     },
   };
+}
+
+/**
+ * The compatibility response, made to say that its answer was all written only when it was: ended
+ * by the proxy and its stream's writable side finished. forward.ts takes a response whose
+ * `writableFinished` holds at its 'close' for one whose answer went out, and gives up the upstream
+ * request only otherwise; node:http2's compatibility response reads its stream's flag, which
+ * says nothing of the answer:
+ * - a stream that closes before its answer can have its writable side finished by the close
+ *   (Node's closeStream ends it; seen when nghttp2 resets a stream for a malformed trailer
+ *   section), so it read as all written: the upstream request went on (one still waiting for an
+ *   HTTP/1.1 connection was sent later), with a body whose readable side that close ended:
+ *   complete and truncated at the origin;
+ * - a HEAD stream has its writable side ended as soon as the request arrives (no answer body), so
+ *   it read as all written before any answer; and its response emits 'close' only once its answer
+ *   was ended (onStreamCloseResponse compares the stream's `headRequest` with the one res.end()
+ *   records), so a HEAD stream closed first never told forward.ts at all: the stream's close tells it.
+ */
+function answerDoneOnlyWhenEnded(stream: Http2ServerRequest['stream'], res: Http2ServerResponse): void {
+  Object.defineProperty(res, 'writableFinished', { configurable: true, get: () => res.writableEnded && stream.writableFinished });
+  let told = false;
+  res.once('close', () => (told = true));
+  stream.once('close', () => {
+    if (!told) res.emit('close');
+  });
 }
