@@ -19,6 +19,14 @@ describe('readH2Request', () => {
     expect(without instanceof ProxyError ? without : without.trailers).toBe(false);
   });
 
+  it('te: trailers in any letter case (a token, as RFC 9113 8.2.2 and nghttp2 read it) is noted, not refused', () => {
+    for (const v of ['Trailers', 'TRAILERS', 'tRaIlErS']) {
+      const r = readH2Request([...P, 'te', v]);
+      expect(r instanceof ProxyError ? r.reason : r.trailers).toBe(true);
+    }
+    for (const v of ['trailers, gzip', 'trailer', 'trailers;q=1']) expect(readH2Request([...P, 'te', v])).toBeInstanceOf(ProxyError);
+  });
+
   it('list fields may repeat (accept, x- fields); fields that take one value may not', () => {
     const r = readH2Request([...P, 'accept', 'a', 'accept', 'b', 'x-k', '1', 'x-k', '2']);
     expect(r instanceof ProxyError ? r : r.fields).toEqual(['accept', 'a', 'accept', 'b', 'x-k', '1', 'x-k', '2']);

@@ -118,7 +118,8 @@ export function readH2Request(raw: readonly string[]): H2Request | ProxyError {
     if (BAD_VALUE.test(value)) return malformed('invalid HTTP/2 field value');
     if (CONNECTION_SPECIFIC.has(name)) return malformed(`connection-specific field in an HTTP/2 request: ${name}`);
     if (name === 'te') {
-      if (value !== 'trailers') return malformed('TE other than "trailers" in an HTTP/2 request');
+      // A token: any letter case (RFC 9113 8.2.2; nghttp2 compares it so).
+      if (value.length !== 8 || value.toLowerCase() !== 'trailers') return malformed('TE other than "trailers" in an HTTP/2 request');
       trailers = true;
       continue; // hop-by-hop: the proxy sends its own (forward.ts)
     }
