@@ -37,6 +37,11 @@ export function httpClient(url: string): { send(r: Req): Promise<Res | undefined
         if ((err as { code?: string }).code === 'UND_ERR_INVALID_ARG') return undefined;
         throw err;
       }
+      // A stream (the deployment log follower) never ends by itself: its head is the answer.
+      if (String(res.headers['content-type'] ?? '').startsWith('text/event-stream')) {
+        res.body.destroy();
+        return { status: res.statusCode, headers: res.headers, text: '', json: undefined };
+      }
       const text = await res.body.text();
       let json: unknown;
       try {
@@ -258,17 +263,25 @@ export function hostileBody(valid: unknown): fc.Arbitrary<RawBody> {
   );
 }
 
+/**
+ * Percent-encoding of any string: a lone surrogate (which encodeURIComponent refuses) goes out as
+ * the bytes UTF-8 would never make of it (ED A0 80), so the server meets invalid UTF-8 too.
+ */
+export function encodeAny(s: string): string {
+  return s.split(/[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/).map(encodeURIComponent).join('%ED%A0%80');
+}
+
 /** A path segment: hostile text, encoded in several ways (raw bytes where the client allows). */
 export const hostileSegment: fc.Arbitrary<string> = fc.oneof(
-  hostileString.map((s) => encodeURIComponent(s.slice(0, 20_000)).replace(/%(?![0-9A-F]{2})/g, '%25')),
+  hostileString.map((s) => encodeAny(s.slice(0, 20_000))),
   fc.constantFrom('..', '.', '%2e%2e', '..%2F..%2Fetc%2Fpasswd', '%2F', 'a%2Fb', '%00', '%ff', '%zz', '%', '%E2%80%AE', 'UPPER', 'a b'.replace(' ', '%20'), '~', '*', ';x=1', 'a?b', 'x'.repeat(300)),
 );
 
 /** Query strings: out of range, repeated, non-numeric, unknown parameters. */
 export function hostileQuery(names: string[]): fc.Arbitrary<string> {
   const value = fc.oneof(
-    fc.constantFrom('0', '-1', '1', '20', '100', '101', '1e3', '1e400', '-1e400', 'NaN', 'Infinity', '1.5', '0x10', '', ' 5', 'true', 'null', '9007199254740993', '99999999999999999999', '%00', '%ff', 'a%2Fb'),
-    hostileString.map((s) => encodeURIComponent(s.slice(0, 2000)).replace(/%(?![0-9A-F]{2})/g, '%25')),
+    fc.constantFrom('0', '-1', '1', '20', '100', '101', '1e3', '1e400', '-1e400', 'NaN', 'Infinity', '1.5', '0x10', '', '%205', '+5', 'true', 'null', '9007199254740993', '99999999999999999999', '%00', '%ff', 'a%2Fb'),
+    hostileString.map((s) => encodeAny(s.slice(0, 2000))),
   );
   const pair = fc.tuple(fc.oneof(fc.constantFrom(...names, 'unknown', '__proto__', 'limit[]', 'offset[0]'), fc.constant('x')), value);
   return fc.array(pair, { maxLength: 4 }).map((ps) => (ps.length ? '?' + ps.map(([k, v]) => `${k}=${v}`).join('&') : ''));
@@ -416,3 +429,49 @@ function firstDiff(a: string, b: string): string {
 
 /** X-Api-Key spelled in any case: header names are case-insensitive. */
 export const apiKeyHeaderName = fc.constantFrom('x-api-key', 'X-Api-Key', 'X-API-KEY', 'x-ApI-kEy');
+
+/** A route of an area with what a valid request to it carries. */
+export interface RouteSpec {
+  method: string;
+  url: string;
+  /** A valid query string (with its `?`), and the parameter names hostile queries use. */
+  query?: string;
+  queryNames?: string[];
+  /** Hostile query strings of its own (a long poll must not be asked to wait long). */
+  hostileQuery?: fc.Arbitrary<string>;
+  /** A valid JSON body (fresh secret values registered with the Known set as generated). */
+  body?: () => fc.Arbitrary<unknown>;
+  /** A raw-bytes route (uploads, files): the valid body and its type. */
+  raw?: { contentType: string; body: () => string | Buffer };
+  /** An HTML page may answer it (the OAuth callback). */
+  html?: boolean;
+}
+
+/**
+ * A request for `r` with workspace A's key (in any header-name case): the valid path (`valid`
+ * gives each parameter's valid values, read when the case runs), query and body, each possibly
+ * replaced by hostile ones.
+ */
+export function hostileRequest(r: RouteSpec, key: () => string, valid: Record<string, () => string[]>): fc.Arbitrary<Req> {
+  const body: fc.Arbitrary<{ contentType?: string; body?: string | Buffer }> = r.body
+    ? r.body().chain((v) => hostileBody(v))
+    : r.raw
+      ? fc.oneof(fc.constant({ contentType: r.raw.contentType, body: r.raw.body() }), fc.constant({}), fc.constant({ contentType: 'application/json', body: '{"a":1}' }), fc.constant({ contentType: r.raw.contentType, body: 'not what it says' }))
+      : fc.oneof({ weight: 4, arbitrary: fc.constant({}) }, { weight: 1, arbitrary: fc.constant({ contentType: 'application/json', body: '{"unexpected":true}' }) }, { weight: 1, arbitrary: fc.constant({ contentType: 'application/json', body: 'not json' }) });
+  const names = [...r.url.matchAll(/:([A-Za-z_]+)/g)].map((m) => m[1]);
+  const segment = (n: string) => fc.oneof({ weight: 3, arbitrary: fc.nat().map((i) => ({ valid: n, i })) }, { weight: 2, arbitrary: hostileSegment.map((h) => ({ hostile: h })) });
+  const params = fc.tuple(...names.map(segment));
+  const query = fc.oneof({ weight: 2, arbitrary: fc.constant(r.query ?? '') }, { weight: 1, arbitrary: r.hostileQuery ?? hostileQuery(r.queryNames ?? ['limit', 'offset']) });
+  return fc.record({ body, params, query, keyName: apiKeyHeaderName }).map(({ body, params, query, keyName }) => {
+    const headers: Record<string, string> = { [keyName]: key() };
+    if (body.contentType) headers['content-type'] = body.contentType;
+    let i = 0;
+    const path = r.url.replace(/:([A-Za-z_]+)/g, () => {
+      const p = params[i++] as { valid?: string; i?: number; hostile?: string };
+      if (p.hostile !== undefined) return p.hostile;
+      const values = valid[p.valid!]?.() ?? [];
+      return values.length ? encodeURIComponent(values[p.i! % values.length]) : 'none';
+    });
+    return { method: r.method, path: path + query, headers, body: body.body };
+  });
+}
