@@ -13,6 +13,7 @@ import { createApiKey, hashApiKey } from '../../src/server/auth.js';
 import { propertyParams } from '../helpers/property.js';
 import { startInProcess, type InProcessServer } from './inprocess.js';
 import { checked, hostileRequest, httpClient, Known, secretTail, secretValue, type Res, type RouteSpec } from './property-helpers.js';
+import { budget } from './property-helpers.js';
 
 let s: InProcessServer;
 let http: ReturnType<typeof httpClient>;
@@ -157,7 +158,7 @@ describe('hostile input on every route', () => {
       }),
       propertyParams(150),
     );
-  });
+  }, budget(150, 400));
 });
 
 describe('what an accepted request wrote is what GET returns', () => {
@@ -189,7 +190,7 @@ describe('what an accepted request wrote is what GET returns', () => {
       }),
       propertyParams(40),
     );
-  });
+  }, budget(40, 400));
 
   it("a token's metadata reads back as written", async () => {
     await fc.assert(
@@ -202,7 +203,7 @@ describe('what an accepted request wrote is what GET returns', () => {
       }),
       propertyParams(20),
     );
-  });
+  }, budget(20, 400));
 });
 
 describe("another workspace's key", () => {
@@ -224,5 +225,5 @@ describe("another workspace's key", () => {
       }),
       propertyParams(30),
     );
-  });
+  }, budget(30, 400));
 });

@@ -12,6 +12,7 @@ import { propertyParams } from '../helpers/property.js';
 import { cleanupTmp, echoVariant, packDir } from '../control-plane/helpers.js';
 import { startInProcess, type InProcessServer } from './inprocess.js';
 import { checked, hostileQuery, hostileRequest, httpClient, Known, secretTail, secretValue, type Res, type RouteSpec } from './property-helpers.js';
+import { budget } from './property-helpers.js';
 
 let s: InProcessServer;
 let http: ReturnType<typeof httpClient>;
@@ -125,7 +126,7 @@ describe('hostile input on every route', () => {
       }),
       propertyParams(120),
     );
-  });
+  }, budget(120, 400));
 
   it('list queries: out of range, repeated and non-numeric parameters are a 422 at query, never a 5xx', async () => {
     await fc.assert(
@@ -141,7 +142,7 @@ describe('hostile input on every route', () => {
       }),
       propertyParams(80),
     );
-  });
+  }, budget(80, 400));
 });
 
 describe('what an accepted request wrote is what GET returns', () => {
@@ -176,7 +177,7 @@ describe('what an accepted request wrote is what GET returns', () => {
       }),
       propertyParams(30),
     );
-  });
+  }, budget(30, 400));
 });
 
 describe("another workspace's key", () => {
@@ -197,5 +198,5 @@ describe("another workspace's key", () => {
       }),
       propertyParams(30),
     );
-  });
+  }, budget(30, 400));
 });

@@ -475,3 +475,14 @@ export function hostileRequest(r: RouteSpec, key: () => string, valid: Record<st
     return { method: r.method, path: path + query, headers, body: body.body };
   });
 }
+
+/**
+ * The test timeout for a property of `runs` cases at about `msPerCase` each (loaded machine),
+ * scaled like the case count when KEYGATE_FUZZ_RUNS asks for more: an exploration run must not be
+ * cut by the timeout while its cases still run (and restore the fixture under the next test).
+ */
+export function budget(runs: number, msPerCase: number): number {
+  const env = Number(process.env.KEYGATE_FUZZ_RUNS);
+  const n = Number.isInteger(env) && env > 0 ? env : runs;
+  return Math.max(60_000, n * msPerCase + 20_000);
+}

@@ -24,6 +24,7 @@ import {
   type Res,
   workspaceSecrets,
 } from './property-helpers.js';
+import { budget } from './property-helpers.js';
 
 let s: InProcessServer;
 let http: ReturnType<typeof httpClient>;
@@ -198,7 +199,7 @@ describe('hostile input on every route', () => {
       }),
       propertyParams(150),
     );
-  });
+  }, budget(150, 400));
 });
 
 /** proxy_config as wire.md returns it: plaintext as stored, workspace_secret as its template, opaque without value. */
@@ -234,7 +235,7 @@ describe('what an accepted request wrote is what GET returns', () => {
       }),
       propertyParams(40),
     );
-  });
+  }, budget(40, 400));
 
   it('secrets: the listing is the names written, and each value is stored exactly as sent', async () => {
     const entry = fc.record({ key: fc.constantFrom('FZ_A', 'FZ_B', 'fz_c', '_FZ', 'FZ_' + 'L'.repeat(125)), tail: secretTail, del: fc.boolean() });
@@ -266,7 +267,7 @@ describe('what an accepted request wrote is what GET returns', () => {
       }),
       propertyParams(60),
     );
-  });
+  }, budget(60, 400));
 });
 
 describe('credentials', () => {
@@ -299,7 +300,7 @@ describe('credentials', () => {
       }),
       propertyParams(120),
     );
-  });
+  }, budget(120, 400));
 });
 
 describe("another workspace's key", () => {
@@ -321,7 +322,7 @@ describe("another workspace's key", () => {
       }),
       propertyParams(40),
     );
-  });
+  }, budget(40, 400));
 });
 
 // Counterexamples the properties found, kept as plain tests.
