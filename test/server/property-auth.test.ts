@@ -156,9 +156,9 @@ describe('hostile input on every route', () => {
         await checked(s, http, known, req, { html });
         await restore();
       }),
-      propertyParams(150),
+      propertyParams(60),
     );
-  }, budget(150, 400));
+  }, budget(60, 400));
 });
 
 describe('what an accepted request wrote is what GET returns', () => {
@@ -188,9 +188,9 @@ describe('what an accepted request wrote is what GET returns', () => {
         }
         await restore();
       }),
-      propertyParams(40),
+      propertyParams(15),
     );
-  }, budget(40, 400));
+  }, budget(15, 400));
 
   it("a token's metadata reads back as written", async () => {
     await fc.assert(
@@ -201,9 +201,9 @@ describe('what an accepted request wrote is what GET returns', () => {
         expect(got).toMatchObject(m.is_default ? m : { provider_account_label: m.provider_account_label });
         await restore();
       }),
-      propertyParams(20),
+      propertyParams(10),
     );
-  }, budget(20, 400));
+  }, budget(10, 400));
 });
 
 describe("another workspace's key", () => {
@@ -223,7 +223,7 @@ describe("another workspace's key", () => {
         expect(theirs).toBe(nothing);
         await restore();
       }),
-      propertyParams(30),
+      propertyParams(12),
     );
-  }, budget(30, 400));
+  }, budget(12, 400));
 });

@@ -124,9 +124,9 @@ describe('hostile input on every route', () => {
         await checked(s, http, known, req);
         await restore();
       }),
-      propertyParams(120),
+      propertyParams(50),
     );
-  }, budget(120, 400));
+  }, budget(50, 400));
 
   it('list queries: out of range, repeated and non-numeric parameters are a 422 at query, never a 5xx', async () => {
     await fc.assert(
@@ -140,9 +140,9 @@ describe('hostile input on every route', () => {
           expect(Number.isSafeInteger(body.offset)).toBe(true);
         } else for (const i of (res.json as { detail: { loc: string[] }[] }).detail) expect(i.loc[0]).toBe('query');
       }),
-      propertyParams(80),
+      propertyParams(30),
     );
-  }, budget(80, 400));
+  }, budget(30, 400));
 });
 
 describe('what an accepted request wrote is what GET returns', () => {
@@ -175,9 +175,9 @@ describe('what an accepted request wrote is what GET returns', () => {
         }
         await restore();
       }),
-      propertyParams(30),
+      propertyParams(12),
     );
-  }, budget(30, 400));
+  }, budget(12, 400));
 });
 
 describe("another workspace's key", () => {
@@ -196,7 +196,7 @@ describe("another workspace's key", () => {
         expect(theirs.startsWith('404 ') || theirs.startsWith('422 '), theirs).toBe(true);
         await restore();
       }),
-      propertyParams(30),
+      propertyParams(12),
     );
-  }, budget(30, 400));
+  }, budget(12, 400));
 });

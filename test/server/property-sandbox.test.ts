@@ -197,9 +197,9 @@ describe('hostile input on every route', () => {
         await checked(s, http, known, req);
         await restore();
       }),
-      propertyParams(150),
+      propertyParams(35),
     );
-  }, budget(150, 400));
+  }, budget(35, 400));
 });
 
 /** proxy_config as wire.md returns it: plaintext as stored, workspace_secret as its template, opaque without value. */
@@ -233,9 +233,9 @@ describe('what an accepted request wrote is what GET returns', () => {
         }
         await restore();
       }),
-      propertyParams(40),
+      propertyParams(12),
     );
-  }, budget(40, 400));
+  }, budget(12, 400));
 
   it('secrets: the listing is the names written, and each value is stored exactly as sent', async () => {
     const entry = fc.record({ key: fc.constantFrom('FZ_A', 'FZ_B', 'fz_c', '_FZ', 'FZ_' + 'L'.repeat(125)), tail: secretTail, del: fc.boolean() });
@@ -265,9 +265,9 @@ describe('what an accepted request wrote is what GET returns', () => {
         }
         await restore();
       }),
-      propertyParams(60),
+      propertyParams(15),
     );
-  }, budget(60, 400));
+  }, budget(15, 400));
 });
 
 describe('credentials', () => {
@@ -298,9 +298,9 @@ describe('credentials', () => {
         if (expected !== undefined) expect(res.status, `${JSON.stringify(v)} ${res.text}`).toBe(expected);
         else expect([401, 403], `${JSON.stringify(v)} ${res.text}`).not.toContain(res.status);
       }),
-      propertyParams(120),
+      propertyParams(25),
     );
-  }, budget(120, 400));
+  }, budget(25, 400));
 });
 
 describe("another workspace's key", () => {
@@ -320,9 +320,9 @@ describe("another workspace's key", () => {
         expect([404, 422]).toContain(theirs.status);
         await restore();
       }),
-      propertyParams(40),
+      propertyParams(12),
     );
-  }, budget(40, 400));
+  }, budget(12, 400));
 });
 
 // Counterexamples the properties found, kept as plain tests.
