@@ -80,8 +80,13 @@ export async function registerExecWebSocket(app: FastifyInstance, service: Sandb
     {
       websocket: true,
       // An unknown box (or another workspace's) is a plain 404 before the upgrade, like every route.
+      // A request without an upgrade is answered 426 in the wire shape here: the WebSocket
+      // plugin would answer it 404 with an empty body, which is neither the error shape nor true.
       preHandler: async (req) => {
         await service.get(principalOf(req).workspaceId, req.params.name);
+        if (!req.ws) {
+          throw new HttpError(426, 'This route takes a WebSocket upgrade (Upgrade: websocket); without one, use POST .../execute.', { headers: { upgrade: 'websocket' } });
+        }
       },
       schema: {
         summary: 'Execute with streaming (WebSocket): output as it comes, stdin, kill, the exit code',

@@ -16,6 +16,7 @@ import { registerApiKeyRoutes } from './api-keys.js';
 import type { Area } from './area.js';
 import { loadAreas } from './plugins.js';
 import { followHeadLines } from './head-lines.js';
+import { unicodeIssues } from '../validation/json.js';
 
 // ajv-formats ships CommonJS with a default export; under NodeNext it arrives wrapped.
 const addFormats = ((addFormatsModule as unknown as { default?: unknown }).default ?? addFormatsModule) as (ajv: Ajv) => Ajv;
@@ -175,6 +176,9 @@ export async function buildServer(opts: BuildServerOptions): Promise<BuiltServer
     // FastAPI does), after path and query (validated first) are found fine.
     const validateBody = (data: unknown) => {
       if (data === null || data === undefined) return { error: new HttpValidationError([{ loc: ['body'], msg: 'Field required', type: 'missing' }]) };
+      // A string that is not Unicode text would be stored altered (U+FFFD): refused first.
+      const unicode = unicodeIssues(data, ['body']);
+      if (unicode.length) return { error: new HttpValidationError(unicode) };
       const ok = validate(data);
       validateBody.errors = validate.errors;
       return ok;

@@ -1,3 +1,4 @@
+import type { ValidationIssue } from './errors.js';
 /**
  * Where a JSON text stops parsing, as "line L, column C", WITHOUT the parser's own message: V8's
  * messages quote the text around the error (`Unexpected token 'x', "...secret..." is not valid
@@ -35,3 +36,34 @@ export function parseJsonSafely(text: string): unknown {
  * is the client's mistake, so the schema refuses it with a 422 at `query.offset` first.
  */
 export const MAX_OFFSET = Number.MAX_SAFE_INTEGER;
+
+/** A UTF-16 surrogate without its partner: JSON can carry one (`"\ud800"`), UTF-8 cannot. */
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+/**
+ * Strings of a parsed JSON value (keys and values) that are not valid Unicode: a lone surrogate
+ * (`"\ud800"` is valid JSON) becomes U+FFFD the moment it is written as UTF-8 (a database, a
+ * sealed value, a file, an argv), so what was stored would silently differ from what was sent.
+ * Refused like pydantic refuses such a string (`string_unicode`), with each one's `loc`, never
+ * its value. Iterative (a body may nest deeper than the stack); at most `max` issues.
+ */
+export function unicodeIssues(value: unknown, prefix: (string | number)[], max = 20): ValidationIssue[] {
+  const issues: ValidationIssue[] = [];
+  const stack: [unknown, (string | number)[]][] = [[value, prefix]];
+  while (stack.length && issues.length < max) {
+    const [v, loc] = stack.pop()!;
+    if (typeof v === 'string') {
+      if (LONE_SURROGATE.test(v)) issues.push({ loc, msg: 'Input should be a valid string: it holds a lone UTF-16 surrogate, which is not Unicode text', type: 'string_unicode' });
+    } else if (Array.isArray(v)) {
+      for (let i = v.length - 1; i >= 0; i--) stack.push([v[i], [...loc, i]]);
+    } else if (v !== null && typeof v === 'object') {
+      const entries = Object.entries(v);
+      for (let i = entries.length - 1; i >= 0; i--) {
+        const [k, x] = entries[i];
+        if (LONE_SURROGATE.test(k)) issues.push({ loc: [...loc, k], msg: 'Field name is not valid Unicode text (a lone UTF-16 surrogate)', type: 'string_unicode' });
+        else stack.push([x, [...loc, k]]);
+      }
+    }
+  }
+  return issues;
+}
