@@ -9,6 +9,7 @@ import { createFileExclusive } from '../secrets/envelope.js';
 import { HttpError, HttpValidationError, loggableMessage } from '../server/errors.js';
 import { answerParserErrors, sendError } from '../server/http-errors.js';
 import { bodyMissing, checkUrlLength, readJsonBody, sendJson } from '../server/http-json.js';
+import { unicodeIssues } from '../validation/json.js';
 import { ValidationFailure } from '../validation/errors.js';
 import { ConfigApplyError, parseConfigPush, type ConfigHolder } from './config-holder.js';
 import { METRICS_CONTENT_TYPE, type ProxyMetrics } from './metrics.js';
@@ -108,6 +109,9 @@ export async function startAdmin(opts: AdminOptions): Promise<AdminHandle> {
       case 'PUT /config': {
         const body = await readJsonBody(req, { maxBytes: maxBody, tooLarge: `The configuration is larger than ${maxBody} bytes.` });
         if (body === undefined) throw bodyMissing();
+        // A lone surrogate would reach a log line or the wire as U+FFFD: not what the operator set.
+        const notText = unicodeIssues(body, ['body']);
+        if (notText.length) throw new HttpValidationError(notText);
         try {
           const push = parseConfigPush(body);
           const applied = await holder.apply(push.config, { source: 'push', secrets: push.secrets, locPrefix: push.locPrefix });

@@ -248,6 +248,19 @@ describe('configuration', () => {
     expect((await adminCall('GET', '/config')).json().generation).toBe(gen);
   });
 
+  it('a push holding a lone UTF-16 surrogate is a 422 string_unicode: a secret is never applied altered', async () => {
+    const gen = holder.generation;
+    // JSON carries "\ud800"; UTF-8 cannot: the value would reach the wire as something the operator never set.
+    const r = await adminCall('PUT', '/config', `{"proxy_config": ${JSON.stringify(config('g-lone'))}, "secrets": {"API_TOKEN": "kgLONE-ok\\ud800"}}`);
+    expect(r.status).toBe(422);
+    expect(r.json().detail).toEqual([expect.objectContaining({ loc: ['body', 'secrets', 'API_TOKEN'], type: 'string_unicode' })]);
+    expect(r.text).not.toContain('kgLONE');
+    const plain = await adminCall('PUT', '/config', `{"rules": [{"name": "r\\udc00", "match_hosts": ["${HOST}"], "headers": []}]}`);
+    expect(plain.status).toBe(422);
+    expect(plain.json().detail[0]).toEqual(expect.objectContaining({ loc: ['body', 'rules', 0, 'name'], type: 'string_unicode' }));
+    expect(holder.generation).toBe(gen);
+  });
+
   it('a push carrying its own secrets resolves the templates with them', async () => {
     const r = await adminCall('PUT', '/config', { proxy_config: config('g-pushed'), secrets: { API_TOKEN: PUSHED } });
     expect(r.status).toBe(200);
