@@ -80,7 +80,9 @@ function normaliseHostUncached(raw: string): string {
   }
   const name = fromWire(raw);
   let host = name.endsWith('.') ? name.slice(0, -1) : name;
-  if (host.length === 0 || NOT_IN_HOST.test(host)) throw new RuleInputError('invalid host');
+  // One trailing dot only: the URL parser would drop a second one from an IPv4 form (`1.2.3.4..`)
+  // while a name keeps it as an empty label and is refused.
+  if (host.length === 0 || host.endsWith('.') || NOT_IN_HOST.test(host)) throw new RuleInputError('invalid host');
   try {
     host = new URL(`http://${host}/`).hostname;
   } catch {
