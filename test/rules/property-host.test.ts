@@ -358,6 +358,19 @@ describe('regressions found by the properties', () => {
   });
 });
 
+describe('regressions found by the properties (IDNA case folding)', () => {
+  it('a wildcard pattern folds the case of a non-ASCII label as host names do (UTS 46: ẞ is ss)', () => {
+    // The exact pattern and the host both read `STRAẞE.de` as strasse.de; the wildcard's fixed
+    // labels must too, else a no_proxy of `*.STRAẞE.de` leaves a.STRAẞE.de to a rule of `*`.
+    expect(normaliseHost('a.STRAẞE.de')).toBe('a.strasse.de');
+    expect(compileHostPattern('*.STRAẞE.de').test(normaliseHost('a.STRAẞE.de'), 443)).toBe(true);
+    expect(compileHostPattern('a.*.ẞ.example').test(normaliseHost('a.b.ss.example'), 443)).toBe(true);
+    const c = compileConfig({ no_proxy: ['*.STRAẞE.de'], rules: [{ name: 'all', match_hosts: ['*'], headers: [{ name: 'x-k', value: 'v' }] }] });
+    expect(c.decide(normaliseHost('api.straße.de'.replace('ß', 'ẞ')), 443)).toBe('bypass');
+    expect(c.pickRule(normaliseHost('api.STRAẞE.de'), 443, '/')).toBeUndefined();
+  });
+});
+
 describe('host patterns against the model', () => {
   /** A pattern derived from a base name, in each form proxy.md names. */
   const patternOf = (base: string, kind: number, port: number | undefined): string => {
@@ -408,7 +421,7 @@ describe('host patterns against the model', () => {
 
   const base = fc.oneof(
     { weight: 4, arbitrary: fc.array(fc.stringMatching(/^[a-z0-9]([a-z0-9-]{0,6}[a-z0-9])?$/), { minLength: 1, maxLength: 3 }).map((l) => l.join('.')) },
-    { weight: 2, arbitrary: fc.constantFrom('example.com', 'bücher.de', 'xn--bcher-kva.de', 'ß.example', 'api.github.com', 'EXAMPLE.COM', 'a_b.internal', 'com') },
+    { weight: 2, arbitrary: fc.constantFrom('example.com', 'bücher.de', 'xn--bcher-kva.de', 'ß.example', 'api.github.com', 'EXAMPLE.COM', 'a_b.internal', 'com', 'ẞ.example', 'STRAẞE.de', 'K.example') },
     { weight: 1, arbitrary: fc.constantFrom('127.0.0.1', '127.1', '0x7f.0.0.1', '10.0.0.5', '[::1]', '::1', '[::ffff:10.0.0.5]', '[2001:db8::1]') },
   );
 
