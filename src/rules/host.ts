@@ -66,7 +66,18 @@ export function normaliseHost(raw: string): string {
 const normalised = new Map<string, string>();
 const NORMALISED_MAX = 1024;
 
-function normaliseHostUncached(raw: string): string {
+/**
+ * normaliseHost for a host name written in the configuration (a pattern, a no_proxy entry): text
+ * already, so never read as latin1 bytes of UTF-8. `Ü` followed by a soft hyphen is ü to IDNA, but
+ * its two code points are also the UTF-8 bytes of U+072D: read as wire bytes, an entry would name
+ * a host its author never wrote, and differ from a wildcard entry with the same label.
+ */
+export function normaliseConfiguredHost(text: string): string {
+  if (typeof text !== 'string' || text.length === 0 || text.length > 1024) throw new RuleInputError('empty or oversized host');
+  return normaliseHostUncached(text, false);
+}
+
+function normaliseHostUncached(raw: string, wire = true): string {
   if (raw.startsWith('[')) {
     if (!raw.endsWith(']')) throw new RuleInputError('unterminated IPv6 literal');
     const v6 = canonicalIPv6(raw.slice(1, -1));
@@ -78,7 +89,7 @@ function normaliseHostUncached(raw: string): string {
     if (!v6) throw new RuleInputError('invalid host');
     return v6;
   }
-  const name = fromWire(raw);
+  const name = wire ? fromWire(raw) : raw;
   let host = name.endsWith('.') ? name.slice(0, -1) : name;
   // One trailing dot only: the URL parser would drop a second one from an IPv4 form (`1.2.3.4..`)
   // while a name keeps it as an empty label and is refused.

@@ -1,5 +1,5 @@
 import { domainToASCII } from 'node:url';
-import { isIpLiteral, normaliseHost, RuleInputError } from './host.js';
+import { isIpLiteral, normaliseConfiguredHost, RuleInputError } from './host.js';
 import { isPathRefusal, normalisePath } from './path.js';
 
 /** A pattern in the configuration that cannot be compiled (reported at validation time). */
@@ -62,7 +62,7 @@ export function compileHostPattern(raw: string): HostPattern {
   if (!hostPart.includes('*')) {
     let host: string;
     try {
-      host = normaliseHost(hostPart);
+      host = normaliseConfiguredHost(hostPart);
     } catch (err) {
       throw new PatternError(err instanceof RuleInputError ? err.message : 'invalid host');
     }

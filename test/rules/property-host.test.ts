@@ -155,11 +155,29 @@ export function modelNormaliseHost(raw: string): string | undefined {
   return ascii;
 }
 
+/**
+ * A host as it arrives in an HTTP/1.1 field: Node gives the bytes as latin1 characters, so a client
+ * sending a name in UTF-8 (as curl does with an IDN in CONNECT) shows as `bÃ¼cher`. Bytes that are
+ * valid UTF-8 are read as UTF-8; anything else is latin1 text. A name written in the configuration
+ * is text already and never read this way.
+ */
+export function modelWire(raw: string): string {
+  if (!/[\x80-\xff]/.test(raw) || /[^\x00-\xff]/.test(raw)) return raw;
+  try {
+    return new TextDecoder('utf-8', { fatal: true }).decode(Buffer.from(raw, 'latin1'));
+  } catch {
+    return raw;
+  }
+}
+
+/** A target host as the proxy receives it (CONNECT, Host, absolute URI). */
+export const modelTargetHost = (raw: string) => modelNormaliseHost(modelWire(raw));
+
 const isIp = (h: string) => h.includes(':') || /^[0-9.]+$/.test(h);
 
 /** proxy.md "Host patterns": does `pattern` (as written in a config) match the target `raw:port`? */
 export function modelHostMatch(pattern: string, rawHost: string, port: number): boolean {
-  const host = modelNormaliseHost(rawHost);
+  const host = modelTargetHost(rawHost);
   if (host === undefined) throw new Error('model: host is refused before any matching');
   let hostPart = pattern;
   let pPort: number | undefined;
@@ -308,7 +326,7 @@ describe('host normalisation against the model', () => {
   it('agrees with the model on every generated host (names, IPv4 and IPv6 spellings, garbage)', () => {
     fc.assert(
       fc.property(anyHost, (raw) => {
-        expect(implNorm(raw), JSON.stringify(raw)).toBe(modelNormaliseHost(raw));
+        expect(implNorm(raw), JSON.stringify(raw)).toBe(modelTargetHost(raw));
       }),
       propertyParams(4000),
     );
@@ -330,7 +348,7 @@ describe('host normalisation against the model', () => {
         const once = implNorm(raw);
         if (once === undefined) return;
         expect(implNorm(once), JSON.stringify(raw)).toBe(once);
-        expect(modelNormaliseHost(once)).toBe(once);
+        expect(modelTargetHost(once)).toBe(once);
         // what the proxy compares is ASCII, lower-case, without brackets or a trailing dot
         expect(once).toMatch(/^[a-z0-9._:-]+$/);
         expect(once.endsWith('.')).toBe(false);
@@ -368,6 +386,22 @@ describe('regressions found by the properties (IDNA case folding)', () => {
     const c = compileConfig({ no_proxy: ['*.STRAẞE.de'], rules: [{ name: 'all', match_hosts: ['*'], headers: [{ name: 'x-k', value: 'v' }] }] });
     expect(c.decide(normaliseHost('api.straße.de'.replace('ß', 'ẞ')), 443)).toBe('bypass');
     expect(c.pickRule(normaliseHost('api.STRAẞE.de'), 443, '/')).toBeUndefined();
+  });
+});
+
+describe('regressions found by the properties (configuration text is not wire bytes)', () => {
+  it('a host name in the configuration is read as the text it is, never as latin1 bytes of UTF-8', () => {
+    // 'Ü' U+00DC and a soft hyphen U+00AD are also the UTF-8 bytes of the Syriac letter U+072D. As
+    // text, 'Ü\u00ad.example' is ü.example (IDNA drops the soft hyphen), which is how '*.Ü\u00ad.example'
+    // reads it too; the exact pattern read it as xn--3nb.example, a name the operator never wrote.
+    const exact = compileHostPattern('Ü\u00ad.example');
+    expect(exact.test(normaliseHost('ü.example'), 443)).toBe(true);
+    expect(exact.test(normaliseHost('xn--3nb.example'), 443)).toBe(false);
+    const c = compileConfig({ no_proxy: ['Ü\u00ad.example'], rules: [{ name: 'all', match_hosts: ['*'], headers: [{ name: 'x-k', value: 'v' }] }] });
+    expect(c.decide(normaliseHost('ü.example'), 443)).toBe('bypass');
+    expect(c.decide(normaliseHost('xn--tda.example'), 443)).toBe('bypass');
+    // A client sending the UTF-8 bytes of ü.example (read by Node as latin1) still names ü.example.
+    expect(c.decide(normaliseHost(Buffer.from('ü.example', 'utf8').toString('latin1')), 443)).toBe('bypass');
   });
 });
 
@@ -421,7 +455,7 @@ describe('host patterns against the model', () => {
 
   const base = fc.oneof(
     { weight: 4, arbitrary: fc.array(fc.stringMatching(/^[a-z0-9]([a-z0-9-]{0,6}[a-z0-9])?$/), { minLength: 1, maxLength: 3 }).map((l) => l.join('.')) },
-    { weight: 2, arbitrary: fc.constantFrom('example.com', 'bücher.de', 'xn--bcher-kva.de', 'ß.example', 'api.github.com', 'EXAMPLE.COM', 'a_b.internal', 'com', 'ẞ.example', 'STRAẞE.de', 'K.example') },
+    { weight: 2, arbitrary: fc.constantFrom('example.com', 'bücher.de', 'xn--bcher-kva.de', 'ß.example', 'api.github.com', 'EXAMPLE.COM', 'a_b.internal', 'com', 'ẞ.example', 'STRAẞE.de', 'K.example', 'Ü\u00ad.example', 'Ãª.example', 'bÃ¼cher.de') },
     { weight: 1, arbitrary: fc.constantFrom('127.0.0.1', '127.1', '0x7f.0.0.1', '10.0.0.5', '[::1]', '::1', '[::ffff:10.0.0.5]', '[2001:db8::1]') },
   );
 
@@ -441,7 +475,7 @@ describe('host patterns against the model', () => {
         }
         for (const raw of [...hostileAround(b), ...hostileAround(modelNormaliseHost(b) ?? b)]) {
           const host = implNorm(raw);
-          expect(host, `model and implementation disagree on refusing ${JSON.stringify(raw)}`).toBe(modelNormaliseHost(raw));
+          expect(host, `model and implementation disagree on refusing ${JSON.stringify(raw)}`).toBe(modelTargetHost(raw));
           if (host === undefined) continue;
           expect(compiled.test(host, port), `${pattern} vs ${JSON.stringify(raw)} (${host}) port ${port}`).toBe(modelHostMatch(pattern, raw, port));
         }
@@ -486,7 +520,7 @@ describe('host patterns against the model', () => {
 });
 
 describe('the decision and the rule chosen, against the model', () => {
-  const hostPool = ['api.example.com', 'a.b.example.com', 'example.com', 'badexample.com', 'example.com.evil.net', 'skip.example.com', 'bücher.de', 'xn--bcher-kva.de', '127.0.0.1', '10.0.0.5', '::1', 'other.org'];
+  const hostPool = ['ü.example', 'a.ü.example', 'Ü\u00ad.example', 'ܭ.example', 'api.example.com', 'a.b.example.com', 'example.com', 'badexample.com', 'example.com.evil.net', 'skip.example.com', 'bücher.de', 'xn--bcher-kva.de', '127.0.0.1', '10.0.0.5', '::1', 'other.org'];
   const patternPool = [
     '*',
     '*.example.com',
@@ -498,6 +532,8 @@ describe('the decision and the rule chosen, against the model', () => {
     '*e.example.com',
     'skip.example.com',
     'BÜCHER.de.',
+    'Ü\u00ad.example',
+    '*.Ü\u00ad.example',
     '*.de',
     '127.1',
     '0x7f.0.0.1:443',
@@ -525,7 +561,7 @@ describe('the decision and the rule chosen, against the model', () => {
     fc.assert(
       fc.property(config, hostSpelling, fc.constantFrom(443, 8443), (c, raw, port) => {
         const host = implNorm(raw);
-        expect(host, raw).toBe(modelNormaliseHost(raw));
+        expect(host, raw).toBe(modelTargetHost(raw));
         if (host === undefined) return;
         const resolved: ResolvedProxyConfig = { no_proxy: c.no_proxy, rules: c.rules.map((r, i) => ({ name: `r${i}`, ...r, headers: [{ name: 'x-k', value: `v${i}` }] })) };
         const compiled = compileConfig(resolved);
