@@ -1,4 +1,5 @@
 import { isIPv4, isIPv6 } from 'node:net';
+import { domainToASCII } from 'node:url';
 
 /** A host (or path) that cannot be normalised without ambiguity: the request is refused. */
 export class RuleInputError extends Error {
@@ -90,7 +91,8 @@ function normaliseHostUncached(raw: string, wire = true): string {
     return v6;
   }
   const name = wire ? fromWire(raw) : raw;
-  let host = name.endsWith('.') ? name.slice(0, -1) : name;
+  const text = name.endsWith('.') ? name.slice(0, -1) : name;
+  let host = text;
   // One trailing dot only: the URL parser would drop a second one from an IPv4 form (`1.2.3.4..`)
   // while a name keeps it as an empty label and is refused.
   if (host.length === 0 || host.endsWith('.') || NOT_IN_HOST.test(host)) throw new RuleInputError('invalid host');
@@ -99,7 +101,13 @@ function normaliseHostUncached(raw: string, wire = true): string {
   } catch {
     throw new RuleInputError('invalid host');
   }
-  if (isIPv4(host)) return host;
+  if (isIPv4(host)) {
+    // The IDNA mapping may make a trailing dot of a non-ASCII character (U+3002, U+FF0E, `.` then
+    // a soft hyphen): a name keeps it as an empty label and is refused below, but the IPv4 parser
+    // drops it. Refused here too, so that only the one trailing dot of the text is ever removed.
+    if (/[^\x00-\x7f]/.test(text) && domainToASCII(`${text}.a`).endsWith('..a')) throw new RuleInputError('invalid host');
+    return host;
+  }
   if (host.length > 253) throw new RuleInputError('host name longer than 253 characters');
   for (const label of host.split('.')) {
     if (!LABEL.test(label) || label.endsWith('-')) throw new RuleInputError('invalid host name');
