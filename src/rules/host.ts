@@ -1,4 +1,5 @@
 import { isIPv4, isIPv6 } from 'node:net';
+import { domainToASCII } from 'node:url';
 
 /** A host (or path) that cannot be normalised without ambiguity: the request is refused. */
 export class RuleInputError extends Error {
@@ -66,7 +67,18 @@ export function normaliseHost(raw: string): string {
 const normalised = new Map<string, string>();
 const NORMALISED_MAX = 1024;
 
-function normaliseHostUncached(raw: string): string {
+/**
+ * normaliseHost for a host name written in the configuration (a pattern, a no_proxy entry): text
+ * already, so never read as latin1 bytes of UTF-8. `Ü` followed by a soft hyphen is ü to IDNA, but
+ * its two code points are also the UTF-8 bytes of U+072D: read as wire bytes, an entry would name
+ * a host its author never wrote, and differ from a wildcard entry with the same label.
+ */
+export function normaliseConfiguredHost(text: string): string {
+  if (typeof text !== 'string' || text.length === 0 || text.length > 1024) throw new RuleInputError('empty or oversized host');
+  return normaliseHostUncached(text, false);
+}
+
+function normaliseHostUncached(raw: string, wire = true): string {
   if (raw.startsWith('[')) {
     if (!raw.endsWith(']')) throw new RuleInputError('unterminated IPv6 literal');
     const v6 = canonicalIPv6(raw.slice(1, -1));
@@ -78,15 +90,24 @@ function normaliseHostUncached(raw: string): string {
     if (!v6) throw new RuleInputError('invalid host');
     return v6;
   }
-  const name = fromWire(raw);
-  let host = name.endsWith('.') ? name.slice(0, -1) : name;
-  if (host.length === 0 || NOT_IN_HOST.test(host)) throw new RuleInputError('invalid host');
+  const name = wire ? fromWire(raw) : raw;
+  const text = name.endsWith('.') ? name.slice(0, -1) : name;
+  let host = text;
+  // One trailing dot only: the URL parser would drop a second one from an IPv4 form (`1.2.3.4..`)
+  // while a name keeps it as an empty label and is refused.
+  if (host.length === 0 || host.endsWith('.') || NOT_IN_HOST.test(host)) throw new RuleInputError('invalid host');
   try {
     host = new URL(`http://${host}/`).hostname;
   } catch {
     throw new RuleInputError('invalid host');
   }
-  if (isIPv4(host)) return host;
+  if (isIPv4(host)) {
+    // The IDNA mapping may make a trailing dot of a non-ASCII character (U+3002, U+FF0E, `.` then
+    // a soft hyphen): a name keeps it as an empty label and is refused below, but the IPv4 parser
+    // drops it. Refused here too, so that only the one trailing dot of the text is ever removed.
+    if (/[^\x00-\x7f]/.test(text) && domainToASCII(`${text}.a`).endsWith('..a')) throw new RuleInputError('invalid host');
+    return host;
+  }
   if (host.length > 253) throw new RuleInputError('host name longer than 253 characters');
   for (const label of host.split('.')) {
     if (!LABEL.test(label) || label.endsWith('-')) throw new RuleInputError('invalid host name');

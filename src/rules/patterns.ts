@@ -1,5 +1,5 @@
 import { domainToASCII } from 'node:url';
-import { isIpLiteral, normaliseHost, RuleInputError } from './host.js';
+import { isIpLiteral, normaliseConfiguredHost, RuleInputError } from './host.js';
 import { isPathRefusal, normalisePath } from './path.js';
 
 /** A pattern in the configuration that cannot be compiled (reported at validation time). */
@@ -62,14 +62,17 @@ export function compileHostPattern(raw: string): HostPattern {
   if (!hostPart.includes('*')) {
     let host: string;
     try {
-      host = normaliseHost(hostPart);
+      host = normaliseConfiguredHost(hostPart);
     } catch (err) {
       throw new PatternError(err instanceof RuleInputError ? err.message : 'invalid host');
     }
     return { source, port, test: (h, p) => h === host && portOk(p) };
   }
 
-  let name = hostPart.toLowerCase();
+  // ASCII letters only: a non-ASCII label's case is folded by the IDNA mapping (literalLabel), as
+  // normaliseHost folds it in host names. toLowerCase folds differently (`ẞ` is `ß` to it, `ss`
+  // to UTS 46), and `*.STRAẞE.de` would then never match a.strasse.de, which `STRAẞE.de` names.
+  let name = hostPart.replace(/[A-Z]+/g, (c) => c.toLowerCase());
   if (name.endsWith('.')) name = name.slice(0, -1);
   const labels = name.split('.');
   if (labels.length < 2) throw new PatternError("a wildcard pattern needs a fixed part (use '*' alone for every host)");
