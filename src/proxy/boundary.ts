@@ -39,9 +39,15 @@ export function clientOf(socket: Socket): string {
  */
 export const REFUSAL_CLOSES = true;
 
-/** What the plan step needs of a request Node's parser read. */
+/**
+ * What the plan step needs of a request Node's parser read. That parser reads HTTP/1.x only: a
+ * request line saying `HTTP/2.0` (llhttp accepts the version, for HTTP/2's `PRI * HTTP/2.0`
+ * preface) is no HTTP/2 request, and its version is reported as none the plan accepts (400), as
+ * HTTP/1.2 is. Taken for version 20, it was forwarded (with the rule's headers in a tunnel).
+ */
 export function factsOf(req: IncomingMessage): RequestFacts {
-  return { method: req.method ?? '', target: req.url ?? '', version: req.httpVersionMajor * 10 + req.httpVersionMinor, rawHeaders: req.rawHeaders };
+  const version = req.httpVersionMajor === 1 ? 10 + req.httpVersionMinor : req.httpVersionMajor === 0 ? req.httpVersionMinor : 0;
+  return { method: req.method ?? '', target: req.url ?? '', version, rawHeaders: req.rawHeaders };
 }
 
 /** Options for both HTTP servers: the parser strict whatever NODE_OPTIONS says, sizes and clocks from the limits. */
