@@ -50,6 +50,24 @@ export function factsOf(req: IncomingMessage): RequestFacts {
   return { method: req.method ?? '', target: req.url ?? '', version, rawHeaders: req.rawHeaders };
 }
 
+/**
+ * The request lists `close` in Connection (or Proxy-Connection, which Node's parser reads as
+ * Connection). Node's parser lets an HTTP/1.0 request's `keep-alive` win over its `close` (both
+ * said: `Connection: close, keep-alive`, or `Connection: close` with `Proxy-Connection:
+ * keep-alive`) and went on reading the connection: a request pipelined behind it was forwarded.
+ * RFC 9112 9.6: after `close`, the connection ends with this answer and no further request is
+ * processed; the servers' handlers end it (`res.shouldKeepAlive = false`), as the fast path does.
+ */
+export function asksToClose(req: IncomingMessage): boolean {
+  const raw = req.rawHeaders;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i].toLowerCase();
+    if (name !== 'connection' && name !== 'proxy-connection') continue;
+    for (const t of raw[i + 1].split(',')) if (t.trim().toLowerCase() === 'close') return true;
+  }
+  return false;
+}
+
 /** Options for both HTTP servers: the parser strict whatever NODE_OPTIONS says, sizes and clocks from the limits. */
 export function serverOptions(l: ProxyLimits): http.ServerOptions {
   return {
