@@ -740,6 +740,32 @@ describe.each([
   });
 });
 
+describe.each([
+  ['fast', 'tunnel'],
+  ['node', 'tunnel'],
+  ['node', 'plain'],
+] as const)('regressions, HTTP/1.1 %s exchange, %s (hand-over after a refusal)', (which, mode) => {
+  // Found by the plain property (seed 2043345526): a forwarded request, a refused one, then an
+  // upgrade or a CONNECT pipelined behind them: Node's server hands the socket over for the last
+  // one, and the handler, seeing the connection answered (the refusal), ended it at once, before
+  // the origin's answer to the first request and the refusal had gone out. The origin had acted
+  // on a request whose answer the client never read.
+  it.each([
+    ['an h2c upgrade', 'GET {T}/api/u HTTP/1.1\r\n{HOST}Connection: Upgrade\r\nUpgrade: h2c\r\n\r\n'],
+    ['a WebSocket upgrade', 'GET {T}/api/u HTTP/1.1\r\n{HOST}Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n'],
+    ['a CONNECT', `CONNECT ${HOST}:1 HTTP/1.1\r\nHost: ${HOST}:1\r\n\r\n`],
+  ])('a good request, a refused one, then %s: the client reads both answers', async (_name, last) => {
+    const origin = mode === 'tunnel' ? tlsOrigin : plainOrigin;
+    const t = mode === 'tunnel' ? '' : `http://127.0.0.1:${origin.port}`;
+    const host = `Host: ${mode === 'tunnel' ? HOST : '127.0.0.1'}:${origin.port}\r\n`;
+    const fill = (x: string) => x.replaceAll('{T}', t).replaceAll('{HOST}', host);
+    const got = await sendAndEnd(mode, proxies[which]!, fill(`GET {T}/api/a HTTP/1.1\r\n{HOST}X-Case-Req: 0\r\n\r\nGET {T}/api/r HTTP/1.1\r\n{HOST}X-Case-Req: 1\r\nExpect: something\r\n\r\n${last}`));
+    expect(got.received.map((r) => values(r.headers, 'x-case-req'))).toEqual([['0']]);
+    expect(got.responses.map((r) => r.status)).toEqual([200, 417]);
+    expect(got.closed).toBe(true);
+  });
+});
+
 // ---- the properties -------------------------------------------------------------------------------
 
 const RUNS = 40;
