@@ -184,6 +184,18 @@ export class NodeBoundary {
     endThenLinger(socket);
   }
 
+  /**
+   * A socket Node's server handed over (CONNECT, upgrade) on a connection already answered with
+   * a closing refusal: nothing from it is acted on, and the connection ends once the answers
+   * still owed to the requests before it have gone out (Node writes them in order: a forwarded
+   * request's, then the refusal). Ended at once, they were lost, though the origin had acted on
+   * the forwarded one.
+   */
+  closeAfterEarlierAnswers(socket: Duplex): void {
+    this.answered.add(socket);
+    afterEarlierAnswers(socket, () => endThenLinger(socket));
+  }
+
   /** Follows a connection's lines from its first byte (a later 'data' listener than the parser's). */
   follow(socket: Duplex): void {
     const l = new HeadLines();

@@ -30,7 +30,7 @@ export function createListener(dp: DataPath, intercept: (client: Socket, head: B
     boundary.stopFollowing(client);
     if (overLimit.has(client)) return;
     if (boundary.isAnswered(client)) {
-      boundary.closeAfterAnswer(client);
+      boundary.closeAfterEarlierAnswers(client);
       return;
     }
     const clientAddr = clientOf(client);
@@ -94,7 +94,7 @@ export function createListener(dp: DataPath, intercept: (client: Socket, head: B
     boundary.stopFollowing(socket);
     if (overLimit.has(socket)) return;
     if (boundary.isAnswered(socket)) {
-      boundary.closeAfterAnswer(socket);
+      boundary.closeAfterEarlierAnswers(socket);
       return;
     }
     const clientAddr = clientOf(socket as Socket);

@@ -69,7 +69,7 @@ export function createNodeExchange(dp: DataPath): NodeExchange {
     const t = tunnels.get(socket);
     boundary.stopFollowing(socket);
     if (!t || boundary.isAnswered(socket)) {
-      boundary.closeAfterAnswer(socket);
+      boundary.closeAfterEarlierAnswers(socket);
       return;
     }
     const base = { client: t.client, host: t.host, port: t.port, decision: 'intercept' as const };
@@ -98,7 +98,7 @@ export function createNodeExchange(dp: DataPath): NodeExchange {
     const t = tunnels.get(socket);
     boundary.stopFollowing(socket);
     if (!t || boundary.isAnswered(socket)) {
-      boundary.closeAfterAnswer(socket);
+      boundary.closeAfterEarlierAnswers(socket);
       return;
     }
     refuseUpgrade(core, req, socket, { client: t.client, host: t.host, port: t.port, decision: 'intercept' }, '', malformed('CONNECT is not accepted inside a tunnel'));
