@@ -39,9 +39,33 @@ export function clientOf(socket: Socket): string {
  */
 export const REFUSAL_CLOSES = true;
 
-/** What the plan step needs of a request Node's parser read. */
+/**
+ * What the plan step needs of a request Node's parser read. That parser reads HTTP/1.x only: a
+ * request line saying `HTTP/2.0` (llhttp accepts the version, for HTTP/2's `PRI * HTTP/2.0`
+ * preface) is no HTTP/2 request, and its version is reported as none the plan accepts (400), as
+ * HTTP/1.2 is. Taken for version 20, it was forwarded (with the rule's headers in a tunnel).
+ */
 export function factsOf(req: IncomingMessage): RequestFacts {
-  return { method: req.method ?? '', target: req.url ?? '', version: req.httpVersionMajor * 10 + req.httpVersionMinor, rawHeaders: req.rawHeaders };
+  const version = req.httpVersionMajor === 1 ? 10 + req.httpVersionMinor : req.httpVersionMajor === 0 ? req.httpVersionMinor : 0;
+  return { method: req.method ?? '', target: req.url ?? '', version, rawHeaders: req.rawHeaders };
+}
+
+/**
+ * The request lists `close` in Connection (or Proxy-Connection, which Node's parser reads as
+ * Connection). Node's parser lets an HTTP/1.0 request's `keep-alive` win over its `close` (both
+ * said: `Connection: close, keep-alive`, or `Connection: close` with `Proxy-Connection:
+ * keep-alive`) and went on reading the connection: a request pipelined behind it was forwarded.
+ * RFC 9112 9.6: after `close`, the connection ends with this answer and no further request is
+ * processed; the servers' handlers end it (`res.shouldKeepAlive = false`), as the fast path does.
+ */
+export function asksToClose(req: IncomingMessage): boolean {
+  const raw = req.rawHeaders;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i].toLowerCase();
+    if (name !== 'connection' && name !== 'proxy-connection') continue;
+    for (const t of raw[i + 1].split(',')) if (t.trim().toLowerCase() === 'close') return true;
+  }
+  return false;
 }
 
 /** Options for both HTTP servers: the parser strict whatever NODE_OPTIONS says, sizes and clocks from the limits. */
@@ -158,6 +182,18 @@ export class NodeBoundary {
   closeAfterAnswer(socket: Duplex): void {
     this.answered.add(socket);
     endThenLinger(socket);
+  }
+
+  /**
+   * A socket Node's server handed over (CONNECT, upgrade) on a connection already answered with
+   * a closing refusal: nothing from it is acted on, and the connection ends once the answers
+   * still owed to the requests before it have gone out (Node writes them in order: a forwarded
+   * request's, then the refusal). Ended at once, they were lost, though the origin had acted on
+   * the forwarded one.
+   */
+  closeAfterEarlierAnswers(socket: Duplex): void {
+    this.answered.add(socket);
+    afterEarlierAnswers(socket, () => endThenLinger(socket));
   }
 
   /** Follows a connection's lines from its first byte (a later 'data' listener than the parser's). */

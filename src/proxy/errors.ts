@@ -121,7 +121,24 @@ export function writeRawError(socket: Duplex, err: ProxyError): void {
   // it. An error in the body of the request being answered is that request's: it goes out now.
   const inFlight = (socket as { _httpMessage?: ServerResponse | null })._httpMessage;
   if (inFlight && inFlight.req?.complete && !inFlight.writableFinished && !inFlight.destroyed) {
-    inFlight.once('close', () => (inFlight.writableFinished ? writeRawError(socket, err) : socket.destroy()));
+    // Node's server ends the connection in its own 'finish' handler when that answer is the
+    // connection's last (`_last`): after a client's half-close (RFC 9112 9.6: it still reads
+    // every answer), the last one queued is. Waiting for 'close' then found the connection ended
+    // and this answer was lost. Written first instead, before that handler, unless the answer in
+    // flight itself closes the connection (the client asked for it, or the proxy: nothing after
+    // it is answered). With answers still queued behind it, 'close' hands over to the next one.
+    let written = false;
+    inFlight.prependOnceListener('finish', () => {
+      if (!(inFlight as { _last?: boolean })._last || !inFlight.shouldKeepAlive || !socket.writable || socket.destroyed) return;
+      written = true;
+      socket.end(errorResponse(err, true));
+      endThenLinger(socket);
+    });
+    inFlight.once('close', () => {
+      if (written) return;
+      if (inFlight.writableFinished) writeRawError(socket, err);
+      else socket.destroy();
+    });
     return;
   }
   if (!socket.writable || socket.destroyed) {

@@ -3,7 +3,7 @@ import http from '../node-http.js';
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { formatAuthority, parseAuthority } from '../rules/host.js';
-import { answerAfterHalfClose, checkExpectationsInPlan, clientOf, factsOf, lingerAfterClosingAnswers, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';
+import { answerAfterHalfClose, asksToClose, checkExpectationsInPlan, clientOf, factsOf, lingerAfterClosingAnswers, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';
 import { EgressDenied } from './egress.js';
 import { malformed, overloaded, ProxyError, refused, shuttingDown, writeRawError } from './errors.js';
 import { forward, refuse } from './forward.js';
@@ -30,7 +30,7 @@ export function createListener(dp: DataPath, intercept: (client: Socket, head: B
     boundary.stopFollowing(client);
     if (overLimit.has(client)) return;
     if (boundary.isAnswered(client)) {
-      boundary.closeAfterAnswer(client);
+      boundary.closeAfterEarlierAnswers(client);
       return;
     }
     const clientAddr = clientOf(client);
@@ -67,7 +67,7 @@ export function createListener(dp: DataPath, intercept: (client: Socket, head: B
     const clientAddr = clientOf(req.socket);
     const config = core.config();
     const t = dp.reportRefusal(planPlain(factsOf(req), config, limits, core.isDenied));
-    if (core.draining()) res.shouldKeepAlive = false;
+    if (core.draining() || asksToClose(req)) res.shouldKeepAlive = false;
     if (t instanceof ProxyError) {
       const rec = newRecord(req.method ?? '', { client: clientAddr, host: '', port: 0, decision: 'tunnel' }, '');
       try {
@@ -94,7 +94,7 @@ export function createListener(dp: DataPath, intercept: (client: Socket, head: B
     boundary.stopFollowing(socket);
     if (overLimit.has(socket)) return;
     if (boundary.isAnswered(socket)) {
-      boundary.closeAfterAnswer(socket);
+      boundary.closeAfterEarlierAnswers(socket);
       return;
     }
     const clientAddr = clientOf(socket as Socket);

@@ -2,7 +2,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import http from '../node-http.js';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
-import { answerAfterHalfClose, checkExpectationsInPlan, factsOf, lingerAfterClosingAnswers, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';
+import { answerAfterHalfClose, asksToClose, checkExpectationsInPlan, factsOf, lingerAfterClosingAnswers, REFUSAL_CLOSES, serverOptions, type DataPath } from './boundary.js';
 import { malformed, ProxyError } from './errors.js';
 import type { Exchange } from './exchange.js';
 import { forward, refuse } from './forward.js';
@@ -51,7 +51,7 @@ export function createNodeExchange(dp: DataPath): NodeExchange {
       t.inFlight--;
       if (core.draining() && t.inFlight === 0) req.socket.end();
     });
-    if (core.draining()) res.shouldKeepAlive = false;
+    if (core.draining() || asksToClose(req)) res.shouldKeepAlive = false;
     const planned = dp.reportRefusal(planIntercepted(factsOf(req), t, config, limits));
     if (planned instanceof ProxyError) {
       rec.path = refusedPath(req.url ?? '');
@@ -69,7 +69,7 @@ export function createNodeExchange(dp: DataPath): NodeExchange {
     const t = tunnels.get(socket);
     boundary.stopFollowing(socket);
     if (!t || boundary.isAnswered(socket)) {
-      boundary.closeAfterAnswer(socket);
+      boundary.closeAfterEarlierAnswers(socket);
       return;
     }
     const base = { client: t.client, host: t.host, port: t.port, decision: 'intercept' as const };
@@ -98,7 +98,7 @@ export function createNodeExchange(dp: DataPath): NodeExchange {
     const t = tunnels.get(socket);
     boundary.stopFollowing(socket);
     if (!t || boundary.isAnswered(socket)) {
-      boundary.closeAfterAnswer(socket);
+      boundary.closeAfterEarlierAnswers(socket);
       return;
     }
     refuseUpgrade(core, req, socket, { client: t.client, host: t.host, port: t.port, decision: 'intercept' }, '', malformed('CONNECT is not accepted inside a tunnel'));
