@@ -236,6 +236,7 @@ export function planIntercepted(req: RequestFacts, t: TunnelDestination, config:
   const target = tunnelTarget(req, t);
   if (target instanceof ProxyError) return target;
   const rule = config.pickRule(t.host, t.port, target.path);
+  if (target.path.includes('//') && config.pickRule(t.host, t.port, mergeSlashes(target.path)) !== rule) return emptySegmentRefusal();
   // A rule scoped to some paths gives its headers only to those: a field that has the origin
   // serve another path than the request line names would carry them anywhere.
   if (rule !== undefined && rule.paths.length !== 0) {
@@ -243,6 +244,22 @@ export function planIntercepted(req: RequestFacts, t: TunnelDestination, config:
     if (override) return override;
   }
   return { ...target, rule };
+}
+
+/** The path as an origin that merges slashes reads it (nginx's merge_slashes, on by default; Apache's MergeSlashes). */
+export function mergeSlashes(path: string): string {
+  return path.replace(/\/{2,}/g, '/');
+}
+
+/**
+ * An empty segment (`//`) is a segment (RFC 3986) and is sent as it is, unless the rule it falls
+ * under depends on it: nginx serves `//admin/x` as `/admin/x`, so a rule that keeps the token
+ * away from `/admin/*`, before one for every path, would not hold for it. Such a path is read two
+ * ways, and proxy.md refuses a path that cannot be normalised without ambiguity. Where merging
+ * changes nothing about the rule (`/v1//chat/completions` under `/v1/*`), it passes unchanged.
+ */
+function emptySegmentRefusal(): ProxyError {
+  return malformed('path has an empty segment (//): an origin that merges slashes would read it under another rule than the proxy; send the path without it');
 }
 
 /**

@@ -35,6 +35,29 @@ describe('planIntercepted', () => {
     expect(planIntercepted(req('GET', 'https://api.test/repos/x'), t, config, limits)).toMatchObject({ path: '/repos/x', rule: config.rules[0] });
   });
 
+  it('an empty segment (//) that an origin merging slashes (nginx) reads under another rule is refused; one that reads the same passes', () => {
+    // A carve-out before a catch-all: the operator keeps the token away from /admin/*.
+    const carved = compileConfig({
+      no_proxy: [],
+      rules: [
+        { name: 'no-admin', match_hosts: ['api.test'], match_paths: ['/admin/*'], headers: [] },
+        { name: 'all', match_hosts: ['api.test'], headers: [{ name: 'Authorization', value: 'Bearer s1' }] },
+        { name: 'v1', match_hosts: ['v1.test'], match_paths: ['/v1/*'], headers: [{ name: 'Authorization', value: 'Bearer s2' }] },
+      ],
+    });
+    // nginx serves //admin/x as /admin/x: under the carve-out, so the token must not go with it.
+    for (const target of ['//admin/x', '/x/..//admin/x', '///admin/x?q=1']) {
+      expect(refusal(planIntercepted(req('GET', target), t, carved, limits))).toEqual({ status: 400, code: 'KEYGATE_MALFORMED' });
+    }
+    expect(planIntercepted(req('GET', '/admin/x'), t, carved, limits)).toMatchObject({ rule: carved.rules[0] });
+    // The same rule either way (a client joining a base URL ending in / with a path starting with /): forwarded as sent.
+    const v1 = { host: 'v1.test', port: 443, authority: 'v1.test:443' };
+    expect(planIntercepted(req('GET', '/v1//chat/completions', ['Host', 'v1.test']), v1, carved, limits)).toEqual({ pathAndQuery: '/v1//chat/completions', path: '/v1//chat/completions', rule: carved.rules[2] });
+    expect(planIntercepted(req('GET', '//x//y', ['Host', 'api.test']), t, carved, limits)).toMatchObject({ path: '//x//y', rule: carved.rules[1] });
+    // A rule scoped to some paths: //v1/x is outside it as sent, inside it merged.
+    expect(refusal(planIntercepted(req('GET', '//v1/x', ['Host', 'v1.test']), v1, carved, limits))).toEqual({ status: 400, code: 'KEYGATE_MALFORMED' });
+  });
+
   it.each([
     ['TRACE', req('TRACE', '/repos/x'), 403, 'KEYGATE_REFLECTING_METHOD'],
     ['TRACE in absolute form', req('TRACE', 'https://api.test/'), 403, 'KEYGATE_REFLECTING_METHOD'],

@@ -497,6 +497,12 @@ function judge(r: GenRequest, mode: Mode): Judged {
     if (r.query === '?x=%00') add('either', 'NUL escape in the query');
     target = p === undefined ? undefined : p + r.query;
     if (p !== undefined && p.startsWith('/api/')) inject = p === '/api/' ? 'maybe' : 'must';
+    // An empty segment that an origin merging slashes reads under another rule is refused (plan.ts).
+    if (p !== undefined && p.includes('//')) {
+      const claim = (q: string) => (q === '/api/' ? 'maybe' : q.startsWith('/api/') ? 'must' : 'never');
+      const merged = claim(p.replace(/\/{2,}/g, '/'));
+      if (merged !== claim(p)) add(merged === 'maybe' || claim(p) === 'maybe' ? 'either' : 'refuse', 'an empty segment under another rule once merged');
+    }
     // `/api/` is no claim on the rule (see inject), so none on the override either.
     if (r.misc.some((m) => m.note === 'path override')) add(inject === 'must' ? 'refuse' : inject === 'maybe' ? 'either' : 'ok', 'path override under a path-scoped rule');
     if (r.misc.some((m) => m.note === 'method override')) add('refuse', 'method override naming TRACE');
