@@ -38,8 +38,9 @@ describe('soak', () => {
   it('30 s of mixed traffic: no error, no descriptor leak, bounded RSS', async () => {
     const { code, stdout, stderr } = await runScript(['scripts/soak.mjs', '--duration', '30', '--concurrency', '4', '--json', '--max-rss-growth-mb', '64', '--max-fd-growth', '4']);
     const report = JSON.parse(stdout.trim().split('\n').pop() ?? '{}') as SoakReport;
+    // The errors first: a failure then shows their samples, not only "N errors".
+    expect(report.errors, report.error_samples?.join('; ')).toBe(0);
     expect(report.problems, stderr).toEqual([]);
-    expect(report.errors, report.error_samples.join('; ')).toBe(0);
     for (const kind of ['intercept', 'tunnel', 'sse', 'websocket', 'upload']) expect(report.by_kind[kind], kind).toBeGreaterThan(0);
     expect(report.fds.end - report.fds.start).toBeLessThanOrEqual(4);
     expect(report.rss_mb.end - report.rss_mb.start).toBeLessThan(64);
