@@ -123,14 +123,31 @@ export function lingerAfterClosingAnswers(server: http.Server, boundary: NodeBou
   });
 }
 
+/** Responses whose client asked for `100 Continue` and has not had it yet (continueIfOwed). */
+const owedContinue = new WeakSet<object>();
+
 /**
- * Node's server answers an `Expect` other than `100-continue` with its own 417 and goes on
- * reading the connection (a request pipelined behind it was forwarded, credential included):
- * such a request is handed to the server's 'request' handler instead, where the plan step
- * refuses it and the connection closes.
+ * Node's servers (HTTP/1.1 and node:http2's compatibility layer) answer expectations before the
+ * proxy's checks; both kinds go to the server's 'request' handler instead, where the plan decides:
+ * - an `Expect` other than `100-continue`: Node answered its own 417 and went on reading the
+ *   connection (a request pipelined behind it was forwarded, credential included); the plan step
+ *   refuses it and the connection closes;
+ * - `Expect: 100-continue`: Node sent `100 Continue` at once, so a client was told to send a body
+ *   that the proxy's refusal (a 421, a 400 path, an egress refusal after DNS) then read and
+ *   dropped. The 100 is owed instead, and sent when the upstream starts reading the body
+ *   (forward.ts); a refusal is the client's only answer, and it sends no body.
  */
-export function checkExpectationsInPlan(server: http.Server): void {
-  server.on('checkExpectation', (req: IncomingMessage, res: http.ServerResponse) => server.emit('request', req, res));
+export function checkExpectationsInPlan(server: { on(event: string, listener: (...args: never[]) => void): unknown; emit(event: string, ...args: unknown[]): boolean }): void {
+  server.on('checkExpectation', (req: unknown, res: unknown) => server.emit('request', req, res));
+  server.on('checkContinue', (req: unknown, res: object) => {
+    owedContinue.add(res);
+    server.emit('request', req, res);
+  });
+}
+
+/** Sends the `100 Continue` a client asked for (checkExpectationsInPlan), once. */
+export function continueIfOwed(res: { writeContinue(): void }): void {
+  if (owedContinue.delete(res)) res.writeContinue();
 }
 
 type ParserError = NodeJS.ErrnoException & { rawPacket?: Buffer; bytesParsed?: number };

@@ -11,6 +11,7 @@ import { idleCutReason, idleCutsExchange } from './limits.js';
 import { upstreamAnswerVersion, upstreamEnding } from './upstream.js';
 import type { Http2ServerResponse } from 'node:http2';
 import { chunkRelayed } from './buffer-gc.js';
+import { continueIfOwed } from './boundary.js';
 import { repeatedSingleValue } from './h2/fields.js';
 
 /** RFC 9113 INTERNAL_ERROR, as a number: importing node:http2 for its constant would load HTTP/2 into every sidecar (test/cli/proxy-imports.test.ts). */
@@ -76,7 +77,13 @@ function hasBody(req: IncomingMessage): boolean {
   return req.headers['transfer-encoding'] !== undefined || (cl !== undefined && cl !== '0');
 }
 
-async function* counted(src: Readable, rec: RequestRecord): AsyncGenerator<Buffer> {
+/**
+ * The request body as the upstream client reads it, counted. Its first read is when the upstream
+ * is ready for the body (connected, past the egress checks after DNS): a client that asked for
+ * `100 Continue` is told to send it then, not before (boundary.ts checkExpectationsInPlan).
+ */
+async function* counted(src: Readable, rec: RequestRecord, res: ServerResponse): AsyncGenerator<Buffer> {
+  continueIfOwed(res);
   for await (const chunk of src) {
     rec.bytes_in += (chunk as Buffer).length;
     yield chunk as Buffer;
@@ -243,7 +250,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
       method: req.method as 'GET',
       headers,
       // undici streams async iterables; the generator counts bytes without buffering.
-      body: (t.h2 ? t.h2.body : hasBody(req)) ? (counted(req, rec) as unknown as Readable) : null,
+      body: (t.h2 ? t.h2.body : hasBody(req)) ? (counted(req, rec, res) as unknown as Readable) : null,
     },
     {
       onConnect(abort: (err?: Error) => void) {

@@ -1,7 +1,7 @@
 import http2, { type Http2ServerRequest, type Http2ServerResponse, type ServerHttp2Session } from 'node:http2';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { TLSSocket } from 'node:tls';
-import type { DataPath } from '../boundary.js';
+import { checkExpectationsInPlan, type DataPath } from '../boundary.js';
 import type { TunnelTarget } from '../context.js';
 import { ProxyError } from '../errors.js';
 import type { Exchange } from '../exchange.js';
@@ -46,10 +46,10 @@ export function createH2Exchange(dp: DataPath): H2Exchange {
     session.on('error', () => session.destroy());
   });
 
-  // An `Expect` other than `100-continue`: node:http2's compatibility layer would answer 417
-  // itself, before the checks (no Proxy-Status, no record, whatever the authority); the plan step
-  // refuses it instead (plan.ts expectationProblem), as boundary.ts does for HTTP/1.1.
-  inner.on('checkExpectation', (req: Http2ServerRequest, res: Http2ServerResponse) => inner.emit('request', req, res));
+  // Expectations: node:http2's compatibility layer would answer them itself, before the checks
+  // (a 417 with no Proxy-Status and no record whatever the authority; a 100 before a refusal):
+  // the plan step and forward.ts decide instead, as for HTTP/1.1 (boundary.ts).
+  checkExpectationsInPlan(inner);
 
   inner.on('request', (req: Http2ServerRequest, res: Http2ServerResponse) => {
     const started = performance.now();
