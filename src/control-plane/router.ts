@@ -31,7 +31,7 @@ const OWN_HEADERS = new Set(['x-api-key', 'content-length', 'x-forwarded-for', '
 
 /**
  * The header list sent to a replica, flat `[name, value, ...]`: the proxy's filter (hop-by-hop
- * headers, those named in `Connection`, `Host` and `Expect` removed; Node has already answered
+ * headers, those named in `Connection`, `Host` and `Expect` removed; the router has already answered
  * `100 Continue` to the client), then the router's own: the app's key instead of the caller's,
  * the body's length when known, and where the request came from. Pure.
  */
@@ -71,6 +71,11 @@ export class FrontRouter {
 
   constructor(private readonly o: FrontRouterOptions) {
     this.server = http.createServer((req, res) => void this.handle(req, res));
+    // `Expect: 100-continue`: Node would send the 100 at once, so a caller refused below (no key,
+    // a wrong one, nothing deployed) was told to send a body only to have it dropped. The 100 is
+    // sent once the request is accepted (handle); Node closes the connection after a final answer
+    // that came without it, since the caller may or may not send the body then.
+    this.server.on('checkContinue', (req: Http.IncomingMessage, res: Http.ServerResponse) => void this.handle(req, res, true));
     answerParserErrors(this.server);
     this.server.keepAliveTimeout = 5000;
     this.server.headersTimeout = 30_000;
@@ -120,7 +125,7 @@ export class FrontRouter {
     });
   }
 
-  private async handle(req: Http.IncomingMessage, res: Http.ServerResponse): Promise<void> {
+  private async handle(req: Http.IncomingMessage, res: Http.ServerResponse, continueOwed = false): Promise<void> {
     res.socket?.setNoDelay(true);
     if (!isPublic(req)) {
       const rawKey = req.headers['x-api-key'];
@@ -146,6 +151,7 @@ export class FrontRouter {
     });
 
     const hasBody = req.method !== 'GET' && req.method !== 'HEAD';
+    if (continueOwed) res.writeContinue();
     const len = Number(req.headers['content-length'] ?? NaN);
     let body: Buffer | Readable | null = null;
     let retryable = true;

@@ -48,6 +48,20 @@ describe('deployment router against a real application', () => {
     expect(String(r.body)).toContain('event: end');
   });
 
+  it('a caller refused before its body is read (no key, a wrong key) gets the refusal without a 100; an accepted one gets the 100', async () => {
+    const { writeFileSync } = await import('node:fs');
+    writeFileSync(bodyFile, runRequest(1536 * 1024));
+    for (const key of [[], ['-H', 'x-api-key: kg_not_a_key_0000000000']]) {
+      const r = curl(['-v', '-X', 'POST', ...key, '-H', 'content-type: application/json', '--data-binary', `@${bodyFile}`, `${url}/runs/stream`]);
+      expect(r.stderr).toMatch(/> Expect: 100-continue/i);
+      expect(r.status).toBe(401);
+      expect(r.stderr).not.toMatch(/< HTTP\/1\.1 100/);
+    }
+    const ok = post(['-v'], bodyFile);
+    expect(ok.stderr).toMatch(/< HTTP\/1\.1 100 Continue/);
+    expect(ok.status).toBe(200);
+  });
+
   it('an explicit Expect: 100-continue on a small body reaches the app', async () => {
     const { writeFileSync } = await import('node:fs');
     writeFileSync(bodyFile, runRequest(0));
