@@ -39,12 +39,19 @@ export async function intercept(dp: DataPath, minter: LeafMinter, exchanges: Exc
   // The upstream handshake (for an origin with no connection open) overlaps the client's.
   core.upstream.prewarm(host, port);
   let ctx: tls.SecureContext;
+  // The client waits for the proxy here, not the other way round: its idle clock (listener.ts)
+  // stops while the leaf is minted. A mint slower than idle_timeout_ms (the first one, on a
+  // loaded machine) destroyed the connection with no answer at all.
+  const idleMs = client.timeout;
+  if (idleMs) client.setTimeout(0);
   try {
     ctx = await minter.secureContext(host);
   } catch (err) {
     core.logger.error({ host, err: (err as Error).message }, 'certificate minting failed');
     writeRawError(client, internal('cannot issue a certificate for this host'));
     return;
+  } finally {
+    if (idleMs && !client.destroyed) client.setTimeout(idleMs);
   }
   if (client.destroyed) return;
   client.write(CONNECT_OK);

@@ -40,6 +40,8 @@ export function connectTunnel(proxyPort: number, authority: string, proxyHost = 
     };
     socket.on('data', onData);
     socket.on('error', reject);
+    // Closed before any answer: a failure to see, not a wait forever (a settled promise ignores it).
+    socket.once('close', () => reject(new Error(`CONNECT ${authority}: the proxy closed the connection without an answer`)));
     socket.write(`CONNECT ${authority} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
   });
 }

@@ -262,3 +262,46 @@ describe.each(['fast', 'node'] as const)('an HTTP/1.1 client whose upstream stop
     }
   });
 });
+
+describe('a client waiting for its CONNECT answer', () => {
+  // The proxy mints a leaf for a new host before its 200: the client waits for the proxy then,
+  // it is not idle. The first mint exports the leaf key (a crypto job on libuv's thread pool); a
+  // pool kept busy (here by pbkdf2, in production as well by slow DNS lookups) makes it wait far
+  // longer than this idle clock. The connection used to be destroyed with no answer at all.
+  it('is not cut by its idle clock while the proxy mints its leaf', async () => {
+    const { mkdtempSync, rmSync } = await import('node:fs');
+    const crypto = await import('node:crypto');
+    const os = await import('node:os');
+    const path = await import('node:path');
+    const { ensureCa } = await import('../../src/certs/index.js');
+    const { createLogger } = await import('../../src/log.js');
+    const { startProxy } = await import('../../src/proxy/server.js');
+    const { compileConfig } = await import('../../src/rules/index.js');
+    const { connectTunnel } = await import('../helpers/connect.js');
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'kg-mint-idle-'));
+    const idleMs = 150;
+    const handle = await startProxy({
+      listen: { host: '127.0.0.1', port: 0 },
+      ca: await ensureCa(path.join(dir, 'certs')),
+      config: compileConfig({ no_proxy: [], rules: [{ name: 'one', match_hosts: ['mint.test.local'], headers: [{ name: 'X-Key', value: INJECTED }] }] }),
+      logger: createLogger({ level: 'silent' }),
+      limits: { idleTimeoutMs: idleMs },
+    });
+    try {
+      // Every thread of the pool busy for longer than the idle clock (measured, not assumed).
+      const started = performance.now();
+      const threads = Number(process.env.UV_THREADPOOL_SIZE) || 4;
+      const busy = Array.from({ length: threads }, () => new Promise<number>((r) => crypto.pbkdf2('p', 's', 400_000, 64, 'sha512', () => r(performance.now() - started))));
+      const c = await connectTunnel(handle.port, 'mint.test.local:443').then(
+        (a) => String(a.status),
+        (err: Error) => err.message,
+      );
+      const held = Math.min(...(await Promise.all(busy)));
+      expect(held, 'the pool was busy for longer than the idle clock').toBeGreaterThan(idleMs);
+      expect(c).toBe('200');
+    } finally {
+      await handle.close(200);
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
