@@ -15,7 +15,7 @@ import { openSecretStore, ReadOnlyStoreError, SecretStoreError, type SecretStore
 import { formatLoc, ValidationFailure } from '../validation/errors.js';
 import { resolveDataDir } from './data-dir.js';
 import type { CompiledConfig } from '../rules/compile.js';
-import { formatAuthority, normaliseHost, parseAuthority } from '../rules/host.js';
+import { formatAuthority, normaliseConfiguredHost, parseAuthority } from '../rules/host.js';
 import { startProxy, type ProxyHandle } from '../proxy/server.js';
 import { LIMIT_KEYS, parseLimitFlag, type ProxyLimits } from '../proxy/limits.js';
 import { parseCliArgs } from './args.js';
@@ -60,8 +60,8 @@ export function parseResolve(raw: string): [string, string] {
   const m = /^([^:[\]]+):([0-9]{1,5}):(\[[0-9a-fA-F:.]+\]|[^:]+|[0-9a-fA-F:.]+)$/.exec(raw);
   if (!m) throw new CliError(`--resolve must be HOST:PORT:ADDR (got '${raw}')`, 2);
   try {
-    const { host, port } = parseAuthority(`${m[1]}:${m[2]}`, undefined);
-    return [formatAuthority(host, port), normaliseHost(m[3])];
+    const { host, port } = parseAuthority(`${m[1]}:${m[2]}`, undefined, 'configured');
+    return [formatAuthority(host, port), normaliseConfiguredHost(m[3])];
   } catch (err) {
     throw new CliError(`--resolve '${raw}': ${(err as Error).message}`, 2);
   }

@@ -100,7 +100,7 @@ export async function startProxy(opts: ProxyOptions): Promise<ProxyHandle> {
   let ownPort = 0;
   const listenHost = opts.listen.host;
   const addDeny = (authority: string) => {
-    const { host, port } = parseAuthority(authority, undefined);
+    const { host, port } = parseAuthority(authority, undefined, 'configured');
     deny.add(formatAuthority(host, port));
     if (isLocalAddress(unwrapAddress(host))) denyLocalPorts.add(port);
   };

@@ -132,9 +132,11 @@ export function isIpLiteral(host: string): boolean {
 
 /**
  * Splits an authority (`host`, `host:port`, `[v6]`, `[v6]:port`) into a normalised host and a
- * port (`defaultPort` when absent). Throws RuleInputError.
+ * port (`defaultPort` when absent). `from`: a request's bytes (`wire`, read as normaliseHost
+ * reads them) or text an operator wrote (`configured`: `--resolve`, deny targets; read as
+ * normaliseConfiguredHost does). Throws RuleInputError.
  */
-export function parseAuthority(raw: string, defaultPort: number | undefined): { host: string; port: number } {
+export function parseAuthority(raw: string, defaultPort: number | undefined, from: 'wire' | 'configured' = 'wire'): { host: string; port: number } {
   let hostPart = raw;
   let portPart: string | undefined;
   if (raw.startsWith('[')) {
@@ -163,7 +165,7 @@ export function parseAuthority(raw: string, defaultPort: number | undefined): { 
     port = Number(portPart);
     if (port < 1 || port > 65535) throw new RuleInputError('port out of range');
   }
-  return { host: normaliseHost(hostPart), port };
+  return { host: from === 'wire' ? normaliseHost(hostPart) : normaliseConfiguredHost(hostPart), port };
 }
 
 /** `host:port` with brackets around IPv6, for keys, logs and URLs. */

@@ -2,7 +2,7 @@ import { lookup } from 'node:dns/promises';
 import { readFileSync, unwatchFile, watchFile, type Stats } from 'node:fs';
 import path from 'node:path';
 import { ensureCa, type Ca } from '../certs/ca.js';
-import { formatAuthority, normaliseHost, parseAuthority } from '../rules/host.js';
+import { formatAuthority, normaliseConfiguredHost, normaliseHost, parseAuthority } from '../rules/host.js';
 import { secretsFilePath } from '../secrets/file-store.js';
 import type { ServerContext } from '../server/context.js';
 import type { Area } from '../server/area.js';
@@ -61,8 +61,8 @@ export function parseResolveList(value: string | undefined): Map<string, string>
     const m = /^([^:[\]]+):([0-9]{1,5}):(\[[0-9a-fA-F:.]+\]|[^:]+|[0-9a-fA-F:.]+)$/.exec(raw);
     if (!m) throw new SandboxConfigError(`KEYGATE_SANDBOX_PROXY_RESOLVE: '${raw}' is not HOST:PORT:ADDR`);
     try {
-      const { host, port } = parseAuthority(`${m[1]}:${m[2]}`, undefined);
-      out.set(formatAuthority(host, port), normaliseHost(m[3]));
+      const { host, port } = parseAuthority(`${m[1]}:${m[2]}`, undefined, 'configured');
+      out.set(formatAuthority(host, port), normaliseConfiguredHost(m[3]));
     } catch (err) {
       throw new SandboxConfigError(`KEYGATE_SANDBOX_PROXY_RESOLVE: '${raw}': ${(err as Error).message}`);
     }

@@ -72,6 +72,16 @@ describe('KEYGATE_SANDBOX_PROXY_RESOLVE', () => {
     expect(() => parseResolveList('api.test=127.0.0.1')).toThrow(/HOST:PORT:ADDR/);
     expect(() => parseResolveList('api.test:99999:127.0.0.1')).toThrow(/KEYGATE_SANDBOX_PROXY_RESOLVE/);
   });
+
+  it('reads a host as the text an operator wrote, as the configuration does (never as wire bytes)', async () => {
+    // 'Ü' and a soft hyphen are also the UTF-8 bytes of U+072D: read as wire bytes, the entry
+    // pinned another host than the one written (and than `keygate proxy --resolve` and a rule name).
+    const { parseResolve } = await import('../../src/cli/proxy.js');
+    const { compileHostPattern } = await import('../../src/rules/patterns.js');
+    expect([...parseResolveList('Ü\u00ad.example:443:127.0.0.1')]).toEqual([['xn--tda.example:443', '127.0.0.1']]);
+    expect(parseResolve('Ü\u00ad.example:443:127.0.0.1')).toEqual(['xn--tda.example:443', '127.0.0.1']);
+    expect(compileHostPattern('Ü\u00ad.example').test('xn--tda.example', 443)).toBe(true);
+  });
 });
 
 describe('response schema of proxy_config', () => {
