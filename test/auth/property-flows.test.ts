@@ -745,6 +745,43 @@ function defineSuite(name: string, databaseUrl: () => Promise<string>, runs: num
         propertyParams(runs),
       );
     }, budget(runs, 3000));
+
+    it('callbacks of several sign-ins of one user and provider at once store one token each and one default', async () => {
+      for (const user of ['admin', 'bob'] as const) {
+        const flows: MFlow[] = [];
+        for (let i = 0; i < 4; i++) {
+          await runAuthenticate({ k: 'authenticate', u: USERS.indexOf(user), p: 0, scopes: [`openid`, ...(i % 2 ? ['offline_access'] : [])] });
+          flows.push(m.flows.at(-1)!);
+        }
+        const urls = await Promise.all(flows.map(async (f) => `${w.url}/v2/auth/callback/${f.provider}?code=${encodeURIComponent(await visit(f))}&state=${encodeURIComponent(f.state)}`));
+        const answers = await Promise.all(urls.map((u) => send(u)));
+        expect(answers.map((a) => a.status)).toEqual([200, 200, 200, 200]);
+        const list = (await api(w, user, 'GET', '/v2/auth/tokens?provider_id=p-basic')).json as { id: string; is_default: boolean }[];
+        expect(list).toHaveLength(4);
+        expect(list.filter((t) => t.is_default), 'exactly one default').toHaveLength(1);
+      }
+    });
+
+    it('setting the default on several tokens at once leaves exactly one default', async () => {
+      const flows: MFlow[] = [];
+      for (let i = 0; i < 4; i++) {
+        await runAuthenticate({ k: 'authenticate', u: 0, p: 0, scopes: ['openid'] });
+        flows.push(m.flows.at(-1)!);
+      }
+      const ids: string[] = [];
+      for (const f of flows) {
+        const r = await send(`${w.url}/v2/auth/callback/${f.provider}?code=${encodeURIComponent(await visit(f))}&state=${encodeURIComponent(f.state)}`);
+        expect(r.status).toBe(200);
+        ids.push(((await api(w, 'admin', 'GET', `/v2/auth/wait/${f.authId}?timeout=0`)).json as { token_id: string }).token_id);
+      }
+      expect(ids).toHaveLength(4);
+      for (let round = 0; round < 5; round++) {
+        const answers = await Promise.all(ids.map((id) => api(w, 'admin', 'PATCH', `/v2/auth/tokens/${id}/metadata`, { is_default: true })));
+        expect(answers.map((a) => a.status)).toEqual([200, 200, 200, 200]);
+        const list = (await api(w, 'admin', 'GET', '/v2/auth/tokens?provider_id=p-basic')).json as { is_default: boolean }[];
+        expect(list.filter((t) => t.is_default), 'exactly one default').toHaveLength(1);
+      }
+    });
   });
 }
 
