@@ -76,7 +76,7 @@ async function startWorld(databaseUrl = ''): Promise<World> {
   const gate = await OAuthGate.listen(as, TIMEOUT_MS);
   const cb = (id: string) => `${url}/v2/auth/callback/${id}`;
   const clients: Record<string, TestClient> = {
-    basic: { client_id: 'kg-basic', client_secret: 'basic-secret-Zb1x9Qk2', token_endpoint_auth_method: 'client_secret_basic', redirect_uris: [cb('p-basic'), cb('p-norevoke')] },
+    basic: { client_id: 'kg-basic', client_secret: 'basic-secret-Zb1x9Qk2', token_endpoint_auth_method: 'client_secret_basic', redirect_uris: [cb('p-basic'), cb('p-norevoke'), cb('p-tmp')] },
     post: { client_id: 'kg-post', client_secret: 'post-secret-Zp7y3Rw8', token_endpoint_auth_method: 'client_secret_post', redirect_uris: [cb('p-post')] },
     pub: { client_id: 'kg-pub', token_endpoint_auth_method: 'none', redirect_uris: [cb('p-none')] },
     nopkce: { client_id: 'kg-nopkce', client_secret: 'nopkce-secret-Zn4v6Tm1', token_endpoint_auth_method: 'client_secret_basic', redirect_uris: [cb('p-nopkce')], pkce: false },
@@ -225,16 +225,20 @@ class Model {
 }
 
 let m: Model;
+/** How often each kind of outcome was reached (printed with KEYGATE_FUZZ_STATS=1). */
+const stats = new Map<string, number>();
+const count = (k: string) => stats.set(k, (stats.get(k) ?? 0) + 1);
 
 // ---------------------------------------------------------------------------------------------
 // Operations.
 
 const scopeChoice = fc.constantFrom<string[]>([], ['openid'], ['openid', 'offline_access'], ['offline_access', 'openid', 'openid']);
 
-type CallbackVariant = 'valid' | 'swap' | 'forged' | 'garbled' | 'percent' | 'error' | 'no-code' | 'wrong-path' | 'double-state' | 'concurrent' | 'waited';
+type CallbackVariant = 'valid' | 'bad-code' | 'long-code' | 'long-state' | 'swap' | 'forged' | 'garbled' | 'percent' | 'error' | 'no-code' | 'wrong-path' | 'double-state' | 'concurrent' | 'waited';
 
 type Op =
   | { k: 'authenticate'; u: number; p: number; scopes: string[] }
+  | { k: 'signin'; u: number; p: number; scopes: string[]; mode: TokenMode }
   | { k: 'visit'; f: number }
   | { k: 'callback'; f: number; g: number; variant: CallbackVariant; mode: TokenMode; garble: number }
   | { k: 'wait'; u: number; f: number; timeout: number; unknown: boolean }
@@ -257,7 +261,8 @@ const revokeMode: fc.Arbitrary<RevokeMode> = fc.oneof(
 );
 
 const op: fc.Arbitrary<Op> = fc.oneof(
-  { weight: 5, arbitrary: fc.record({ k: fc.constant('authenticate' as const), u: fc.nat(), p: fc.nat(), scopes: scopeChoice }) },
+  { weight: 3, arbitrary: fc.record({ k: fc.constant('authenticate' as const), u: fc.nat(), p: fc.nat(), scopes: scopeChoice }) },
+  { weight: 5, arbitrary: fc.record({ k: fc.constant('signin' as const), u: fc.nat(), p: fc.nat(), scopes: scopeChoice, mode: fc.oneof({ weight: 4, arbitrary: fc.constantFrom<TokenMode>(...TOKEN_OKS) }, { weight: 1, arbitrary: tokenMode }) }) },
   { weight: 2, arbitrary: fc.record({ k: fc.constant('visit' as const), f: fc.nat() }) },
   {
     weight: 7,
@@ -267,7 +272,7 @@ const op: fc.Arbitrary<Op> = fc.oneof(
       g: fc.nat(),
       variant: fc.oneof(
         { weight: 6, arbitrary: fc.constant<CallbackVariant>('valid') },
-        { weight: 4, arbitrary: fc.constantFrom<CallbackVariant>('swap', 'forged', 'garbled', 'percent', 'error', 'no-code', 'wrong-path', 'double-state', 'concurrent', 'waited') },
+        { weight: 4, arbitrary: fc.constantFrom<CallbackVariant>('bad-code', 'long-code', 'long-state', 'swap', 'forged', 'garbled', 'percent', 'error', 'no-code', 'wrong-path', 'double-state', 'concurrent', 'waited') },
       ),
       mode: tokenMode,
       garble: fc.nat(),
@@ -284,7 +289,7 @@ const op: fc.Arbitrary<Op> = fc.oneof(
       t: fc.nat(),
       missing: fc.constantFrom(false, false, false, true),
       upper: fc.constantFrom(false, false, true),
-      modes: fc.array(revokeMode, { maxLength: 2 }),
+      modes: fc.array(revokeMode, { minLength: 1, maxLength: 2 }),
       refused: fc.constantFrom(false, false, false, false, false, true),
     }),
   },
@@ -413,6 +418,20 @@ async function runCallback(o: Extract<Op, { k: 'callback' }>): Promise<void> {
     case 'error':
       error = true;
       break;
+    case 'bad-code': {
+      const good = await needCode(f);
+      const i = o.garble % good.length;
+      code = [good + 'x', good.slice(1), good.slice(0, i) + (good[i] === 'A' ? 'B' : 'A') + good.slice(i + 1), good.toUpperCase() === good ? good.toLowerCase() : good.toUpperCase()][o.garble % 4];
+      if (code === good) return;
+      break;
+    }
+    case 'long-code':
+      code = (await needCode(f)) + 'c'.repeat(5000);
+      break;
+    case 'long-state':
+      code = await needCode(f);
+      state = f.state + 's'.repeat(600);
+      break;
     case 'no-code':
       break;
     case 'wrong-path': {
@@ -434,7 +453,9 @@ async function runCallback(o: Extract<Op, { k: 'callback' }>): Promise<void> {
     query = `${code !== undefined ? `code=${encodeURIComponent(code)}&` : ''}state=${encodeURIComponent(state)}`;
   }
   const url = `${w.url}/v2/auth/callback/${pathProvider}?${query}`;
-  const expected = o.variant === 'double-state' ? 'unknown' : outcome(target, pathProvider, code, error, o.mode);
+  // Refused by the route's schema before the handler runs: nothing changes.
+  const invalid = o.variant === 'double-state' || o.variant === 'long-code' || o.variant === 'long-state';
+  const expected = invalid ? 'unknown' : outcome(target, pathProvider, code, error, o.mode);
   // The provider takes the code (single use) when it is relayed and would have been good.
   const consumes = expected !== 'unknown' && RELAYED.includes(o.mode) && outcome(target, pathProvider, code, error, 'pass') === 'stored';
 
@@ -465,6 +486,7 @@ async function runCallback(o: Extract<Op, { k: 'callback' }>): Promise<void> {
     await w.gate.resume();
   }
   const sent = w.gate.tokenRequests.slice(tokenCalls);
+  count(`callback ${o.variant} ${o.mode} -> ${expected}`);
   expect(r.text).not.toContain(state);
   if (code) expect(r.text).not.toContain(code);
   expect(r.text).not.toContain('<b>');
@@ -472,7 +494,7 @@ async function runCallback(o: Extract<Op, { k: 'callback' }>): Promise<void> {
   if (expected === 'unknown') {
     expect(r.status, r.text).toBeGreaterThanOrEqual(400);
     expect(r.status, r.text).toBeLessThan(500);
-    if (o.variant !== 'double-state') expectPage(r, 400);
+    if (!invalid) expectPage(r, 400);
     expect(sent).toEqual([]);
     return;
   }
@@ -544,6 +566,7 @@ async function runWait(o: Extract<Op, { k: 'wait' }>): Promise<void> {
   else if (f.status === 'failed') expected = { status: 'failed' };
   else if (f.expired) expected = { status: 'not_found' };
   else expected = { status: o.timeout > 0 ? 'timeout' : 'pending' };
+  count(`wait ${(expected as { status: string }).status}`);
   expect(r.json, `wait by ${user} on ${f ? `${f.user}'s ${f.status} flow` : 'an unknown flow'}`).toEqual(expected);
 }
 
@@ -589,6 +612,7 @@ async function runDefault(o: Extract<Op, { k: 'default' }>): Promise<void> {
 async function runDelete(o: Extract<Op, { k: 'delete' }>): Promise<void> {
   const user = USERS[o.u % USERS.length];
   const t = o.missing ? undefined : pick(m.tokens, o.t);
+  if (!t && !o.missing) return;
   const id = t ? (o.upper ? t.id.toUpperCase() : t.id) : randomUUID();
   const revokes = w.gate.revokeRequests.length;
   const lines = w.lines.length;
@@ -602,6 +626,7 @@ async function runDelete(o: Extract<Op, { k: 'delete' }>): Promise<void> {
     await w.gate.resume();
   }
   const seen = w.gate.revokeRequests.slice(revokes);
+  count(`delete ${!t ? 'missing' : t.user !== user ? 'other' : provider(t.provider).revocation ? `revoke ${o.refused ? 'refused' : o.modes.join('+') || 'pass'}` : 'norevoke'} -> ${r.status}`);
   if (!t || t.user !== user) {
     // Someone else's or missing: the same 404, nothing revoked.
     expect(r.status, r.text).toBe(404);
@@ -661,6 +686,13 @@ async function runOp(o: Op): Promise<void> {
   switch (o.k) {
     case 'authenticate':
       return runAuthenticate(o);
+    case 'signin': {
+      // A whole sign-in: start, the browser at the provider, back to the callback.
+      const before = m.flows.length;
+      await runAuthenticate({ k: 'authenticate', u: o.u, p: o.p, scopes: o.scopes });
+      if (m.flows.length > before) await runCallback({ k: 'callback', f: m.flows.length - 1, g: 0, variant: 'valid', mode: o.mode, garble: 0 });
+      return;
+    }
     case 'visit': {
       const f = pick(m.flows, o.f);
       if (f) await visit(f);
@@ -717,13 +749,14 @@ async function checkStore(): Promise<void> {
 
 const PRINT = (ops: Op[]) => ops.map((o) => JSON.stringify(o)).join('\n');
 
-function defineSuite(name: string, databaseUrl: () => Promise<string>, runs: number) {
+function defineSuite(name: string, databaseUrl: () => Promise<string>, runs: number, full: boolean) {
   describe(name, () => {
     beforeAll(async () => {
       w = await startWorld(await databaseUrl());
     }, 60_000);
 
     afterAll(async () => {
+      if (process.env.KEYGATE_FUZZ_STATS) console.log([...stats].sort().map(([k, v]) => `${v}\t${k}`).join('\n'));
       await w?.gate.close();
       await w?.as.close();
       await w?.built.close();
@@ -736,7 +769,7 @@ function defineSuite(name: string, databaseUrl: () => Promise<string>, runs: num
 
     it('every answer, the store and what the provider received agree with the model; nothing secret leaks', async () => {
       await fc.assert(
-        fc.asyncProperty(fc.array(op, { minLength: 4, maxLength: 14 }), async (ops) => {
+        fc.asyncProperty(fc.array(op, { minLength: 4, maxLength: 20 }), async (ops) => {
           await reset();
           for (const o of ops) await runOp(o);
           await checkStore();
@@ -745,6 +778,48 @@ function defineSuite(name: string, databaseUrl: () => Promise<string>, runs: num
         propertyParams(runs),
       );
     }, budget(runs, 3000));
+
+    it.skipIf(!full)('every way the token endpoint can misbehave fails the sign-in closed: 502 page, failed, nothing stored', async () => {
+      for (const [i, mode] of TOKEN_FAULTS.entries()) {
+        // Every client authentication and user in turn.
+        const before = m.flows.length;
+        await runAuthenticate({ k: 'authenticate', u: i % 3, p: i % 4, scopes: ['openid'] });
+        expect(m.flows.length, mode).toBe(before + 1);
+        await runCallback({ k: 'callback', f: before, g: 0, variant: 'valid', mode, garble: 0 });
+        expect(m.flows[before].status, mode).toBe('failed');
+      }
+      await checkStore();
+      expect(m.tokens).toEqual([]);
+      checkLogs(m.flows.map((f) => f.state));
+    });
+
+    it.skipIf(!full)('every way the revocation endpoint can fail is a 502 with the token kept; the retry revokes and deletes', async () => {
+      const modes: { modes: RevokeMode[]; refused: boolean }[] = [
+        ...REVOKE_FAULTS.filter((f) => f !== 'refused').map((f) => ({ modes: [f], refused: false })),
+        ...REVOKE_FAULTS.filter((f) => f !== 'refused' && f !== 'slow').map((f) => ({ modes: ['pass', f] as RevokeMode[], refused: false })),
+        { modes: [], refused: true },
+      ];
+      for (const [i, { modes: ms, refused }] of modes.entries()) {
+        const p = i % 4; // p-basic, p-post, p-none, p-nopkce: every client authentication
+        const u = i % 3;
+        await runOp({ k: 'signin', u, p, scopes: [], mode: 'pass' });
+        const t = m.tokens.at(-1)!;
+        expect(t.refresh, 'the provider issued a refresh token').toBeTruthy();
+        await runDelete({ k: 'delete', u, t: m.tokens.indexOf(t), missing: false, upper: false, modes: ms, refused });
+        expect(m.tokens, `${refused ? 'refused' : ms.join('+')}: kept`).toContain(t);
+        await runDelete({ k: 'delete', u, t: m.tokens.indexOf(t), missing: false, upper: i % 2 === 0, modes: [], refused: false });
+        expect(m.tokens).not.toContain(t);
+      }
+      // RFC 7009: the body of a 2xx answer is ignored; the token is revoked and deleted.
+      for (const ok of ['junk-200', 'empty-204'] as const) {
+        await runOp({ k: 'signin', u: 0, p: 0, scopes: [], mode: 'pass' });
+        const t = m.tokens.at(-1)!;
+        await runDelete({ k: 'delete', u: 0, t: m.tokens.indexOf(t), missing: false, upper: false, modes: [ok, ok], refused: false });
+        expect(m.tokens).not.toContain(t);
+      }
+      await checkStore();
+      checkLogs(m.flows.map((f) => f.state));
+    });
 
     it('callbacks of several sign-ins of one user and provider at once store one token each and one default', async () => {
       for (const user of ['admin', 'bob'] as const) {
@@ -782,12 +857,39 @@ function defineSuite(name: string, databaseUrl: () => Promise<string>, runs: num
         expect(list.filter((t) => t.is_default), 'exactly one default').toHaveLength(1);
       }
     });
+
+    it('a provider deleted while its sign-ins complete: the deletion is 204 or 409, never a 5xx, and no token outlives its provider', async () => {
+      const c = w.clients.basic;
+      for (let round = 0; round < 3; round++) {
+        const created = await api(w, 'admin', 'POST', '/v2/auth/providers', {
+          provider_id: 'p-tmp', name: 'p-tmp', client_id: c.client_id, client_secret: c.client_secret,
+          auth_url: `${w.as.authUrl}?prompt=consent`, token_url: w.gate.tokenUrl, revocation_url: w.gate.revocationUrl, scopes: DEFAULT_SCOPES,
+        });
+        expect(created.status, created.text).toBe(201);
+        const urls: string[] = [];
+        for (let i = 0; i < 3; i++) {
+          const r = await api(w, 'admin', 'POST', '/v2/auth/authenticate', { provider: 'p-tmp', scopes: ['openid'] });
+          expect(r.json.status).toBe('pending');
+          const landed = await authorizeAt(r.json.url, callbackPrefix());
+          urls.push(landed.toString());
+        }
+        const [del, ...callbacks] = await Promise.all([api(w, 'admin', 'DELETE', '/v2/auth/providers/p-tmp'), ...urls.map((u) => send(u))]);
+        expect([204, 409], del.text).toContain(del.status);
+        for (const cb of callbacks) expect([200, 400, 502], cb.text).toContain(cb.status);
+        const tokens = (await api(w, 'admin', 'GET', '/v2/auth/tokens?provider_id=p-tmp')).json as { id: string }[];
+        if (del.status === 204) expect(tokens).toEqual([]);
+        else expect(tokens.length).toBeGreaterThan(0);
+        for (const t of tokens) expect((await api(w, 'admin', 'DELETE', `/v2/auth/tokens/${t.id}`)).status).toBe(204);
+        const again = await api(w, 'admin', 'DELETE', '/v2/auth/providers/p-tmp');
+        expect([204, 404]).toContain(again.status);
+      }
+    });
   });
 }
 
-defineSuite('OAuth flows on SQLite', async () => '', 25);
+defineSuite('OAuth flows on SQLite', async () => '', 15, true);
 describe.skipIf(!pgAvailable())('PostgreSQL', () => {
-  defineSuite('OAuth flows on PostgreSQL (DATABASE_URL)', () => freshPgDatabase(), 8);
+  defineSuite('OAuth flows on PostgreSQL (DATABASE_URL)', () => freshPgDatabase(), 4, false);
 });
 
 export { PRINT };
