@@ -61,4 +61,12 @@ export const OAUTH_MIGRATIONS = [
    ALTER TABLE oauth_auth_flows ADD COLUMN endpoints_bound INTEGER NOT NULL DEFAULT 0;
    ALTER TABLE oauth_tokens ADD COLUMN revocation_url TEXT;
    ALTER TABLE oauth_tokens ADD COLUMN endpoints_bound INTEGER NOT NULL DEFAULT 0`,
+  // At most one default token per user and provider. Concurrent sign-ins (or default changes) on
+  // PostgreSQL could each set theirs (fixed by lockDefaults in tokens.ts): keep the oldest default
+  // of each group, then let the database refuse a second one.
+  `UPDATE oauth_tokens SET is_default = 0
+     WHERE is_default = 1 AND EXISTS (SELECT 1 FROM oauth_tokens o
+       WHERE o.workspace_id = oauth_tokens.workspace_id AND o.user_id = oauth_tokens.user_id AND o.provider_id = oauth_tokens.provider_id
+         AND o.is_default = 1 AND (o.created_at < oauth_tokens.created_at OR (o.created_at = oauth_tokens.created_at AND o.id < oauth_tokens.id)));
+   CREATE UNIQUE INDEX oauth_tokens_one_default ON oauth_tokens (workspace_id, user_id, provider_id) WHERE is_default = 1`,
 ];

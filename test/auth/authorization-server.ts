@@ -11,6 +11,8 @@ export interface TestClient {
   client_secret?: string;
   token_endpoint_auth_method: 'client_secret_basic' | 'client_secret_post' | 'none';
   redirect_uris: string[];
+  /** false: the server lets this client sign in without PKCE (a keygate provider with uses_pkce false). */
+  pkce?: false;
 }
 
 export class AuthorizationServer {
@@ -55,7 +57,7 @@ export class AuthorizationServer {
   configure(clients: TestClient[]): void {
     this.clients = clients;
     const provider = new Provider(this.issuer, {
-      clients: clients.map((c) => ({ ...c, grant_types: ['authorization_code', 'refresh_token'], response_types: ['code'] })),
+      clients: clients.map(({ pkce: _pkce, ...c }) => ({ ...c, grant_types: ['authorization_code', 'refresh_token'], response_types: ['code'] })),
       features: { devInteractions: { enabled: false }, revocation: { enabled: true }, introspection: { enabled: true } },
       interactions: { url: (_ctx: unknown, interaction: { uid: string }) => `/interaction/${interaction.uid}` },
       findAccount: async (_ctx: unknown, id: string) => ({ accountId: id, claims: async () => ({ sub: id }) }),
@@ -64,7 +66,7 @@ export class AuthorizationServer {
       // Revoking one token must not take the others with it: the tests check that keygate revokes
       // the refresh token AND the access token itself.
       revokeGrantPolicy: () => false,
-      pkce: { required: () => true },
+      pkce: { required: (_ctx: unknown, client: { clientId: string }) => clients.find((c) => c.client_id === client.clientId)?.pkce !== false },
       cookies: { keys: ['test-cookie-key-0123456789abcdef'] },
       ttl: { AccessToken: 3600, AuthorizationCode: 60, RefreshToken: 86400, Interaction: 600, Session: 3600, Grant: 86400 },
     });
