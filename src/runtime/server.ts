@@ -25,6 +25,11 @@ export interface AppServerOptions {
   heartbeatMs?: number;
   /** Largest accepted request body (default 10 MiB). */
   maxBodyBytes?: number;
+  /**
+   * Bytes of events allowed to queue for a `/runs/stream` client that reads slower than the run
+   * produces (default 64 MiB); past it the client is treated as gone (SseStream).
+   */
+  maxQueuedBytes?: number;
   /** How long a cancelled assistant may take to stop before its run is ended without it. */
   abandonAfterMs?: number;
   logger?: Logger;
@@ -171,7 +176,7 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
   /** `POST /runs/stream`: the events as server-sent events (wire.md "Deployed application"). */
   async function handleStream(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const { request, assistant } = await readRunRequest(req);
-    const sse = new SseStream(res, { heartbeatMs });
+    const sse = new SseStream(res, { heartbeatMs, maxQueuedBytes: opts.maxQueuedBytes });
     await run(
       '/runs/stream',
       res,

@@ -81,3 +81,6 @@ export function unicodeIssues(value: unknown, prefix: (string | number)[], max =
   }
   return issues;
 }
+
+/** Deepest nesting of arrays and objects a request body may have (the body itself is level 1). */
+export const JSON_MAX_DEPTH = 1000;
