@@ -192,7 +192,9 @@ const SHORT: Record<string, string> = { '"': '\\"', '\\': '\\\\', '\b': '\\b', '
  * surrogate is written as an escape (UTF-8 cannot carry it, and the body must be UTF-8).
  */
 export function quote(s: string, escape: number[] = []): string {
-  const forced = new Set(s.length ? escape.map((i) => i % s.length) : []);
+  // Without forced escapes, JSON.stringify writes the same (lone surrogates escaped, since ES2019).
+  if (!escape.length || !s.length) return JSON.stringify(s);
+  const forced = new Set(escape.map((i) => i % s.length));
   // Half of a pair escaped and half not would leave a lone surrogate in the text: escape both.
   for (const i of [...forced]) {
     const c = s.charCodeAt(i);
