@@ -299,6 +299,12 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
       });
   });
   answerParserErrors(server);
+  // A client may end its sending side once its request is sent and still read the answer (RFC
+  // 9112 9.6; `printf ... | nc -N`). Node's server, by default, takes that end for a disconnect:
+  // it ends the connection, so the stream stopped after an event and the run was cancelled. The
+  // answer is written instead, and the connection closes after it. A client that really left is
+  // still seen: the next event or heartbeat written to it fails, and its run is cancelled then.
+  (server as typeof server & { httpAllowHalfOpen: boolean }).httpAllowHalfOpen = true;
 
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);

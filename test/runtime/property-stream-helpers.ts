@@ -61,6 +61,44 @@ export function stalledClient(baseUrl: string, body: string): Promise<{ socket: 
   });
 }
 
+/**
+ * Sends a run request over a raw socket and ends the sending side at once (a half-close, as
+ * `printf ... | nc -N` does), then reads until the server closes. Returns everything after the
+ * head (chunked framing removed) and whether the chunked body was complete.
+ */
+export function halfClosedRun(baseUrl: string, body: string): Promise<{ head: string; body: Buffer; complete: boolean }> {
+  const port = Number(new URL(baseUrl).port);
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    const socket = net.connect({ port, host: '127.0.0.1', allowHalfOpen: true }, () => {
+      socket.end(`POST /runs/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Api-Key: test-key\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+    });
+    socket.on('data', (c: Buffer) => chunks.push(c));
+    socket.on('error', reject);
+    socket.on('close', () => {
+      const all = Buffer.concat(chunks);
+      const headEnd = all.indexOf('\r\n\r\n');
+      const head = all.subarray(0, headEnd).toString('latin1');
+      const out: Buffer[] = [];
+      let at = headEnd + 4;
+      let complete = false;
+      while (at < all.length) {
+        const eol = all.indexOf('\r\n', at);
+        if (eol < 0) break;
+        const size = parseInt(all.subarray(at, eol).toString('latin1'), 16);
+        if (size === 0) {
+          complete = true;
+          break;
+        }
+        if (eol + 2 + size > all.length) break;
+        out.push(all.subarray(eol + 2, eol + 2 + size));
+        at = eol + 2 + size + 2;
+      }
+      resolve({ head, body: Buffer.concat(out), complete });
+    });
+  });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Strict SSE
 // ---------------------------------------------------------------------------------------------

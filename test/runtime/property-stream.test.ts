@@ -25,6 +25,7 @@
  */
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import http from 'node:http';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -37,7 +38,7 @@ import { executeRun } from '../../src/runtime/run.js';
 import { startAppServer, type AppServerHandle } from '../../src/runtime/server.js';
 import { JSON_MAX_DEPTH } from '../../src/validation/json.js';
 import { propertyParams } from '../helpers/property.js';
-import { A, astOf, canon, parseSseStrict, postRaw, stalledClient, toText, valueOf, type Ast, type RawAnswer, type SseEvent } from './property-stream-helpers.js';
+import { A, astOf, canon, halfClosedRun, parseSseStrict, postRaw, stalledClient, toText, valueOf, type Ast, type RawAnswer, type SseEvent } from './property-stream-helpers.js';
 
 const FIXTURE = path.join(path.dirname(fileURLToPath(import.meta.url)), 'fixtures/prop-app');
 const KEY = 'test-key';
@@ -704,15 +705,41 @@ function leaveAfter(body: Obj, after: number): Promise<SseEvent[]> {
   });
 }
 
+/**
+ * The same over a raw socket that ends its sending side right after the request (a half-close,
+ * which is not leaving), then closes for good after `after` custom events.
+ */
+function halfCloseThenLeave(body: Obj, after: number): Promise<{ event: string; data: unknown }[]> {
+  return new Promise((resolve, reject) => {
+    const text = JSON.stringify(body);
+    const socket = net.connect({ port: Number(new URL(server.url).port), host: '127.0.0.1', allowHalfOpen: true }, () => {
+      socket.end(`POST /runs/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Api-Key: ${KEY}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(text)}\r\n\r\n${text}`);
+    });
+    let raw = '';
+    socket.setEncoding('utf8');
+    socket.on('data', (c: string) => {
+      raw += c;
+      // Node writes each frame as one chunk, so a frame is never split by chunk framing.
+      const frames = [...raw.matchAll(/\r\nevent: (\S+)\ndata: (.*)\n\n\r\n/g)].map((m) => ({ event: m[1], data: JSON.parse(m[2]) as unknown }));
+      if (frames.filter((e) => e.event === 'custom').length >= after) {
+        socket.destroy();
+        resolve(frames);
+      }
+    });
+    socket.on('error', reject);
+  });
+}
+
 describe('POST /runs/stream: a client that leaves', () => {
-  it('on_disconnect cancel (the default) stops the run\'s side effect; continue lets it finish (raw client and SDK signal)', async () => {
+  it('on_disconnect cancel (the default) stops the run\'s side effect; continue lets it finish (raw client, SDK signal, half-closed client)', async () => {
     await fc.assert(
-      fc.asyncProperty(fc.constantFrom<'cancel' | 'continue' | undefined>('cancel', 'continue', undefined), fc.integer({ min: 1, max: 4 }), fc.constantFrom('raw', 'sdk'), async (mode, after, how) => {
+      fc.asyncProperty(fc.constantFrom<'cancel' | 'continue' | undefined>('cancel', 'continue', undefined), fc.integer({ min: 1, max: 4 }), fc.constantFrom('raw', 'sdk', 'half-close'), async (mode, after, how) => {
         const file = marker('leave');
         const ticks = mode === 'continue' ? after + 4 : 100_000;
         const body: Obj = { assistant_id: 'ticker', stream_mode: 'custom', config: { configurable: { marker: file, ticks, delay_ms: 10 } }, ...(mode ? { on_disconnect: mode } : {}) };
         let seen: { event: string; data: unknown }[];
         if (how === 'raw') seen = await leaveAfter(body, after);
+        else if (how === 'half-close') seen = await halfCloseThenLeave(body, after);
         else {
           const ac = new AbortController();
           seen = [];
@@ -739,9 +766,22 @@ describe('POST /runs/stream: a client that leaves', () => {
         }
         await waitFor(() => server.activeRuns() === 0, 'the run to end');
       }),
-      propertyParams(8),
+      propertyParams(10),
     );
   }, PROPERTY_TIMEOUT);
+
+  it('a client that ends its sending side after the request still reads the whole stream (RFC 9112 9.6)', async () => {
+    // Found while hunting disconnect siblings: Node's server takes a half-close for a disconnect
+    // by default (it ends the connection), so `printf ... | nc -N` got metadata and one event,
+    // and the run was cancelled.
+    const file = marker('half-close');
+    const r = await halfClosedRun(server.url, JSON.stringify({ assistant_id: 'ticker', stream_mode: 'custom', config: { configurable: { marker: file, ticks: 5, delay_ms: 20 } } }));
+    expect(r.head).toMatch(/^HTTP\/1\.1 200 /);
+    expect(r.complete).toBe(true);
+    const { events } = parseSseStrict(r.body);
+    expect(events.map((e) => e.event)).toEqual(['metadata', 'custom', 'custom', 'custom', 'custom', 'custom', 'end']);
+    expect(lines(file)).toEqual(['tick 0', 'tick 1', 'tick 2', 'tick 3', 'tick 4', 'finished', 'stopped']);
+  });
 
   it('a client that stops reading is cut off once its queue is full; the server keeps no more for it', async () => {
     const bound = 256 * 1024;
