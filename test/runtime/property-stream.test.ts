@@ -356,6 +356,27 @@ describe('POST /runs/stream: what a client reads is what the request means', () 
     );
   }, PROPERTY_TIMEOUT);
 
+  it('POST /runs/wait (raw and the SDK\'s runs.wait) answers the final state of the same run, or its __error__', async () => {
+    await fc.assert(
+      fc.asyncProperty(requestEntries, async (entries) => {
+        const body = valueOf(A.obj(entries)) as Obj;
+        const want = model({ ...body, stream_mode: ['values'] }, 'r');
+        const failed = want.find((e) => e.event === 'error');
+        const final = failed ? { __error__: failed.data } : want.filter((e) => e.event === 'values').at(-1)!.data;
+        const r = await postRaw(server.url, '/runs/wait', toText(A.obj(entries)), { 'x-api-key': KEY });
+        expect(r.status).toBe(200);
+        expect(r.headers['content-type']).toBe('application/json');
+        expect(r.headers['content-location']).toMatch(/^\/runs\/[0-9a-f-]{36}$/);
+        expect(canon(JSON.parse(text(r)))).toBe(canon(final));
+        const sent = JSON.parse(JSON.stringify({ ...body, config: body.config ?? undefined, metadata: body.metadata ?? undefined })) as Obj;
+        const sdk = client.runs.wait(null, body.assistant_id as string, { input: body.input as Obj, config: sent.config as Obj | undefined, metadata: sent.metadata as Obj | undefined, onDisconnect: body.on_disconnect as 'cancel' | undefined });
+        if (failed) await expect(sdk).rejects.toThrow('TypeError: message chunks must be strings');
+        else expect(canon(await sdk)).toBe(canon(final));
+      }),
+      propertyParams(15),
+    );
+  }, PROPERTY_TIMEOUT);
+
   it('a chunk that is not a string fails the run: error (name and message) then end, nothing after', async () => {
     const ast = A.obj([['assistant_id', A.str('mirror')], ['stream_mode', A.arr(MODES.map((m) => A.str(m)))], ['config', A.obj([['configurable', A.obj([['chunks', A.arr([A.str('a\n'), A.num('1'), A.str('b')])]])]])]]);
     const events = expectStream(await post(toText(ast)), 'chunk');
