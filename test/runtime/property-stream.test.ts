@@ -751,6 +751,41 @@ function halfCloseThenLeave(body: Obj, after: number): Promise<{ event: string; 
   });
 }
 
+/** One request written raw; everything the server sends until it closes the connection. */
+function rawUntilClose(request: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const socket = net.connect({ port: Number(new URL(server.url).port), host: '127.0.0.1' }, () => socket.write(request));
+    let out = '';
+    socket.setEncoding('latin1');
+    socket.on('data', (c: string) => (out += c));
+    socket.on('close', () => resolve(out));
+    socket.on('error', reject);
+  });
+}
+
+describe('POST /runs/stream: the connection', () => {
+  it('a request that says Connection: close (or is HTTP/1.0) gets a stream that says close, and the connection closes after end', async () => {
+    // Found hunting framing siblings: the stream set `Connection: keep-alive` itself, which made
+    // Node keep the connection open (keepAliveTimeout, 5 s) after `end` even when the request said
+    // close (RFC 9112 9.6: the server MUST close after that response, and SHOULD say close), and
+    // told an HTTP/1.0 client keep-alive on a body only the close could delimit.
+    const body = JSON.stringify({ assistant_id: 'mirror', stream_mode: 'custom' });
+    for (const [version, extraHeader] of [['1.1', 'Connection: close\r\n'], ['1.0', '']]) {
+      const out = await rawUntilClose(`POST /runs/stream HTTP/${version}\r\nHost: 127.0.0.1\r\n${extraHeader}X-Api-Key: ${KEY}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`);
+      const [head, rest] = [out.slice(0, out.indexOf('\r\n\r\n')), out.slice(out.indexOf('\r\n\r\n') + 4)];
+      expect(head, version).toMatch(/^HTTP\/1\.1 200 /);
+      expect(head.toLowerCase(), version).toContain('\r\nconnection: close');
+      expect(head.toLowerCase(), version).not.toContain('keep-alive');
+      expect(rest, version).toContain('event: end\ndata: null\n\n');
+    }
+    // Keep-alive stays the default for HTTP/1.1: two runs, one after the other, on one connection.
+    const twice = await rawUntilClose(`POST /runs/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Api-Key: ${KEY}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}POST /runs/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nX-Api-Key: ${KEY}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`);
+    expect(twice.match(/HTTP\/1\.1 200 /g)).toHaveLength(2);
+    expect(twice.match(/event: end\n/g)).toHaveLength(2);
+    expect(twice.toLowerCase()).toMatch(/connection: keep-alive[\s\S]*connection: close/);
+  });
+});
+
 describe('POST /runs/stream: a client that leaves', () => {
   it('on_disconnect cancel (the default) stops the run\'s side effect; continue lets it finish (raw client, SDK signal, half-closed client)', async () => {
     await fc.assert(
