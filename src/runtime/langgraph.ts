@@ -82,7 +82,10 @@ export type SearchResult =
   | { ok: true; items: Record<string, unknown>[]; /** offset of the next page, or null */ next: number | null }
   | { ok: false; issues: ValidationIssue[] };
 
-/** Exact JSON equality for metadata filters (the production filter matches each key exactly). */
+/**
+ * Exact JSON equality for metadata filters (the production filter matches each key exactly). The
+ * caller checks the key is the assistant's own: `metadata.__proto__` is Object.prototype, `{}`.
+ */
 function sameJson(a: unknown, b: unknown): boolean {
   return JSON.stringify(a) === JSON.stringify(b);
 }
@@ -102,7 +105,7 @@ export function searchAssistants(views: AssistantView[], body: unknown): SearchR
     (v) =>
       (q.graph_id == null || v.graph_id === q.graph_id) &&
       (name == null || v.name.toLowerCase().includes(name)) &&
-      Object.entries(q.metadata ?? {}).every(([k, val]) => sameJson(v.metadata[k], val)),
+      Object.entries(q.metadata ?? {}).every(([k, val]) => Object.hasOwn(v.metadata, k) && sameJson(v.metadata[k], val)),
   );
   const by = q.sort_by ?? 'created_at';
   const dir = (q.sort_order ?? 'desc') === 'asc' ? 1 : -1;

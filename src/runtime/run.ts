@@ -176,10 +176,12 @@ export async function executeRun(opts: ExecuteRunOptions): Promise<RunOutcome> {
   };
 
   emit('metadata', { run_id: runId, attempt: 1 });
-  emitValues();
 
   let outcome: RunOutcome;
   try {
+    // Inside the try: a state that cannot be serialised fails the run (error, end) like any
+    // other failure, instead of rejecting and leaving the stream without its end.
+    emitValues();
     const work = Promise.resolve().then(() => assistant.assistant.run(request.input, ctx));
     const result = await raceAbandon(work, signal, opts.abandonAfterMs ?? 2000);
     if (result !== undefined && result !== null) {

@@ -7,6 +7,7 @@ import { createLogger, type Logger } from '../log.js';
 import { HttpError, HttpValidationError, loggableMessage } from '../server/errors.js';
 import { answerParserErrors, sendError } from '../server/http-errors.js';
 import { bodyMissing, checkUrlLength, readJsonBody, sendJson } from '../server/http-json.js';
+import { jsonBodyIssues } from '../validation/json.js';
 import { findAssistant, type LoadedApp, type LoadedAssistant } from './app.js';
 import { createProxyFetch } from './fetch.js';
 import { assistantView, graphView, searchAssistants } from './langgraph.js';
@@ -25,6 +26,11 @@ export interface AppServerOptions {
   heartbeatMs?: number;
   /** Largest accepted request body (default 10 MiB). */
   maxBodyBytes?: number;
+  /**
+   * Bytes of events allowed to queue for a `/runs/stream` client that reads slower than the run
+   * produces (default 64 MiB); past it the client is treated as gone (SseStream).
+   */
+  maxQueuedBytes?: number;
   /** How long a cancelled assistant may take to stop before its run is ended without it. */
   abandonAfterMs?: number;
   logger?: Logger;
@@ -95,9 +101,23 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
   const views = app.assistants.map((a) => assistantView(a, app, registeredAt));
   const viewOf = (a: LoadedAssistant) => views[app.assistants.indexOf(a)];
 
+  /**
+   * Reads a JSON body and refuses, before any schema, what could not be written back as it was
+   * sent (jsonBodyIssues): a string that is not Unicode text (as the API server refuses it), a
+   * number no double holds (`1e400` would come back as `null`), nesting deeper than the events
+   * can be serialised (the stream would die after its status line). `undefined`: no body.
+   */
+  async function readBody(req: IncomingMessage): Promise<unknown> {
+    const body = await readJsonBody(req, { maxBytes: maxBody });
+    if (body === undefined) return undefined;
+    const issues = jsonBodyIssues(body, ['body']);
+    if (issues.length) throw new HttpValidationError(issues);
+    return body;
+  }
+
   /** Reads and validates a run request body (`/runs/stream` and `/runs/wait` take the same one). */
   async function readRunRequest(req: IncomingMessage): Promise<{ request: RunRequest; assistant: LoadedAssistant }> {
-    const body = await readJsonBody(req, { maxBytes: maxBody });
+    const body = await readBody(req);
     if (body === undefined) throw bodyMissing();
     const parsed = parseRunRequest(body);
     if (!parsed.ok) throw new HttpValidationError(parsed.issues);
@@ -171,7 +191,7 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
   /** `POST /runs/stream`: the events as server-sent events (wire.md "Deployed application"). */
   async function handleStream(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const { request, assistant } = await readRunRequest(req);
-    const sse = new SseStream(res, { heartbeatMs });
+    const sse = new SseStream(res, { heartbeatMs, maxQueuedBytes: opts.maxQueuedBytes });
     await run(
       '/runs/stream',
       res,
@@ -246,7 +266,7 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
     if (path === '/assistants/search') {
       allow('POST');
       // No body is an empty query: the production SDKs always send one, curl users may not.
-      const found = searchAssistants(views, (await readJsonBody(req, { maxBytes: maxBody })) ?? {});
+      const found = searchAssistants(views, (await readBody(req)) ?? {});
       if (!found.ok) throw new HttpValidationError(found.issues);
       return sendJson(res, 200, found.items, found.next !== null ? { 'X-Pagination-Next': String(found.next) } : {});
     }
@@ -279,6 +299,12 @@ export async function startAppServer(opts: AppServerOptions): Promise<AppServerH
       });
   });
   answerParserErrors(server);
+  // A client may end its sending side once its request is sent and still read the answer (RFC
+  // 9112 9.6; `printf ... | nc -N`). Node's server, by default, takes that end for a disconnect:
+  // it ends the connection, so the stream stopped after an event and the run was cancelled. The
+  // answer is written instead, and the connection closes after it. A client that really left is
+  // still seen: the next event or heartbeat written to it fails, and its run is cancelled then.
+  (server as typeof server & { httpAllowHalfOpen: boolean }).httpAllowHalfOpen = true;
 
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);

@@ -48,10 +48,11 @@ export class SseStream {
   open(extraHeaders: Record<string, string>): void {
     this.res.socket?.setNoDelay(true);
     this.res.writeHead(200, {
-      // SSE is UTF-8 by definition, so no charset parameter.
+      // SSE is UTF-8 by definition, so no charset parameter. No Connection header: Node says
+      // keep-alive where the connection stays open, and close where it will not (the request said
+      // close, HTTP/1.0); setting keep-alive here kept a connection the client asked to close.
       'Content-Type': 'text/event-stream',
       'Cache-Control': 'no-cache',
-      Connection: 'keep-alive',
       'X-Accel-Buffering': 'no',
       'X-Content-Type-Options': 'nosniff',
       ...extraHeaders,

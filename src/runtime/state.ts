@@ -16,7 +16,13 @@ export function foldUpdate(state: State, update: unknown): State {
   if (!isPlainObject(update)) return state;
   const next: State = { ...state };
   for (const [key, value] of Object.entries(update)) {
-    next[key] = key === 'messages' && Array.isArray(value) ? mergeMessages(state.messages, value) : value;
+    // Defined, not assigned: `next.__proto__ = v` would set the state's prototype and drop the key.
+    Object.defineProperty(next, key, {
+      value: key === 'messages' && Array.isArray(value) ? mergeMessages(state.messages, value) : value,
+      enumerable: true,
+      writable: true,
+      configurable: true,
+    });
   }
   return next;
 }

@@ -81,3 +81,65 @@ export function unicodeIssues(value: unknown, prefix: (string | number)[], max =
   }
   return issues;
 }
+
+/**
+ * Deepest nesting of arrays and objects a body checked by {@link jsonBodyIssues} may have (the body
+ * itself is level 1). JSON.parse takes any depth, but JSON.stringify recurses and overflows the
+ * stack at a few thousand levels (about 4,000 from a fresh stack on Node 20 and 24, fewer from a
+ * deep one), so a deeper value could be read but never written back. The production LangGraph
+ * server's parser (orjson) stops at 1024.
+ */
+export const JSON_MAX_DEPTH = 1000;
+
+export interface JsonBodyLimits {
+  /** Default {@link JSON_MAX_DEPTH}. */
+  maxDepth?: number;
+  /** Most issues reported (default 20). */
+  max?: number;
+}
+
+/**
+ * What in a parsed JSON body could not be written back as it was sent: nesting deeper than
+ * `maxDepth` (one issue, `json_invalid` at the prefix: the body as a whole), else each string or
+ * key that is not Unicode text (as {@link unicodeIssues} words it: `string_unicode`) and each number
+ * that is not finite (`finite_number`: a literal such as `1e400` parses to Infinity, which
+ * JSON.stringify writes as `null`; the production server's parser refuses it), with its `loc`,
+ * never its value. Iterative and linear in the body's size, like unicodeIssues.
+ */
+export function jsonBodyIssues(value: unknown, prefix: (string | number)[], limits: JsonBodyLimits = {}): ValidationIssue[] {
+  const maxDepth = limits.maxDepth ?? JSON_MAX_DEPTH;
+  const max = limits.max ?? 20;
+  const issues: ValidationIssue[] = [];
+  // Depth first, over the whole body: a deep body is refused whatever else it holds.
+  const levels: [unknown, number][] = [[value, 1]];
+  while (levels.length) {
+    const [v, depth] = levels.pop()!;
+    if (v === null || typeof v !== 'object') continue;
+    if (depth > maxDepth) {
+      return [{ loc: prefix, msg: `JSON decode error: arrays and objects nested deeper than ${maxDepth} levels`, type: 'json_invalid' }];
+    }
+    for (const x of Array.isArray(v) ? v : Object.values(v)) if (x !== null && typeof x === 'object') levels.push([x, depth + 1]);
+  }
+  // In document order: a key that is not text is reported where it stands (its value is skipped).
+  const stack: [unknown, Place | null, boolean?][] = [[value, null]];
+  while (stack.length && issues.length < max) {
+    const [v, place, badKey] = stack.pop()!;
+    if (badKey) {
+      issues.push({ loc: locOf(place, prefix), msg: 'Field name is not valid Unicode text (a lone UTF-16 surrogate)', type: 'string_unicode' });
+    } else if (typeof v === 'string') {
+      if (LONE_SURROGATE.test(v)) issues.push({ loc: locOf(place, prefix), msg: 'Input should be a valid string: it holds a lone UTF-16 surrogate, which is not Unicode text', type: 'string_unicode' });
+    } else if (typeof v === 'number') {
+      if (!Number.isFinite(v)) issues.push({ loc: locOf(place, prefix), msg: 'Input should be a finite number: this JSON number is too large for a double', type: 'finite_number' });
+    } else if (Array.isArray(v)) {
+      for (let i = v.length - 1; i >= 0; i--) stack.push([v[i], { parent: place, key: i }]);
+    } else if (v !== null && typeof v === 'object') {
+      const entries = Object.entries(v);
+      for (let i = entries.length - 1; i >= 0; i--) {
+        const [k, x] = entries[i];
+        if (LONE_SURROGATE.test(k)) stack.push([undefined, { parent: place, key: k }, true]);
+        else stack.push([x, { parent: place, key: k }]);
+      }
+    }
+  }
+  return issues;
+}
