@@ -57,6 +57,11 @@ function failure(code: number | null, stderr: string, what: string): BoxFileErro
   // path, a smaller file), as the docker driver says it too: never a bare server failure.
   if (code === NOT_ALLOWED) return new BoxFileError('bad_path', what === 'read' ? 'read: the file is not readable in the box' : 'write: the path is not writable in the box');
   if (/No space left on device|Disk quota exceeded/.test(stderr)) return new BoxFileError('too_large', `${what}: no space left in the box for the file`);
+  // A path the box's own file system refuses for what it is (a name past NAME_MAX, a link loop, a
+  // place turned read-only) is the caller's path, not a server failure: it was a 500.
+  if (/File name too long/.test(stderr)) return new BoxFileError('bad_path', `${what}: a name in the path is too long for the box's file system`);
+  if (/Too many levels of symbolic links/.test(stderr)) return new BoxFileError('bad_path', `${what}: too many levels of symbolic links in the path`);
+  if (/Read-only file system|Permission denied|Operation not permitted/.test(stderr)) return new BoxFileError('bad_path', what === 'read' ? 'read: the file is not readable in the box' : 'write: the path is not writable in the box');
   // The message is the box's own shell speaking about a box path; it never names a host path.
   return new Error(`${what} failed in the box${stderr ? `: ${stderr.trim().slice(0, 300)}` : ''}`);
 }
