@@ -50,6 +50,48 @@ export function checkBoxPath(p: string): string {
   return p;
 }
 
+/**
+ * The path of an upload, checked before anything is done in the box: absolute, no NUL, at most
+ * 4096 characters, and naming a file (no trailing `/`, last component not `.` or `..`). Refused
+ * here, it changes nothing (the parents of a path refused later were already made).
+ */
+export function checkUploadPath(p: string): string {
+  checkBoxPath(p);
+  const last = p.slice(p.lastIndexOf('/') + 1);
+  if (last === '.' || last === '..') throw new BoxFileError('bad_path', 'path must name a file, not . or ..');
+  return p;
+}
+
+// $1 a directory. Makes it and its missing parents (as the box's user, resolved in the box) and
+// prints the topmost one it had to make (nothing when none was missing), for removeMadeParents.
+const MAKE_PARENTS = `d=$1 top=
+while [ -n "$d" ] && [ ! -e "$d" ] && [ ! -L "$d" ]; do top=$d; d=\${d%/*}; done
+mkdir -p -- "$1" 2>/dev/null
+printf %s "$top"`;
+
+// $1 the directory given to MAKE_PARENTS, $2 what it printed: removes, deepest first, each of
+// those directories that is still empty (rmdir never removes anything else).
+const REMOVE_MADE = `d=$1 top=$2
+while [ -n "$d" ]; do rmdir -- "$d" 2>/dev/null; [ "$d" = "$top" ] && break; d=\${d%/*}; done; exit 0`;
+
+/**
+ * Makes the parent directories of an upload's path in the box; returns what undoes it when the
+ * upload is then refused (a refused upload leaves the box as it was).
+ */
+export async function makeParents(exec: Exec, boxPath: string): Promise<() => Promise<void>> {
+  checkUploadPath(boxPath);
+  const dir = boxPath.slice(0, boxPath.lastIndexOf('/')) || '/';
+  const p = await exec({ command: ['/bin/sh', '-c', MAKE_PARENTS, 'sh', dir], cwd: '/', timeoutMs: 30_000 });
+  let top = '';
+  p.stdout.on('data', (d: Buffer) => (top += d.toString('utf8')));
+  p.stderr.resume();
+  await p.done; // a failure shows in the write's own error (no such directory)
+  if (!top) return async () => undefined;
+  return async () => {
+    await runQuiet(exec, ['/bin/sh', '-c', REMOVE_MADE, 'sh', dir, top]).catch(() => undefined);
+  };
+}
+
 function failure(code: number | null, stderr: string, what: string): BoxFileError | Error {
   if (code === NOT_FOUND) return new BoxFileError('not_found', `${what}: no such file or directory in the box`);
   if (code === NOT_A_FILE) return new BoxFileError('not_a_file', `${what}: not a regular file`);

@@ -19,7 +19,7 @@
  *
  * KEYGATE_FUZZ_SEED=random KEYGATE_FUZZ_RUNS=N explores; the committed run is the fixed seed.
  */
-import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -126,8 +126,8 @@ describe.skipIf(!probe.ok)(`files API and execution on real boxes, local driver 
       case 'dot':
         return { path: p.replace(/\/(?=[^/]*$)/, '/./'), valid: true };
       case 'dotdot': {
-        // Through a real directory of the box: /workspace/x/.. is /workspace.
-        return { path: `/workspace/../workspace${p.slice('/workspace'.length)}`, valid: true };
+        // Up from a real directory of the box (the case's base): /workspace/../workspace/x is /workspace/x.
+        return { path: `/${parts[1]}/..${p}`, valid: true };
       }
       case 'up-from-root':
         return { path: '/..'.repeat(1 + (pick % 6)) + p, valid: true };
@@ -155,7 +155,7 @@ describe.skipIf(!probe.ok)(`files API and execution on real boxes, local driver 
       fc.asyncProperty(
         treeArb(hostPaths),
         fc.array(fc.record({ target: fc.nat(), v: variantArb }), { minLength: 3, maxLength: 8 }),
-        fc.array(fc.record({ target: fc.nat(), v: variantArb, body: fc.uint8Array({ maxLength: 2000 }), newName: fc.option(fc.oneof(nameArb, fc.integer({ min: 256, max: 300 }).map((n) => 'N'.repeat(n))), { nil: undefined }) }), { minLength: 1, maxLength: 4 }),
+        fc.array(fc.record({ target: fc.nat(), v: variantArb, body: fc.uint8Array({ maxLength: 2000 }), newName: fc.option(fc.oneof(nameArb, fc.integer({ min: 256, max: 300 }).map((n) => 'N'.repeat(n))), { nil: undefined }), deeper: fc.option(nameArb, { nil: undefined }) }), { minLength: 1, maxLength: 4 }),
         fc.constantFrom('/workspace', '/tmp'),
         async (tree, gets, puts, base) => {
           const root = `${base}/c${++caseNo}`;
@@ -189,13 +189,16 @@ describe.skipIf(!probe.ok)(`files API and execution on real boxes, local driver 
           const uploaded: string[] = [];
           for (const u of puts) {
             const existing = paths[u.target % paths.length];
-            const target = u.newName !== undefined ? `${path.posix.dirname(existing)}/${u.newName}` : existing;
+            const target = u.newName !== undefined ? `${path.posix.dirname(existing)}/${u.deeper ? `${u.deeper}/` : ''}${u.newName}` : existing;
             const { path: p, valid } = shaped(target, u.v.shape, u.v.pick, linkToRoot);
             const body = Buffer.from(u.body);
             const [pre] = valid ? await views([p]) : [undefined];
+            const listing = () => api.exec(BOX, ['/bin/sh', '-c', 'find "$1" | sort | base64 -w0', 'sh', root]).then((r) => r.stdout);
+            const treeBefore = await listing();
             const a = await api.send('PUT', filesUrl(BOX, encodePathParam(p, u.v.how)), body, { 'content-type': 'application/octet-stream' });
             if (!a) continue;
             const what = `PUT ${JSON.stringify(p)} (${u.v.how}, ${body.length} bytes): ${a.status} ${a.text.slice(0, 300)}; before: ${pre?.kind}`;
+            if (a.status !== 201) expect(await listing(), `${what}: a refused PUT changed the box's tree`).toBe(treeBefore);
             if (!valid) {
               expect(a.status, what).toBe(422);
               expect(errorProblems(a), what).toEqual([]);
@@ -247,6 +250,20 @@ describe.skipIf(!probe.ok)(`files API and execution on real boxes, local driver 
     expect(ok.status, ok.text).toBe(201);
   });
 
+  // Found reading the route with the property: the parents of a PUT's path were made before the
+  // path was checked and kept when the write was refused, so a 422 changed the box.
+  it('a refused PUT creates no directory in the box', async () => {
+    const mk = await api.exec(BOX, 'mkdir -p /workspace/rf');
+    expect(mk.exit_code).toBe(0);
+    for (const p of ['/workspace/rf/a/b/', '/workspace/rf/c/d/' + 'N'.repeat(256), '/workspace/rf/e/f/..', '/workspace/rf/g/h/.']) {
+      const a = (await api.send('PUT', filesUrl(BOX, encodeURIComponent(p)), 'x'))!;
+      expect(a.status, `${p}: ${a.text}`).toBe(422);
+      expect(errorProblems(a)).toEqual([]);
+      const ls = await api.exec(BOX, 'find /workspace/rf -mindepth 1');
+      expect(ls.stdout, p).toBe('');
+    }
+  });
+
   it('execute returns the bytes a command wrote (as UTF-8), its exit code, never a 5xx', async () => {
     await fc.assert(
       fc.asyncProperty(fc.uint8Array({ maxLength: 4000 }), fc.uint8Array({ maxLength: 2000 }), fc.integer({ min: 0, max: 255 }), fc.boolean(), async (out, err, code, viaString) => {
@@ -274,4 +291,48 @@ describe.skipIf(!probe.ok)(`files API and execution on real boxes, local driver 
     expect(r.stdout).toMatch(/^a+$/);
     expect(r.stderr).toBe('é');
   }, 120_000);
+
+  it('files under /workspace survive stop/start (and /tmp does not); a stopped box is a 409', async () => {
+    await fc.assert(
+      fc.asyncProperty(fc.uniqueArray(fc.record({ name: nameArb, data: fc.uint8Array({ maxLength: 3000 }) }), { minLength: 1, maxLength: 5, selector: (f) => f.name }), async (files) => {
+        const dir = `/workspace/persist-${++caseNo}`;
+        for (const f of files) {
+          for (const base of [dir, `/tmp/persist-${caseNo}`]) {
+            const a = (await api.send('PUT', filesUrl(BOX, encodeURIComponent(`${base}/${f.name}`)), Buffer.from(f.data)))!;
+            expect(a.status, a.text).toBe(201);
+          }
+        }
+        const stopped = await api.json('POST', `/api/v2/sandboxes/boxes/${BOX}/stop`);
+        expect((stopped.json as { status: string }).status, stopped.text).toBe('stopped');
+        const refused = (await api.send('GET', filesUrl(BOX, encodeURIComponent(`${dir}/${files[0].name}`))))!;
+        expect(refused.status, refused.text).toBe(409);
+        expect(errorProblems(refused)).toEqual([]);
+        const started = await api.json('POST', `/api/v2/sandboxes/boxes/${BOX}/start`);
+        expect((started.json as { status: string }).status, started.text).toBe('ready');
+        for (const f of files) {
+          const a = (await api.send('GET', filesUrl(BOX, encodeURIComponent(`${dir}/${f.name}`))))!;
+          expect(a.status, a.text).toBe(200);
+          expect(a.body.equals(Buffer.from(f.data))).toBe(true);
+          const gone = (await api.send('GET', filesUrl(BOX, encodeURIComponent(`/tmp/persist-${caseNo}/${f.name}`))))!;
+          expect(gone.status, gone.text).toBe(404);
+        }
+        const [view] = await views([`${dir}/${files[0].name}`]);
+        expect(view.kind === 'FILE' && view.data.equals(Buffer.from(files[0].data))).toBe(true);
+      }),
+      propertyParams(1),
+    );
+  }, 120_000);
+
+  it('DELETE removes the box and everything of it on the host; its files are a 404 after', async () => {
+    const stateDir = path.join(s.dataDir, 'sandboxes', boxId);
+    expect(existsSync(stateDir)).toBe(true);
+    const d = await api.json('DELETE', `/api/v2/sandboxes/boxes/${BOX}`);
+    expect(d.status, d.text).toBe(204);
+    expect(existsSync(stateDir)).toBe(false);
+    expect(readFileSync('/proc/self/mountinfo', 'utf8')).not.toContain(boxId);
+    expect([...listTree(s.dataDir).keys()].filter((p) => p.includes(boxId))).toEqual([]);
+    const a = (await api.send('GET', filesUrl(BOX, encodeURIComponent('/workspace/x'))))!;
+    expect(a.status, a.text).toBe(404);
+    expect(errorProblems(a)).toEqual([]);
+  }, 60_000);
 });
