@@ -17,6 +17,12 @@ const FAILED = 12;
 /** The box itself may not open it (a read-only mount, /proc, a mode that refuses its user). */
 const NOT_ALLOWED = 13;
 const FILE_TIMEOUT_MS = 10 * 60_000;
+/**
+ * Most bytes read of a file that says it is empty: /proc and /sys files announce size 0 and hold
+ * content all the same (the box's `cat /proc/version` prints it). Such a file is read whole, up to
+ * this, before the answer (its Content-Length is then known); a larger one is refused (413).
+ */
+export const PSEUDO_FILE_MAX_BYTES = 1024 * 1024;
 
 // $1 path. Opens the file once, prints its size on the first line, then that many of its bytes:
 // a file still being written (a log) is served as it was when opened, so the Content-Length sent
@@ -28,6 +34,7 @@ const READ = `f=$1
 exec 3<"$f" || exit ${FAILED}
 s=$(stat -L -c %s /dev/fd/3) || exit ${FAILED}
 echo "$s"
+[ "$s" != 0 ] || exec head -c ${PSEUDO_FILE_MAX_BYTES + 1} <&3
 exec head -c "$s" <&3`;
 
 // $1 path, $2 temporary name in the same directory. Writes the temporary only: the rename is a
@@ -146,6 +153,7 @@ export async function readBoxFile(exec: Exec, boxPath: string, maxBytes: number)
     const r = await p.done;
     throw failure(r.exitCode, stderr(), 'read');
   }
+  if (head.size === 0) return readPseudoFile(p, head.rest, stderr, maxBytes);
   if (head.size > maxBytes) {
     p.stdout.resume();
     p.kill('SIGKILL');
@@ -191,6 +199,28 @@ export async function readBoxFile(exec: Exec, boxPath: string, maxBytes: number)
     if (r.exitCode !== 0 && !out.destroyed) out.destroy(failure(r.exitCode, stderr(), 'read'));
   });
   return { size: head.size, stream: out };
+}
+
+/** The rest of a file that announced size 0, read whole (at most PSEUDO_FILE_MAX_BYTES) to learn its size. */
+async function readPseudoFile(p: ExecProcess, first: Buffer, stderr: () => string, maxBytes: number): Promise<{ size: number; stream: Readable }> {
+  const limit = Math.min(maxBytes, PSEUDO_FILE_MAX_BYTES);
+  const chunks: Buffer[] = first.length ? [first] : [];
+  let n = first.length;
+  p.stdout.on('data', (d: Buffer) => {
+    n += d.length;
+    // Past the bound, the rest is drained and dropped, never held.
+    if (n <= limit + 1) chunks.push(d);
+  });
+  p.stdout.resume();
+  const r = await p.done;
+  if (r.exitCode !== 0) {
+    const e = failure(r.exitCode, stderr(), 'read');
+    // A file the box opened and then could not read (EIO from /proc/self/mem) is the caller's path.
+    throw e instanceof BoxFileError ? e : new BoxFileError('bad_path', 'read: the file cannot be read in the box');
+  }
+  if (n > limit) throw new BoxFileError('too_large', `file is larger than ${limit} bytes`);
+  const body = Buffer.concat(chunks, n);
+  return { size: body.length, stream: Readable.from(body.length ? [body] : []) };
 }
 
 /** Streams `body` into a box file; more than `maxBytes` rejects `too_large` and leaves no file behind. */

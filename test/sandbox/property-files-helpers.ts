@@ -97,7 +97,7 @@ export const nameArb: fc.Arbitrary<string> = fc
 
 /** Targets a planted symlink points at: host-looking paths, the root, `..` chains, loops, dangling. */
 export function linkTargetArb(hostPaths: string[], engineBlind = false): fc.Arbitrary<string> {
-  const targets = ['/', '/etc/passwd', '/etc/shadow', '/proc/self/root', '/proc/1/root', '/proc/self/cwd', '/proc/1/cwd', '/dev/zero', '/nonexistent', '/workspace', '/tmp', '..', '../..', '../../../../../..', '../../../../../../etc/passwd', '.', 'missing', '/proc/self/fd/0'];
+  const targets = ['/', '/etc/passwd', '/etc/shadow', '/proc/self/root', '/proc/1/root', '/proc/self/cwd', '/proc/1/cwd', '/dev/zero', '/nonexistent', '/workspace', '/tmp', '..', '../..', '../../../../../..', '../../../../../../etc/passwd', '.', 'missing', '/proc/self/fd/0', '/proc/version', '/proc/sys/kernel'];
   return fc.oneof(
     // The docker driver's engine sees the container's root file system, not its /proc or /dev mounts.
     fc.constantFrom(...targets.filter((t) => !engineBlind || !/^\/(proc|dev)\//.test(t))),

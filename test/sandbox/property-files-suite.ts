@@ -360,6 +360,29 @@ describe.skipIf(why)(`files API and execution on real boxes, ${kind} driver`, ()
     expect(seen.stdout).toBe('written' + 'f\nln\nsub\n');
   });
 
+  // /proc files announce size 0: GET answered 200 with an empty body where the box's own cat
+  // prints their content (found by giving the property's links /proc targets).
+  it.skipIf(kind !== 'local')('a file that announces size 0 but holds content (/proc) reads as the box reads it, and never a 5xx', async () => {
+    for (const p of ['/proc/version', '/proc/sys/kernel/ostype']) {
+      const a = (await api.send('GET', filesUrl(BOX, encodeURIComponent(p))))!;
+      const [view] = await views([p]);
+      expect(view.kind).toBe('FILE');
+      expect(a.status, a.text).toBe(200);
+      expect(a.text.length).toBeGreaterThan(0);
+      expect(a.body.equals((view as { data: Buffer }).data), p).toBe(true);
+    }
+    // An empty regular file is still an empty answer.
+    await api.exec(BOX, ': > /workspace/empty');
+    const e = (await api.send('GET', filesUrl(BOX, encodeURIComponent('/workspace/empty'))))!;
+    expect([e.status, e.body.length]).toEqual([200, 0]);
+    // Opened, then a read error, or nothing to read: never a 5xx.
+    for (const p of ['/proc/self/mem', '/proc/1/mem', '/proc/self/pagemap', '/proc/1/environ', '/proc/self/clear_refs']) {
+      const mem = (await api.send('GET', filesUrl(BOX, encodeURIComponent(p))))!;
+      expect(mem.status, mem.text).toBeLessThan(500);
+      if (mem.status !== 200) expect(errorProblems(mem)).toEqual([]);
+    }
+  });
+
   it('execute returns the bytes a command wrote (as UTF-8), its exit code, never a 5xx', async () => {
     await fc.assert(
       fc.asyncProperty(fc.uint8Array({ maxLength: 4000 }), fc.uint8Array({ maxLength: 2000 }), fc.integer({ min: 0, max: 255 }), fc.boolean(), async (out, err, code, viaString) => {
