@@ -286,7 +286,7 @@ describe.skipIf(why)(`files API and execution on real boxes, ${kind} driver`, ()
           for (const n of uploaded) expect(onHost.has(n) && !namesBefore.has(n), `uploaded ${JSON.stringify(n)} appeared on the host`).toBe(false);
         },
       ),
-      propertyParams(kind === 'local' ? 5 : 2, { endOnFailure: !process.env.KEYGATE_FUZZ_SHRINK }),
+      propertyParams(kind === 'local' ? 4 : 2, { endOnFailure: !process.env.KEYGATE_FUZZ_SHRINK }),
     );
   }, 300_000);
 
@@ -329,7 +329,7 @@ describe.skipIf(why)(`files API and execution on real boxes, ${kind} driver`, ()
     const through = `/workspace/sw${READ_CANARY}`;
     const writeThrough = `/workspace/sw${WRITE_CANARY}`;
     const ops: Promise<void>[] = [];
-    for (let i = 0; i < (kind === 'local' ? 10 : 5); i++) {
+    for (let i = 0; i < (kind === 'local' ? 8 : 5); i++) {
       const g = api.send('GET', filesUrl(BOX, encodeURIComponent(through))).then((a) => {
         expect(a!.status).toBeLessThan(500);
         expect(a!.text).not.toContain(READ_SECRET);
