@@ -176,6 +176,20 @@ export function registerSandboxRoutes(app: FastifyInstance, service: SandboxServ
   app.register(async (files) => {
     files.removeAllContentTypeParsers();
     files.addContentTypeParser('*', (_req, _payload, done) => done(null));
+    // The query parser keeps a value it cannot decode as it came (`%FF`, a bare `%`), so such a
+    // path named a file called `%FF` in the box, not what the client meant: refused instead.
+    files.addHook('preValidation', async (req) => {
+      const query = (req.raw.url ?? '').split('?').slice(1).join('?');
+      for (const pair of query.split('&')) {
+        const eq = pair.indexOf('=');
+        if ((eq < 0 ? pair : pair.slice(0, eq)) !== 'path') continue;
+        try {
+          decodeURIComponent(pair.slice(eq + 1).replace(/\+/g, ' '));
+        } catch {
+          throw new HttpValidationError([{ loc: ['query', 'path'], msg: 'path is not percent-encoded UTF-8: encode every byte of it (a % as %25)', type: 'value_error' }]);
+        }
+      }
+    });
 
     files.get<NameReq & { Querystring: { path: string } }>(
       '/api/v2/sandboxes/boxes/:name/files',

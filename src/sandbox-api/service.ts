@@ -7,6 +7,7 @@ import { referencedSecretKeys, templateValueProblem } from '../config/resolve.js
 import { TEMPLATE_REF_RE } from '../secrets/keys.js';
 import type { ProxyConfig } from '../config/schema.js';
 import { BOX_BUNDLE_PATH, BOX_CA_PATH, BOX_PROXY_URL, BOX_TRUSTSTORE_PATH, caBundle, findKeytool, sandboxEnv, writeCaBundle, writeJavaTrustStore } from '../certs/env.js';
+import { makeParents } from '../sandbox/box-files.js';
 import { BoxNotRunningError, type Box, type BoxResources, type DriverName, type ExecProcess, type ExecResult, type SandboxDriver } from '../sandbox/driver.js';
 import type { Logger } from '../log.js';
 import { emptyConfig, type CompiledConfig } from '../rules/compile.js';
@@ -490,11 +491,15 @@ export class SandboxService {
     const diskMb = rec.resources?.disk_mb;
     if (diskMb) maxBytes = Math.min(maxBytes, diskMb * 1024 * 1024);
     return this.transfer(rec, live, async () => {
-      const mkdir = await live.box.exec({ command: ['mkdir', '-p', '--', path.posix.dirname(boxPath)], timeoutMs: 30_000 });
-      mkdir.stdout.resume();
-      mkdir.stderr.resume();
-      await mkdir.done; // a failure shows in the write's own error (no such directory)
-      return live.box.writeFile(boxPath, body, maxBytes);
+      // The path is checked first and the parents made only then; a write refused after that
+      // removes the parents it made, so that a refused upload leaves the box as it was.
+      const undo = await makeParents((o) => live.box.exec(o), boxPath);
+      try {
+        return await live.box.writeFile(boxPath, body, maxBytes);
+      } catch (err) {
+        await undo();
+        throw err;
+      }
     });
   }
 

@@ -17,6 +17,12 @@ const FAILED = 12;
 /** The box itself may not open it (a read-only mount, /proc, a mode that refuses its user). */
 const NOT_ALLOWED = 13;
 const FILE_TIMEOUT_MS = 10 * 60_000;
+/**
+ * Most bytes read of a file that says it is empty: /proc and /sys files announce size 0 and hold
+ * content all the same (the box's `cat /proc/version` prints it). Such a file is read whole, up to
+ * this, before the answer (its Content-Length is then known); a larger one is refused (413).
+ */
+export const PSEUDO_FILE_MAX_BYTES = 1024 * 1024;
 
 // $1 path. Opens the file once, prints its size on the first line, then that many of its bytes:
 // a file still being written (a log) is served as it was when opened, so the Content-Length sent
@@ -28,6 +34,7 @@ const READ = `f=$1
 exec 3<"$f" || exit ${FAILED}
 s=$(stat -L -c %s /dev/fd/3) || exit ${FAILED}
 echo "$s"
+[ "$s" != 0 ] || exec head -c ${PSEUDO_FILE_MAX_BYTES + 1} <&3
 exec head -c "$s" <&3`;
 
 // $1 path, $2 temporary name in the same directory. Writes the temporary only: the rename is a
@@ -50,6 +57,48 @@ export function checkBoxPath(p: string): string {
   return p;
 }
 
+/**
+ * The path of an upload, checked before anything is done in the box: absolute, no NUL, at most
+ * 4096 characters, and naming a file (no trailing `/`, last component not `.` or `..`). Refused
+ * here, it changes nothing (the parents of a path refused later were already made).
+ */
+export function checkUploadPath(p: string): string {
+  checkBoxPath(p);
+  const last = p.slice(p.lastIndexOf('/') + 1);
+  if (last === '.' || last === '..') throw new BoxFileError('bad_path', 'path must name a file, not . or ..');
+  return p;
+}
+
+// $1 a directory. Makes it and its missing parents (as the box's user, resolved in the box) and
+// prints the topmost one it had to make (nothing when none was missing), for removeMadeParents.
+const MAKE_PARENTS = `d=$1 top=
+while [ -n "$d" ] && [ ! -e "$d" ] && [ ! -L "$d" ]; do top=$d; d=\${d%/*}; done
+mkdir -p -- "$1" 2>/dev/null
+printf %s "$top"`;
+
+// $1 the directory given to MAKE_PARENTS, $2 what it printed: removes, deepest first, each of
+// those directories that is still empty (rmdir never removes anything else).
+const REMOVE_MADE = `d=$1 top=$2
+while [ -n "$d" ]; do rmdir -- "$d" 2>/dev/null; [ "$d" = "$top" ] && break; d=\${d%/*}; done; exit 0`;
+
+/**
+ * Makes the parent directories of an upload's path in the box; returns what undoes it when the
+ * upload is then refused (a refused upload leaves the box as it was).
+ */
+export async function makeParents(exec: Exec, boxPath: string): Promise<() => Promise<void>> {
+  checkUploadPath(boxPath);
+  const dir = boxPath.slice(0, boxPath.lastIndexOf('/')) || '/';
+  const p = await exec({ command: ['/bin/sh', '-c', MAKE_PARENTS, 'sh', dir], cwd: '/', timeoutMs: 30_000 });
+  let top = '';
+  p.stdout.on('data', (d: Buffer) => (top += d.toString('utf8')));
+  p.stderr.resume();
+  await p.done; // a failure shows in the write's own error (no such directory)
+  if (!top) return async () => undefined;
+  return async () => {
+    await runQuiet(exec, ['/bin/sh', '-c', REMOVE_MADE, 'sh', dir, top]).catch(() => undefined);
+  };
+}
+
 function failure(code: number | null, stderr: string, what: string): BoxFileError | Error {
   if (code === NOT_FOUND) return new BoxFileError('not_found', `${what}: no such file or directory in the box`);
   if (code === NOT_A_FILE) return new BoxFileError('not_a_file', `${what}: not a regular file`);
@@ -57,6 +106,11 @@ function failure(code: number | null, stderr: string, what: string): BoxFileErro
   // path, a smaller file), as the docker driver says it too: never a bare server failure.
   if (code === NOT_ALLOWED) return new BoxFileError('bad_path', what === 'read' ? 'read: the file is not readable in the box' : 'write: the path is not writable in the box');
   if (/No space left on device|Disk quota exceeded/.test(stderr)) return new BoxFileError('too_large', `${what}: no space left in the box for the file`);
+  // A path the box's own file system refuses for what it is (a name past NAME_MAX, a link loop, a
+  // place turned read-only) is the caller's path, not a server failure: it was a 500.
+  if (/File name too long/.test(stderr)) return new BoxFileError('bad_path', `${what}: a name in the path is too long for the box's file system`);
+  if (/Too many levels of symbolic links/.test(stderr)) return new BoxFileError('bad_path', `${what}: too many levels of symbolic links in the path`);
+  if (/Read-only file system|Permission denied|Operation not permitted/.test(stderr)) return new BoxFileError('bad_path', what === 'read' ? 'read: the file is not readable in the box' : 'write: the path is not writable in the box');
   // The message is the box's own shell speaking about a box path; it never names a host path.
   return new Error(`${what} failed in the box${stderr ? `: ${stderr.trim().slice(0, 300)}` : ''}`);
 }
@@ -99,6 +153,7 @@ export async function readBoxFile(exec: Exec, boxPath: string, maxBytes: number)
     const r = await p.done;
     throw failure(r.exitCode, stderr(), 'read');
   }
+  if (head.size === 0) return readPseudoFile(p, head.rest, stderr, maxBytes);
   if (head.size > maxBytes) {
     p.stdout.resume();
     p.kill('SIGKILL');
@@ -144,6 +199,28 @@ export async function readBoxFile(exec: Exec, boxPath: string, maxBytes: number)
     if (r.exitCode !== 0 && !out.destroyed) out.destroy(failure(r.exitCode, stderr(), 'read'));
   });
   return { size: head.size, stream: out };
+}
+
+/** The rest of a file that announced size 0, read whole (at most PSEUDO_FILE_MAX_BYTES) to learn its size. */
+async function readPseudoFile(p: ExecProcess, first: Buffer, stderr: () => string, maxBytes: number): Promise<{ size: number; stream: Readable }> {
+  const limit = Math.min(maxBytes, PSEUDO_FILE_MAX_BYTES);
+  const chunks: Buffer[] = first.length ? [first] : [];
+  let n = first.length;
+  p.stdout.on('data', (d: Buffer) => {
+    n += d.length;
+    // Past the bound, the rest is drained and dropped, never held.
+    if (n <= limit + 1) chunks.push(d);
+  });
+  p.stdout.resume();
+  const r = await p.done;
+  if (r.exitCode !== 0) {
+    const e = failure(r.exitCode, stderr(), 'read');
+    // A file the box opened and then could not read (EIO from /proc/self/mem) is the caller's path.
+    throw e instanceof BoxFileError ? e : new BoxFileError('bad_path', 'read: the file cannot be read in the box');
+  }
+  if (n > limit) throw new BoxFileError('too_large', `file is larger than ${limit} bytes`);
+  const body = Buffer.concat(chunks, n);
+  return { size: body.length, stream: Readable.from(body.length ? [body] : []) };
 }
 
 /** Streams `body` into a box file; more than `maxBytes` rejects `too_large` and leaves no file behind. */

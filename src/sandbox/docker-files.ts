@@ -6,6 +6,7 @@ import { PassThrough, Readable, Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import * as tar from 'tar';
 import type { DockerEngine } from '../docker/engine.js';
+import { checkBoxPath } from './box-files.js';
 import { BoxFileError } from './driver.js';
 
 /**
@@ -39,11 +40,26 @@ export interface FilesContext {
   gid: number;
 }
 
+/**
+ * The local driver's check (absolute, no NUL, no trailing `/`, at most 4096), so that both drivers
+ * refuse the same paths the same way: a trailing slash reached the engine, which answered 500.
+ */
 function checkPath(boxPath: string): string {
-  if (typeof boxPath !== 'string' || !boxPath.startsWith('/') || boxPath.includes('\0') || Buffer.byteLength(boxPath) > 4096) {
-    throw new BoxFileError('bad_path', 'the path must be absolute');
-  }
+  checkBoxPath(boxPath);
+  if (Buffer.byteLength(boxPath) > 4096) throw new BoxFileError('bad_path', 'path must be an absolute file path inside the box');
   return path.posix.normalize(boxPath);
+}
+
+/**
+ * `/bin/sh` in the box: prints the physical directory `$1` names (symlinks resolved as the box
+ * resolves them). The engine strikes out `..` lexically (`a/link/..` is `a`), where the box goes
+ * to the link target's parent.
+ */
+export const PHYSICAL_DIR = 'cd -P -- "$1" 2>/dev/null && pwd -P';
+
+/** Whether a path holds a `..` component, the only case where lexical and physical resolution differ. */
+export function hasDotDot(boxPath: string): boolean {
+  return boxPath.split('/').includes('..');
 }
 
 async function stat(ctx: FilesContext, boxPath: string): Promise<PathStat | null> {
@@ -133,7 +149,11 @@ function bounded(maxBytes: number, counter: { n: number }): Transform {
 /** One tar entry streamed from a file, then the tar end. */
 async function* tarOf(name: string, file: string, size: number, uid: number, gid: number): AsyncGenerator<Buffer> {
   const header = Buffer.alloc(512);
-  new tar.Header({ path: name, mode: 0o644, uid, gid, size, mtime: new Date(), type: 'File' }).encode(header, 0);
+  const mtime = new Date();
+  // A name past the ustar header's 100 bytes (a box allows 255) goes in a PAX extended header
+  // before the entry, which the engine's archive reader takes over the truncated ustar name.
+  const needPax = new tar.Header({ path: name, mode: 0o644, uid, gid, size, mtime, type: 'File' }).encode(header, 0);
+  if (needPax) yield new tar.Pax({ path: name, mtime }).encode();
   yield header;
   for await (const c of createReadStream(file)) yield c as Buffer;
   const pad = (512 - (size % 512)) % 512;
@@ -144,7 +164,8 @@ export async function writeBoxFile(ctx: FilesContext, boxPath: string, body: Rea
   const p = checkPath(boxPath);
   const dir = path.posix.dirname(p);
   const name = path.posix.basename(p);
-  if (!name || name === '..' || name === '.' || p === '/' || Buffer.byteLength(name) > 100) throw new BoxFileError('bad_path', 'not a file path');
+  if (!name || name === '..' || name === '.' || p === '/') throw new BoxFileError('bad_path', 'not a file path');
+  if (Buffer.byteLength(name) > 255) throw new BoxFileError('bad_path', "write: a name in the path is too long for the box's file system");
   const parent = await statFollow(ctx, dir);
   if (!parent) throw new BoxFileError('not_found', 'the directory does not exist in the box');
   if ((parent.stat.mode & MODE_DIR) === 0) throw new BoxFileError('bad_path', 'the parent is not a directory');

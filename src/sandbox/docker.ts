@@ -7,7 +7,7 @@ import { demultiplex, dockerSocketPath, DockerEngine, engineMessage } from '../d
 import type { Logger } from '../log.js';
 import { BoxFileError, BoxNotRunningError, BoxStartError, type Box, type BoxSpec, type DriverProbe, type ExecOptions, type ExecProcess, type SandboxDriver } from './driver.js';
 import { startExec, type ExecContext } from './docker-exec.js';
-import { readBoxFile, writeBoxFile, type FilesContext } from './docker-files.js';
+import { hasDotDot, PHYSICAL_DIR, readBoxFile, writeBoxFile, type FilesContext } from './docker-files.js';
 import { defaultRelayLimits, RelayBudget, type RelayLimits } from './relay-budget.js';
 import { DiskWatch, mountRunDir, mountWorkspace, unmountRunDir, unmountWorkspace, WORKSPACE_DIR, WORKSPACE_IMAGE, workspaceBoundUnavailable } from './disk.js';
 import { BOX_RELAY_DIR, HostRelay, hostRuntime, RELAY_READY, relayCommand, type HostRuntime } from './docker-relay.js';
@@ -569,12 +569,32 @@ class DockerBox implements Box {
 
   async readFile(boxPath: string, maxBytes: number): Promise<{ size: number; stream: Readable }> {
     this.running();
-    return readBoxFile(this.files, boxPath, maxBytes);
+    return readBoxFile(this.files, await this.physical(boxPath), maxBytes);
   }
 
   async writeFile(boxPath: string, body: Readable, maxBytes: number): Promise<{ size: number }> {
     this.running();
-    return writeBoxFile(this.files, boxPath, body, maxBytes);
+    return writeBoxFile(this.files, await this.physical(boxPath), body, maxBytes);
+  }
+
+  /**
+   * A path with `..` in it, its directory resolved in the box first (as the box's user, in its own
+   * namespaces): the engine would strike out `link/..` by name, and read or write a file other
+   * than the one the box sees at that path. What the box answers is only ever handed to the
+   * engine, which resolves it inside the container again: it cannot name a host path.
+   */
+  private async physical(boxPath: string): Promise<string> {
+    if (!hasDotDot(boxPath)) return boxPath;
+    const slash = boxPath.lastIndexOf('/');
+    const dir = boxPath.slice(0, slash) || '/';
+    const p = await this.exec({ command: ['/bin/sh', '-c', PHYSICAL_DIR, 'sh', dir], cwd: '/', timeoutMs: 30_000 });
+    let out = '';
+    p.stdout.on('data', (d: Buffer) => (out += d.toString('utf8')));
+    p.stderr.resume();
+    const r = await p.done;
+    const resolved = out.endsWith('\n') ? out.slice(0, -1) : out;
+    if (r.exitCode !== 0 || !resolved.startsWith('/')) throw new BoxFileError('not_found', 'no such file or directory in the box');
+    return `${resolved === '/' ? '' : resolved}${boxPath.slice(slash)}`;
   }
 
   /** Removing the container kills every process in it; the named /workspace volume stays. */
