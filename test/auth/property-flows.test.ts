@@ -747,8 +747,6 @@ async function checkStore(): Promise<void> {
   }
 }
 
-const PRINT = (ops: Op[]) => ops.map((o) => JSON.stringify(o)).join('\n');
-
 function defineSuite(name: string, databaseUrl: () => Promise<string>, runs: number, full: boolean) {
   describe(name, () => {
     beforeAll(async () => {
@@ -892,4 +890,3 @@ describe.skipIf(!pgAvailable())('PostgreSQL', () => {
   defineSuite('OAuth flows on PostgreSQL (DATABASE_URL)', () => freshPgDatabase(), 4, false);
 });
 
-export { PRINT };
