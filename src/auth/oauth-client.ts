@@ -125,6 +125,24 @@ export interface ExchangeInput {
   timeoutMs: number;
 }
 
+/** The longest lifetime kept (ten years): a larger one (`1e300`) is no date at all. */
+export const MAX_TOKEN_LIFETIME_S = 10 * 365 * 24 * 3600;
+
+/**
+ * A token's lifetime in seconds from `expires_in` (RFC 6749 5.1), as providers send it: a number, or
+ * a string of one (`"3600"`, `"3600.5"`), floored, at least 0, at most MAX_TOKEN_LIFETIME_S.
+ * Absent: undefined (the token is taken not to expire, as RFC 6749 leaves it to the provider).
+ * Present but not a number (`"soon"`, `true`): 0, so the token is never reused. It used to count
+ * as absent: `authenticate` then answered `completed` with that token for ever, however long ago
+ * it had expired at the provider. Pure.
+ */
+export function lifetimeOf(v: unknown): number | undefined {
+  if (v === undefined || v === null) return undefined;
+  const n = typeof v === 'number' ? v : typeof v === 'string' && /^\s*-?\d+(\.\d+)?\s*$/.test(v) ? Number(v) : NaN;
+  if (Number.isNaN(n)) return 0;
+  return Math.min(MAX_TOKEN_LIFETIME_S, Math.max(0, Math.floor(n)));
+}
+
 /** Exchanges an authorization code for tokens. */
 export async function exchangeCode(input: ExchangeInput): Promise<TokenSet> {
   const form = new URLSearchParams({ grant_type: 'authorization_code', code: input.code, redirect_uri: input.redirectUri });
@@ -142,7 +160,7 @@ export async function exchangeCode(input: ExchangeInput): Promise<TokenSet> {
   if (typeof body.access_token !== 'string' || !body.access_token) {
     throw new ProviderCallError('the token endpoint answered without an access token', 'invalid_response');
   }
-  const expiresIn = typeof body.expires_in === 'number' ? body.expires_in : typeof body.expires_in === 'string' && /^\d+$/.test(body.expires_in) ? Number(body.expires_in) : undefined;
+  const expiresIn = lifetimeOf(body.expires_in);
   return {
     accessToken: body.access_token,
     refreshToken: typeof body.refresh_token === 'string' && body.refresh_token ? body.refresh_token : undefined,

@@ -16,14 +16,13 @@ export const TOKEN_FAULTS = [
   'no-access-token', // 200 JSON without access_token
   'json-null', // 200 `null`
   'json-array', // 200 `[]`
-  'huge-expiry', // the real answer with expires_in 1e300
   'redirect', // 307 to the real token endpoint
   'cut', // the connection is destroyed without an answer
   'refused', // nothing listens
   'slow', // no answer within keygate's timeout
 ] as const;
 /** Token endpoint answers that are a success, possibly reshaped. */
-export const TOKEN_OKS = ['pass', 'no-expiry', 'short-expiry', 'no-scope', 'no-refresh', 'bearer-case', 'wrong-token-type'] as const;
+export const TOKEN_OKS = ['pass', 'no-expiry', 'short-expiry', 'no-scope', 'no-refresh', 'bearer-case', 'wrong-token-type', 'huge-expiry', 'decimal-expiry', 'garbage-expiry'] as const;
 export type TokenMode = (typeof TOKEN_FAULTS)[number] | (typeof TOKEN_OKS)[number];
 
 /** How the revocation endpoint answers one request. */
@@ -152,6 +151,8 @@ export class OAuthGate {
         if (mode === 'bearer-case') parsed.token_type = 'bEaReR';
         if (mode === 'wrong-token-type') parsed.token_type = 'mac';
         if (mode === 'huge-expiry') parsed.expires_in = 1e300;
+        if (mode === 'decimal-expiry') parsed.expires_in = '3600.5';
+        if (mode === 'garbage-expiry') parsed.expires_in = 'soon';
       }
       seen.json = parsed;
       return void json(up.status, parsed);

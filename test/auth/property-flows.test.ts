@@ -381,7 +381,16 @@ function outcome(f: MFlow | undefined, pathProvider: string, code: string | unde
   return 'stored';
 }
 
-const RELAYED: TokenMode[] = [...TOKEN_OKS, 'huge-expiry'];
+const RELAYED: TokenMode[] = [...TOKEN_OKS];
+
+/** The lifetime keygate must give a token the provider answered with `expires_in` (oauth-client.ts lifetimeOf). */
+function modelLifetime(mode: TokenMode, answered: unknown): number | undefined {
+  if (mode === 'no-expiry') return undefined;
+  if (mode === 'huge-expiry') return 10 * 365 * 24 * 3600; // at most ten years
+  if (mode === 'decimal-expiry') return 3600; // "3600.5", floored
+  if (mode === 'garbage-expiry') return 0; // "soon": never reused
+  return answered as number | undefined;
+}
 
 async function runCallback(o: Extract<Op, { k: 'callback' }>): Promise<void> {
   const f = pick(m.flows, o.f);
@@ -529,7 +538,7 @@ async function runCallback(o: Extract<Op, { k: 'callback' }>): Promise<void> {
       const fresh = tokens.filter((t) => !known.has(t.id));
       expect(fresh).toHaveLength(1);
       const granted = typeof answer.scope === 'string' ? [...new Set((answer.scope as string).split(' ').filter(Boolean))] : f.scopes;
-      const expiresIn = o.mode === 'no-expiry' ? undefined : (answer.expires_in as number | undefined);
+      const expiresIn = modelLifetime(o.mode, answer.expires_in);
       const t = m.store({
         id: fresh[0].id,
         user: f.user,
@@ -788,6 +797,17 @@ function defineSuite(name: string, databaseUrl: () => Promise<string>, runs: num
       }
       await checkStore();
       expect(m.tokens).toEqual([]);
+      checkLogs(m.flows.map((f) => f.state));
+    });
+
+    it.skipIf(!full)('expires_in as providers send it: a decimal string is read, an absurd number capped, one that is not a number never reused', async () => {
+      for (const [i, mode] of (['decimal-expiry', 'huge-expiry', 'garbage-expiry'] as const).entries()) {
+        await runOp({ k: 'signin', u: i, p: 0, scopes: ['openid'], mode });
+        expect(m.tokens.at(-1)?.expiresAt, `${mode}: stored with an expiry`).toEqual(expect.any(Number));
+        // Asked again: the model says whether that token is reused (the garbage one: never).
+        await runAuthenticate({ k: 'authenticate', u: i, p: 0, scopes: ['openid'] });
+      }
+      await checkStore();
       checkLogs(m.flows.map((f) => f.state));
     });
 
