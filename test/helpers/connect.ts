@@ -21,10 +21,12 @@ export function connectTunnel(proxyPort: number, authority: string, proxyHost = 
   return new Promise((resolve, reject) => {
     const socket = net.connect(proxyPort, proxyHost);
     let buf = Buffer.alloc(0);
+    let answered = false;
     const onData = (d: Buffer) => {
       buf = Buffer.concat([buf, d]);
       const end = buf.indexOf('\r\n\r\n');
       if (end < 0) return;
+      answered = true;
       const head = buf.subarray(0, end).toString('latin1');
       const status = Number(/^HTTP\/1\.[01] (\d{3})/.exec(head)?.[1] ?? 0);
       socket.off('data', onData);
@@ -40,8 +42,10 @@ export function connectTunnel(proxyPort: number, authority: string, proxyHost = 
     };
     socket.on('data', onData);
     socket.on('error', reject);
-    // Closed before any answer: a failure to see, not a wait forever (a settled promise ignores it).
-    socket.once('close', () => reject(new Error(`CONNECT ${authority}: the proxy closed the connection without an answer`)));
+    // Closed before any answer head: a failure to see, not a wait forever.
+    socket.once('close', () => {
+      if (!answered) reject(new Error(`CONNECT ${authority}: the proxy closed the connection without an answer`));
+    });
     socket.write(`CONNECT ${authority} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
   });
 }
