@@ -62,24 +62,7 @@ function locOf(place: Place | null, prefix: (string | number)[]): (string | numb
  * a body nested 30,000 deep took 10 s). At most `max` issues.
  */
 export function unicodeIssues(value: unknown, prefix: (string | number)[], max = 20): ValidationIssue[] {
-  const issues: ValidationIssue[] = [];
-  const stack: [unknown, Place | null][] = [[value, null]];
-  while (stack.length && issues.length < max) {
-    const [v, place] = stack.pop()!;
-    if (typeof v === 'string') {
-      if (LONE_SURROGATE.test(v)) issues.push({ loc: locOf(place, prefix), msg: 'Input should be a valid string: it holds a lone UTF-16 surrogate, which is not Unicode text', type: 'string_unicode' });
-    } else if (Array.isArray(v)) {
-      for (let i = v.length - 1; i >= 0; i--) stack.push([v[i], { parent: place, key: i }]);
-    } else if (v !== null && typeof v === 'object') {
-      const entries = Object.entries(v);
-      for (let i = entries.length - 1; i >= 0; i--) {
-        const [k, x] = entries[i];
-        if (LONE_SURROGATE.test(k)) issues.push({ loc: locOf({ parent: place, key: k }, prefix), msg: 'Field name is not valid Unicode text (a lone UTF-16 surrogate)', type: 'string_unicode' });
-        else stack.push([x, { parent: place, key: k }]);
-      }
-    }
-  }
-  return issues;
+  return valueIssues(value, prefix, max, false);
 }
 
 /**
@@ -109,7 +92,6 @@ export interface JsonBodyLimits {
 export function jsonBodyIssues(value: unknown, prefix: (string | number)[], limits: JsonBodyLimits = {}): ValidationIssue[] {
   const maxDepth = limits.maxDepth ?? JSON_MAX_DEPTH;
   const max = limits.max ?? 20;
-  const issues: ValidationIssue[] = [];
   // Depth first, over the whole body: a deep body is refused whatever else it holds.
   const levels: [unknown, number][] = [[value, 1]];
   while (levels.length) {
@@ -120,7 +102,17 @@ export function jsonBodyIssues(value: unknown, prefix: (string | number)[], limi
     }
     for (const x of Array.isArray(v) ? v : Object.values(v)) if (x !== null && typeof x === 'object') levels.push([x, depth + 1]);
   }
-  // In document order: a key that is not text is reported where it stands (its value is skipped).
+  return valueIssues(value, prefix, max, true);
+}
+
+/**
+ * The walk of unicodeIssues and jsonBodyIssues, in document order: each string or key that is not
+ * Unicode text (a key is reported where it stands and its value skipped) and, with `finite`, each
+ * number that is not finite. Iterative, and linear in the value's size: a place links to its
+ * parent, and a `loc` is built only for what is reported.
+ */
+function valueIssues(value: unknown, prefix: (string | number)[], max: number, finite: boolean): ValidationIssue[] {
+  const issues: ValidationIssue[] = [];
   const stack: [unknown, Place | null, boolean?][] = [[value, null]];
   while (stack.length && issues.length < max) {
     const [v, place, badKey] = stack.pop()!;
@@ -129,7 +121,7 @@ export function jsonBodyIssues(value: unknown, prefix: (string | number)[], limi
     } else if (typeof v === 'string') {
       if (LONE_SURROGATE.test(v)) issues.push({ loc: locOf(place, prefix), msg: 'Input should be a valid string: it holds a lone UTF-16 surrogate, which is not Unicode text', type: 'string_unicode' });
     } else if (typeof v === 'number') {
-      if (!Number.isFinite(v)) issues.push({ loc: locOf(place, prefix), msg: 'Input should be a finite number: this JSON number is too large for a double', type: 'finite_number' });
+      if (finite && !Number.isFinite(v)) issues.push({ loc: locOf(place, prefix), msg: 'Input should be a finite number: this JSON number is too large for a double', type: 'finite_number' });
     } else if (Array.isArray(v)) {
       for (let i = v.length - 1; i >= 0; i--) stack.push([v[i], { parent: place, key: i }]);
     } else if (v !== null && typeof v === 'object') {
