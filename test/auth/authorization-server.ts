@@ -140,16 +140,24 @@ export class AuthorizationServer {
 
 /**
  * Plays the browser: follows the provider's redirects with a cookie jar until the provider sends
- * it to `callbackPrefix`, then opens that callback URL (without the provider's cookies).
+ * it to `callbackPrefix` (authorizeAt), then opens that callback URL (without the provider's cookies).
  */
 export async function browse(url: string, callbackPrefix: string): Promise<{ callbackUrl: string; status: number; body: string }> {
+  const callbackUrl = (await authorizeAt(url, callbackPrefix)).toString();
+  const res = await fetch(callbackUrl, { redirect: 'manual' });
+  return { callbackUrl, status: res.status, body: await res.text() };
+}
+
+/**
+ * Plays the browser at the authorization server: follows its redirects with a cookie jar until it
+ * sends the browser to `callbackPrefix`, and returns that URL without opening it (the test opens
+ * it, as it was or altered).
+ */
+export async function authorizeAt(url: string, callbackPrefix: string): Promise<URL> {
   const jar = new Map<string, string>();
   let next = url;
   for (let hop = 0; hop < 20; hop++) {
-    if (next.startsWith(callbackPrefix)) {
-      const res = await fetch(next, { redirect: 'manual' });
-      return { callbackUrl: next, status: res.status, body: await res.text() };
-    }
+    if (next.startsWith(callbackPrefix)) return new URL(next);
     const cookie = [...jar].map(([k, v]) => `${k}=${v}`).join('; ');
     const res = await fetch(next, { redirect: 'manual', headers: cookie ? { cookie } : {} });
     for (const c of res.headers.getSetCookie()) {

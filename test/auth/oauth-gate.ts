@@ -183,27 +183,3 @@ export class OAuthGate {
   }
 }
 
-/**
- * Plays the browser at the authorization server: follows its redirects with a cookie jar until it
- * sends the browser to `callbackPrefix`, and returns that URL without opening it (the test opens
- * it, as it was or altered).
- */
-export async function authorizeAt(url: string, callbackPrefix: string): Promise<URL> {
-  const jar = new Map<string, string>();
-  let next = url;
-  for (let hop = 0; hop < 20; hop++) {
-    if (next.startsWith(callbackPrefix)) return new URL(next);
-    const cookie = [...jar].map(([k, v]) => `${k}=${v}`).join('; ');
-    const res = await fetch(next, { redirect: 'manual', headers: cookie ? { cookie } : {} });
-    for (const c of res.headers.getSetCookie()) {
-      const [pair] = c.split(';');
-      const i = pair.indexOf('=');
-      jar.set(pair.slice(0, i).trim(), pair.slice(i + 1).trim());
-    }
-    const location = res.headers.get('location');
-    await res.arrayBuffer();
-    if (!location) throw new Error(`the authorization server stopped at ${res.status} without a redirect`);
-    next = new URL(location, next).toString();
-  }
-  throw new Error('too many redirects');
-}

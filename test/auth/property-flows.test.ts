@@ -21,8 +21,8 @@ import { buildServer, type BuiltServer } from '../../src/server/app.js';
 import { freshPgDatabase, pgAvailable } from '../helpers/pg.js';
 import { propertyParams } from '../helpers/property.js';
 import { budget } from '../server/property-helpers.js';
-import { AuthorizationServer, type TestClient } from './authorization-server.js';
-import { authorizeAt, OAuthGate, REVOKE_FAULTS, TOKEN_FAULTS, TOKEN_OKS, type RevokeMode, type TokenMode } from './oauth-gate.js';
+import { AuthorizationServer, authorizeAt, type TestClient } from './authorization-server.js';
+import { OAuthGate, REVOKE_FAULTS, TOKEN_FAULTS, TOKEN_OKS, type RevokeMode, type TokenMode } from './oauth-gate.js';
 
 const TIMEOUT_MS = 1000;
 const DEFAULT_SCOPES = ['openid', 'offline_access'];
