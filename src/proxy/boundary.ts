@@ -150,14 +150,14 @@ export function checkExpectationsInPlan(server: { on(event: string, listener: (.
   });
 }
 
-interface ExpectingRequest {
+export interface ExpectingRequest {
   headers: Record<string, string | string[] | undefined>;
   /** HTTP/2 (node:http2's compatibility request). */
   stream?: { endAfterHeaders: boolean };
 }
 
 /** Whether a body follows the head: HTTP/1.1 by its framing fields, HTTP/2 unless the head ended the stream. */
-function announcesBody(req: ExpectingRequest): boolean {
+export function announcesBody(req: ExpectingRequest): boolean {
   if (req.stream) return !req.stream.endAfterHeaders;
   const cl = req.headers['content-length'];
   return req.headers['transfer-encoding'] !== undefined || (cl !== undefined && cl !== '0');

@@ -11,7 +11,7 @@ import { idleCutReason, idleCutsExchange } from './limits.js';
 import { upstreamAnswerVersion, upstreamEnding } from './upstream.js';
 import type { Http2ServerResponse } from 'node:http2';
 import { chunkRelayed } from './buffer-gc.js';
-import { continueIfOwed } from './boundary.js';
+import { announcesBody, continueIfOwed } from './boundary.js';
 import { repeatedSingleValue } from './h2/fields.js';
 
 /** RFC 9113 INTERNAL_ERROR, as a number: importing node:http2 for its constant would load HTTP/2 into every sidecar (test/cli/proxy-imports.test.ts). */
@@ -70,11 +70,6 @@ export function refuse(core: ProxyCore, res: ServerResponse, rec: RequestRecord,
   rec.error = err.reason;
   sendError(res, err, close);
   finishRecord(core, rec, started);
-}
-
-function hasBody(req: IncomingMessage): boolean {
-  const cl = req.headers['content-length'];
-  return req.headers['transfer-encoding'] !== undefined || (cl !== undefined && cl !== '0');
 }
 
 /**
@@ -250,7 +245,7 @@ export function forward(core: ProxyCore, req: IncomingMessage, res: ServerRespon
       method: req.method as 'GET',
       headers,
       // undici streams async iterables; the generator counts bytes without buffering.
-      body: (t.h2 ? t.h2.body : hasBody(req)) ? (counted(req, rec, res) as unknown as Readable) : null,
+      body: (t.h2 ? t.h2.body : announcesBody(req)) ? (counted(req, rec, res) as unknown as Readable) : null,
     },
     {
       onConnect(abort: (err?: Error) => void) {
