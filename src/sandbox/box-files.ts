@@ -88,14 +88,11 @@ while [ -n "$d" ]; do rmdir -- "$d" 2>/dev/null; [ "$d" = "$top" ] && break; d=\
 export async function makeParents(exec: Exec, boxPath: string): Promise<() => Promise<void>> {
   checkUploadPath(boxPath);
   const dir = boxPath.slice(0, boxPath.lastIndexOf('/')) || '/';
-  const p = await exec({ command: ['/bin/sh', '-c', MAKE_PARENTS, 'sh', dir], cwd: '/', timeoutMs: 30_000 });
-  let top = '';
-  p.stdout.on('data', (d: Buffer) => (top += d.toString('utf8')));
-  p.stderr.resume();
-  await p.done; // a failure shows in the write's own error (no such directory)
+  // A failure shows in the write's own error (no such directory).
+  const { stdout: top } = await runInBox(exec, ['/bin/sh', '-c', MAKE_PARENTS, 'sh', dir]);
   if (!top) return async () => undefined;
   return async () => {
-    await runQuiet(exec, ['/bin/sh', '-c', REMOVE_MADE, 'sh', dir, top]).catch(() => undefined);
+    await runInBox(exec, ['/bin/sh', '-c', REMOVE_MADE, 'sh', dir, top]).catch(() => undefined);
   };
 }
 
@@ -249,20 +246,24 @@ export async function writeBoxFile(exec: Exec, boxPath: string, body: Readable, 
     p.kill('SIGKILL');
   }
   const r = await p.done;
-  const committed = !streamErr && r.exitCode === 0 ? await runQuiet(exec, ['/bin/sh', '-c', COMMIT, 'sh', boxPath, tmp]) : null;
+  const committed = !streamErr && r.exitCode === 0 ? await runInBox(exec, ['/bin/sh', '-c', COMMIT, 'sh', boxPath, tmp]) : null;
   if (committed?.exitCode === 0) return { size };
   // Whatever was written stays under the temporary name only; remove it.
   const dir = boxPath.slice(0, boxPath.lastIndexOf('/') + 1);
-  await runQuiet(exec, ['rm', '-f', '--', `${dir}${tmp}`]).catch(() => null);
+  await runInBox(exec, ['rm', '-f', '--', `${dir}${tmp}`]).catch(() => null);
   if (tooLarge) throw new BoxFileError('too_large', `upload is larger than ${maxBytes} bytes`);
   if (streamErr && r.exitCode === 0) throw streamErr;
   throw failure(committed ? committed.exitCode : r.exitCode, committed ? committed.stderr : stderr(), 'write');
 }
 
-async function runQuiet(exec: Exec, command: string[]): Promise<{ exitCode: number | null; stderr: string }> {
+/**
+ * Runs a short command in the box (from `/`, 30 s at most): its exit code, its stdout (up to 8 KiB:
+ * enough for a path, which is at most 4096 bytes) and the start of its stderr.
+ */
+export async function runInBox(exec: Exec, command: string[]): Promise<{ exitCode: number | null; stdout: string; stderr: string }> {
   const p = await exec({ command, cwd: '/', timeoutMs: 30_000 });
-  p.stdout.resume();
+  const stdout = collect(p.stdout, 8192);
   const stderr = collect(p.stderr);
   const r = await p.done;
-  return { exitCode: r.exitCode, stderr: stderr() };
+  return { exitCode: r.exitCode, stdout: stdout(), stderr: stderr() };
 }

@@ -7,6 +7,7 @@ import { demultiplex, dockerSocketPath, DockerEngine, engineMessage } from '../d
 import type { Logger } from '../log.js';
 import { BoxFileError, BoxNotRunningError, BoxStartError, type Box, type BoxSpec, type DriverProbe, type ExecOptions, type ExecProcess, type SandboxDriver } from './driver.js';
 import { startExec, type ExecContext } from './docker-exec.js';
+import { runInBox } from './box-files.js';
 import { hasDotDot, PHYSICAL_DIR, readBoxFile, writeBoxFile, type FilesContext } from './docker-files.js';
 import { defaultRelayLimits, RelayBudget, type RelayLimits } from './relay-budget.js';
 import { DiskWatch, mountRunDir, mountWorkspace, unmountRunDir, unmountWorkspace, WORKSPACE_DIR, WORKSPACE_IMAGE, workspaceBoundUnavailable } from './disk.js';
@@ -587,12 +588,8 @@ class DockerBox implements Box {
     if (!hasDotDot(boxPath)) return boxPath;
     const slash = boxPath.lastIndexOf('/');
     const dir = boxPath.slice(0, slash) || '/';
-    const p = await this.exec({ command: ['/bin/sh', '-c', PHYSICAL_DIR, 'sh', dir], cwd: '/', timeoutMs: 30_000 });
-    let out = '';
-    p.stdout.on('data', (d: Buffer) => (out += d.toString('utf8')));
-    p.stderr.resume();
-    const r = await p.done;
-    const resolved = out.endsWith('\n') ? out.slice(0, -1) : out;
+    const r = await runInBox((o) => this.exec(o), ['/bin/sh', '-c', PHYSICAL_DIR, 'sh', dir]);
+    const resolved = r.stdout.endsWith('\n') ? r.stdout.slice(0, -1) : r.stdout;
     if (r.exitCode !== 0 || !resolved.startsWith('/')) throw new BoxFileError('not_found', 'no such file or directory in the box');
     return `${resolved === '/' ? '' : resolved}${boxPath.slice(slash)}`;
   }
