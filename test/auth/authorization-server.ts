@@ -5,6 +5,7 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import Provider from 'oidc-provider';
+import { listenAgain, takeOffline } from '../helpers/relisten.js';
 
 export interface TestClient {
   client_id: string;
@@ -118,19 +119,12 @@ export class AuthorizationServer {
 
   /** Takes the server off the network (connections cut), keeping its state for `resume`. */
   async stop(): Promise<void> {
-    this.server.closeAllConnections();
-    await new Promise<void>((r) => this.server.close(() => r()));
+    await takeOffline(this.server);
   }
 
   /** Listens again on the same port (the issuer URL is part of every token and client). */
   async resume(): Promise<void> {
-    await new Promise<void>((resolve, reject) => {
-      this.server.once('error', reject);
-      this.server.listen(this.port, '127.0.0.1', () => {
-        this.server.off('error', reject);
-        resolve();
-      });
-    });
+    await listenAgain(this.server, this.port);
   }
 
   async close(): Promise<void> {

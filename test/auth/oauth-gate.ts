@@ -6,6 +6,7 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { AuthorizationServer } from './authorization-server.js';
+import { listenAgain, takeOffline } from '../helpers/relisten.js';
 
 /** How the token endpoint answers the next code exchange. */
 export const TOKEN_FAULTS = [
@@ -162,19 +163,11 @@ export class OAuthGate {
 
   /** Nothing listens on the gate's port until `resume` (connection refused). */
   async refuse(): Promise<void> {
-    this.server.closeAllConnections();
-    await new Promise<void>((r) => this.server.close(() => r()));
+    await takeOffline(this.server);
   }
 
   async resume(): Promise<void> {
-    if (this.server.listening) return;
-    await new Promise<void>((resolve, reject) => {
-      this.server.once('error', reject);
-      this.server.listen(this.port, '127.0.0.1', () => {
-        this.server.off('error', reject);
-        resolve();
-      });
-    });
+    await listenAgain(this.server, this.port);
   }
 
   async close(): Promise<void> {
