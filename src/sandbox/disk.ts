@@ -101,9 +101,12 @@ export async function adoptWorkspace(dir: string, owner: { uid: number; gid: num
 /**
  * Mounts the box's sized workspace at `<stateDir>/workspace` (made on first use, owned by
  * `owner`) and returns that directory. `adopt`: everything in it is the box's user's, given to
- * `owner` if its root is not (adoptWorkspace). Throws with a sentence saying what failed.
+ * `owner` if its root is not (adoptWorkspace). `owner` null (the docker driver): made root's, and
+ * then left as it is: the engine gives an empty volume the owner of the image's /workspace on the
+ * box's first start, and a later mount that gave it back to root left the box's user unable to
+ * make a file at the top of its own /workspace. Throws with a sentence saying what failed.
  */
-export async function mountWorkspace(stateDir: string, diskMb: number, owner: { uid: number; gid: number }, copyFrom?: string, adopt = false): Promise<string> {
+export async function mountWorkspace(stateDir: string, diskMb: number, owner: { uid: number; gid: number } | null, copyFrom?: string, adopt = false): Promise<string> {
   const why = workspaceBoundUnavailable();
   if (why) throw new Error(why);
   if (!Number.isSafeInteger(diskMb) || diskMb < 1) throw new Error('disk_mb must be a positive whole number of MiB');
@@ -124,7 +127,7 @@ export async function mountWorkspace(stateDir: string, diskMb: number, owner: { 
     }
     try {
       // No blocks reserved for root (the box's user gets all of it); lazy init keeps creation quick.
-      await run('mkfs.ext4', ['-q', '-F', '-m', '0', '-L', 'workspace', '-E', `root_owner=${owner.uid}:${owner.gid},lazy_itable_init=1,nodiscard`, image], { env: TOOL_ENV, timeout: TOOL_TIMEOUT_MS });
+      await run('mkfs.ext4', ['-q', '-F', '-m', '0', '-L', 'workspace', '-E', `root_owner=${owner?.uid ?? 0}:${owner?.gid ?? 0},lazy_itable_init=1,nodiscard`, image], { env: TOOL_ENV, timeout: TOOL_TIMEOUT_MS });
     } catch (e) {
       rmSync(image, { force: true });
       throw new Error(`cannot make the /workspace file system: ${toolError(e)}`);
@@ -140,9 +143,11 @@ export async function mountWorkspace(stateDir: string, diskMb: number, owner: { 
     // mkfs's lost+found is nothing the box's user should find (nor could remove: root's, 0700).
     const lf = path.join(dir, 'lost+found');
     if (existsSync(lf) && isEmptyDir(lf)) rmdirSync(lf);
-    if (adopt) await adoptWorkspace(dir, owner);
-    const st = statSync(dir);
-    if (st.uid !== owner.uid || st.gid !== owner.gid) chownSync(dir, owner.uid, owner.gid);
+    if (owner) {
+      if (adopt) await adoptWorkspace(dir, owner);
+      const st = statSync(dir);
+      if (st.uid !== owner.uid || st.gid !== owner.gid) chownSync(dir, owner.uid, owner.gid);
+    }
     if (existsSync(legacy)) {
       try {
         await run('cp', ['-a', '--', `${legacy}/.`, `${dir}/`], { env: TOOL_ENV, timeout: 10 * TOOL_TIMEOUT_MS });
@@ -156,7 +161,7 @@ export async function mountWorkspace(stateDir: string, diskMb: number, owner: { 
       }
       rmSync(legacy, { recursive: true, force: true });
       // `cp -a` kept the old owner (the server's uid, as boxes once ran): the box's now.
-      if (adopt) await adoptWorkspace(dir, owner, true);
+      if (adopt && owner) await adoptWorkspace(dir, owner, true);
     }
     // The docker driver's earlier /workspace (a volume of the engine) is copied, not moved: the
     // caller removes it once the box runs.

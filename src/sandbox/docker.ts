@@ -244,7 +244,7 @@ export class DockerBoxDriver implements SandboxDriver {
       const from = old.status === 200 && old.body?.Mountpoint ? old.body.Mountpoint : undefined;
       let dir: string;
       try {
-        dir = await mountWorkspace(spec.stateDir, spec.resources.disk_mb, { uid: 0, gid: 0 }, from);
+        dir = await mountWorkspace(spec.stateDir, spec.resources.disk_mb, null, from);
       } catch (e) {
         throw new BoxStartError(`could not make the box's /workspace (disk_mb ${spec.resources.disk_mb}): ${(e as Error).message}`);
       }

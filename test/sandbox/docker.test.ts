@@ -469,6 +469,9 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
       const again = await driver.start(spec('stop'));
       expect((await run(again, 'cat /workspace/kept.txt')).out).toBe('kept\n');
       expect((await boxProcesses(again)).filter((l) => /sleep/.test(l))).toEqual([]);
+      // Still the box user's to write after a start: the second mount gave the file system's root
+      // back to root, and no new file could be made at its top.
+      expect((await run(again, 'touch /workspace/made 2>&1 && echo made; stat -c %u /workspace')).out).toBe('made\n1000\n');
     });
 
     it('destroy removes container, volume and state directory, and is idempotent', async () => {
