@@ -7,8 +7,8 @@ import { demultiplex, dockerSocketPath, DockerEngine, engineMessage } from '../d
 import type { Logger } from '../log.js';
 import { BoxFileError, BoxNotRunningError, BoxStartError, type Box, type BoxSpec, type DriverProbe, type ExecOptions, type ExecProcess, type SandboxDriver } from './driver.js';
 import { startExec, type ExecContext } from './docker-exec.js';
-import { runInBox } from './box-files.js';
-import { hasDotDot, PHYSICAL_DIR, readBoxFile, writeBoxFile, type FilesContext } from './docker-files.js';
+import { readBoxFile, writeBoxFile } from './box-files.js';
+import { readImageFile } from './docker-files.js';
 import { defaultRelayLimits, RelayBudget, type RelayLimits } from './relay-budget.js';
 import { DiskWatch, mountRunDir, mountWorkspace, unmountRunDir, unmountWorkspace, WORKSPACE_DIR, WORKSPACE_IMAGE, workspaceBoundUnavailable } from './disk.js';
 import { BOX_RELAY_DIR, HostRelay, hostRuntime, RELAY_READY, relayCommand, type HostRuntime } from './docker-relay.js';
@@ -95,13 +95,6 @@ function parseIds(user: string, passwd: string): { uid: number; gid: number } | 
   }
   if (Number.isNaN(uid)) return null;
   return { uid, gid: Number.isNaN(gid) ? uid : gid };
-}
-
-/** A small file read whole (bounded by the caller). */
-async function streamText(stream: Readable): Promise<string> {
-  const parts: Buffer[] = [];
-  for await (const c of stream) parts.push(c as Buffer);
-  return Buffer.concat(parts).toString('utf8');
 }
 
 /**
@@ -327,15 +320,10 @@ export class DockerBoxDriver implements SandboxDriver {
       if (sized) await this.verifyWorkspace(containerId, sized.dir);
       await this.waitForRelay(containerId);
 
-      const files: FilesContext = { engine, containerId, spoolDir: spec.stateDir, uid: 0, gid: 0 };
-      let ids = execIds;
-      if (!ids) {
-        const passwd = await readBoxFile(files, '/etc/passwd', 1 << 20).then((r) => streamText(r.stream)).catch(() => '');
-        ids = parseIds(execUser, passwd);
-        if (!ids) throw new BoxStartError(`the image's user ${execUser} is not in its /etc/passwd`);
+      if (!execIds) {
+        const passwd = await readImageFile(engine, containerId, '/etc/passwd', 1 << 20).catch(() => null);
+        if (!parseIds(execUser, passwd ?? '')) throw new BoxStartError(`the image's user ${execUser} is not in its /etc/passwd`);
       }
-      files.uid = ids.uid;
-      files.gid = ids.gid;
       if (legacyVolume) await this.removeVolume(legacyVolume).catch(() => undefined);
       const execs: ExecContext = {
         engine,
@@ -358,7 +346,7 @@ export class DockerBoxDriver implements SandboxDriver {
         },
         log: (msg, err) => this.logger?.warn({ sandbox: spec.id, err: err instanceof Error ? err.message : undefined }, msg),
       };
-      const box = new DockerBox(spec.id, containerId, relay, files, execs, () => {
+      const box = new DockerBox(spec.id, containerId, relay, engine, spec.stateDir, execs, () => {
         if (this.boxes.get(spec.id) === box) this.boxes.delete(spec.id);
       });
       // An engine volume has no size: its use is measured and the box stopped past disk_mb.
@@ -524,13 +512,15 @@ class DockerBox implements Box {
     readonly id: string,
     private readonly containerId: string,
     private readonly relay: HostRelay,
-    private readonly files: FilesContext,
+    private readonly engine: DockerEngine,
+    /** The box's state directory on the host (its sized /workspace and run directory are mounted under it). */
+    private readonly stateDir: string,
     private readonly execs: ExecContext,
     private readonly forget: () => void,
   ) {
     // The engine answers this once the container is not running any more (it died: the relay,
     // its main process, was killed, e.g. by the OOM killer): the box is over, stopped here too.
-    void files.engine
+    void engine
       .request('POST', `/containers/${containerId}/wait?condition=not-running`, { timeoutMs: 0 })
       .then((res) => res.body.dump())
       .catch(() => undefined)
@@ -553,7 +543,7 @@ class DockerBox implements Box {
 
   async isRunning(): Promise<boolean> {
     if (this.stopped) return false;
-    const info = await this.files.engine.json<{ State?: { Running?: boolean } }>('GET', `/containers/${this.containerId}/json`).catch(() => null);
+    const info = await this.engine.json<{ State?: { Running?: boolean } }>('GET', `/containers/${this.containerId}/json`).catch(() => null);
     return info?.status === 200 && info.body?.State?.Running === true;
   }
 
@@ -568,30 +558,19 @@ class DockerBox implements Box {
     }
   }
 
+  /**
+   * The files API runs in the box, as on the local driver (box-files.ts): the engine's archive API
+   * would read the container's root file system, not the tmpfs /tmp, /proc or /dev the box sees,
+   * and would strike `link/..` out by name.
+   */
   async readFile(boxPath: string, maxBytes: number): Promise<{ size: number; stream: Readable }> {
     this.running();
-    return readBoxFile(this.files, await this.physical(boxPath), maxBytes);
+    return readBoxFile((o) => this.exec(o), boxPath, maxBytes);
   }
 
   async writeFile(boxPath: string, body: Readable, maxBytes: number): Promise<{ size: number }> {
     this.running();
-    return writeBoxFile(this.files, await this.physical(boxPath), body, maxBytes);
-  }
-
-  /**
-   * A path with `..` in it, its directory resolved in the box first (as the box's user, in its own
-   * namespaces): the engine would strike out `link/..` by name, and read or write a file other
-   * than the one the box sees at that path. What the box answers is only ever handed to the
-   * engine, which resolves it inside the container again: it cannot name a host path.
-   */
-  private async physical(boxPath: string): Promise<string> {
-    if (!hasDotDot(boxPath)) return boxPath;
-    const slash = boxPath.lastIndexOf('/');
-    const dir = boxPath.slice(0, slash) || '/';
-    const r = await runInBox((o) => this.exec(o), ['/bin/sh', '-c', PHYSICAL_DIR, 'sh', dir]);
-    const resolved = r.stdout.endsWith('\n') ? r.stdout.slice(0, -1) : r.stdout;
-    if (r.exitCode !== 0 || !resolved.startsWith('/')) throw new BoxFileError('not_found', 'no such file or directory in the box');
-    return `${resolved === '/' ? '' : resolved}${boxPath.slice(slash)}`;
+    return writeBoxFile((o) => this.exec(o), boxPath, body, maxBytes);
   }
 
   /** Removing the container kills every process in it; the named /workspace volume stays. */
@@ -609,14 +588,14 @@ class DockerBox implements Box {
     this.stopped = true;
     this.diskWatch?.stop();
     try {
-      const err = await removeContainer(this.files.engine, this.containerId).then(
+      const err = await removeContainer(this.engine, this.containerId).then(
         () => null,
         (e: Error) => e,
       );
       await this.relay.close().catch(() => undefined);
       // Its sized /workspace is mounted while it runs only (a start mounts it again).
-      await unmountWorkspace(this.files.spoolDir);
-      await unmountRunDir(this.files.spoolDir);
+      await unmountWorkspace(this.stateDir);
+      await unmountRunDir(this.stateDir);
       if (err) throw err;
     } finally {
       this.forget();

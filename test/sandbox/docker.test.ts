@@ -433,8 +433,11 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
       expect(r.out.match(/can't kill pid \d+: Operation not permitted/g)?.length).toBe(2);
       expect(r.out).toMatch(/mount: .*(denied|not permitted)/i);
       expect((await run(b, `curl -sS --max-time 20 https://${API_HOST}:${origin.port}/repos/root`)).exitCode).toBe(0);
-      await b.writeFile('/workspace/by-api', Readable.from([Buffer.from('x')]), 10);
-      expect((await run(b, 'stat -c %u /workspace/by-api')).out.trim()).toBe('0');
+      // The files API writes as the box's own user, with no more right than it: not to this
+      // /workspace (the engine's archive API, used before, wrote there as the engine's root).
+      await expect(b.writeFile('/workspace/by-api', Readable.from([Buffer.from('x')]), 10)).rejects.toMatchObject({ kind: 'bad_path' });
+      await b.writeFile('/tmp/by-api', Readable.from([Buffer.from('x')]), 10);
+      expect((await run(b, 'stat -c %u /tmp/by-api; ls /workspace')).out.trim()).toBe('0');
     });
 
     it('a box whose relay dies stops (never open network); start() brings up a new one', async () => {
@@ -472,6 +475,8 @@ describe.skipIf(skip)('docker box driver (real engine)', () => {
       // Still the box user's to write after a start: the second mount gave the file system's root
       // back to root, and no new file could be made at its top.
       expect((await run(again, 'touch /workspace/made 2>&1 && echo made; stat -c %u /workspace')).out).toBe('made\n1000\n');
+      await again.writeFile('/workspace/after.txt', Readable.from([Buffer.from('after')]), 10);
+      expect((await run(again, 'cat /workspace/after.txt; stat -c %u /workspace /workspace/after.txt')).out).toBe('after1000\n1000\n');
     });
 
     it('destroy removes container, volume and state directory, and is idempotent', async () => {

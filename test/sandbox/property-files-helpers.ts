@@ -96,11 +96,10 @@ export const nameArb: fc.Arbitrary<string> = fc
   .filter((n) => !/\p{Cs}/u.test(n) && !n.includes('/') && !n.includes('\0') && n !== '.' && n !== '..' && Buffer.byteLength(n) <= 255);
 
 /** Targets a planted symlink points at: host-looking paths, the root, `..` chains, loops, dangling. */
-export function linkTargetArb(hostPaths: string[], engineBlind = false): fc.Arbitrary<string> {
+export function linkTargetArb(hostPaths: string[]): fc.Arbitrary<string> {
   const targets = ['/', '/etc/passwd', '/etc/shadow', '/proc/self/root', '/proc/1/root', '/proc/self/cwd', '/proc/1/cwd', '/dev/zero', '/nonexistent', '/workspace', '/tmp', '..', '../..', '../../../../../..', '../../../../../../etc/passwd', '.', 'missing', '/proc/self/fd/0', '/proc/version', '/proc/sys/kernel'];
   return fc.oneof(
-    // The docker driver's engine sees the container's root file system, not its /proc or /dev mounts.
-    fc.constantFrom(...targets.filter((t) => !engineBlind || !/^\/(proc|dev)\//.test(t))),
+    fc.constantFrom(...targets),
     fc.constantFrom(...hostPaths),
     fc.integer({ min: 1, max: 12 }).map((n) => '../'.repeat(n) + hostPaths[0].slice(1)),
   );
@@ -115,11 +114,11 @@ export interface PlannedEntry {
   entry: Entry;
 }
 
-export function treeArb(hostPaths: string[], engineBlind = false): fc.Arbitrary<PlannedEntry[]> {
+export function treeArb(hostPaths: string[]): fc.Arbitrary<PlannedEntry[]> {
   const entry: fc.Arbitrary<Entry> = fc.oneof(
     { weight: 3, arbitrary: fc.constant<Entry>({ kind: 'dir' }) },
     { weight: 4, arbitrary: fc.uint8Array({ maxLength: 300 }).map<Entry>((data) => ({ kind: 'file', data })) },
-    { weight: 4, arbitrary: fc.oneof(linkTargetArb(hostPaths, engineBlind), nameArb).map<Entry>((target) => ({ kind: 'link', target })) },
+    { weight: 4, arbitrary: fc.oneof(linkTargetArb(hostPaths), nameArb).map<Entry>((target) => ({ kind: 'link', target })) },
     { weight: 1, arbitrary: fc.constant<Entry>({ kind: 'fifo' }) },
     { weight: 1, arbitrary: fc.nat(20).map<Entry>((of) => ({ kind: 'hard', of })) },
   );
@@ -166,9 +165,6 @@ elif [ ! -f "$f" ]; then echo NOTREG
 elif [ ! -r "$f" ]; then echo NOREAD
 else printf 'FILE %s\\n' "$(base64 -w0 -- "$f" || echo ERR)"; fi
 done`;
-
-/** Each path as the box resolves it, base64 (`-` when readlink cannot). */
-export const RESOLVE = `for f in "$@"; do r=$(readlink -f -- "$f") && printf '%s\\n' "$(printf %s "$r" | base64 -w0)" || echo -; done`;
 
 export type View = { kind: 'ENOENT' | 'DIR' | 'NOTREG' | 'NOREAD' } | { kind: 'FILE'; data: Buffer };
 

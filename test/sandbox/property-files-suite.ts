@@ -33,7 +33,7 @@ import { propertyParams } from '../helpers/property.js';
 import { startInProcess, type InProcessServer } from '../server/inprocess.js';
 import { bothDrivers, type DriverKind } from './both-drivers.js';
 import { cleanupTmp, TMP } from './local-helpers.js';
-import { Api, type Answer, encodePathParam, type Encoding, fileHash, listTree, nameArb, parseViews, plan, PLANT, RESOLVE, treeArb, VIEW, type View } from './property-files-helpers.js';
+import { Api, type Answer, encodePathParam, type Encoding, fileHash, listTree, nameArb, parseViews, plan, PLANT, treeArb, VIEW, type View } from './property-files-helpers.js';
 
 
 const HOST_DIR = path.join(TMP, 'host-canaries');
@@ -44,12 +44,6 @@ const READ_SECRET = 'kg-read-canary-7f3a91';
 const filesUrl = (box: string, rawParam: string) => `/api/v2/sandboxes/boxes/${box}/files?path=${rawParam}`;
 let caseNo = 0;
 
-
-/**
- * Where the docker driver's files API cannot see what the box sees (sandbox/README.md: the engine
- * archives the container's root file system, not its tmpfs or /proc mounts): no model there.
- */
-const ENGINE_BLIND = /^\/(tmp|proc|dev|sys|run|etc\/keygate)(\/|$)|^\/etc\/(hosts|hostname|resolv\.conf)$/;
 
 /** The whole suite on one driver (one test file per driver, so that each runs in its own worker and time budget). */
 export async function filesSuite(kind: DriverKind): Promise<void> {
@@ -64,22 +58,8 @@ let s: InProcessServer;
 let api: Api;
 const BOX = `pf-${kind}`;
 let boxId: string;
-/** Where cases plant their trees: the engine cannot reach a docker box's tmpfs /tmp. */
-const BASES = kind === 'local' ? ['/workspace', '/tmp'] : ['/workspace'];
-
-/** Each path as the box resolves it (readlink -f), for the docker driver's blind spots. */
-async function resolved(paths: string[]): Promise<string[]> {
-  const r = await api.exec(BOX, ['/bin/sh', '-c', RESOLVE, 'sh', ...paths], { cwd: '/' });
-  const lines = r.stdout.split('\n').filter((l) => l !== '');
-  if (lines.length !== paths.length) throw new Error(`readlink gave ${lines.length} lines for ${paths.length}: ${r.stdout} ${r.stderr}`);
-  return lines.map((l) => (l === '-' ? '' : Buffer.from(l, 'base64').toString('utf8')));
-}
-/** Whether the model applies to `p` on this driver. */
-async function modelled(p: string): Promise<boolean> {
-  if (kind === 'local') return true;
-  const [r] = await resolved([p]);
-  return !ENGINE_BLIND.test(r);
-}
+/** Where cases plant their trees: the box's own /workspace, and its tmpfs /tmp. */
+const BASES = ['/workspace', '/tmp'];
 
 async function views(paths: string[]): Promise<View[]> {
   if (!paths.length) return [];
@@ -203,7 +183,7 @@ describe.skipIf(why)(`files API and execution on real boxes, ${kind} driver`, ()
   it('GET and PUT answer what the box sees, and never touch the host', async () => {
     await fc.assert(
       fc.asyncProperty(
-        treeArb(hostPaths, kind === 'docker'),
+        treeArb(hostPaths),
         fc.array(fc.record({ target: fc.nat(), v: variantArb }), { minLength: 3, maxLength: 8 }),
         fc.array(fc.record({ target: fc.nat(), v: variantArb, body: fc.uint8Array({ maxLength: 2000 }), newName: fc.option(fc.oneof(nameArb, fc.integer({ min: 256, max: 300 }).map((n) => 'N'.repeat(n))), { nil: undefined }), deeper: fc.option(nameArb, { nil: undefined }) }), { minLength: 1, maxLength: 4 }),
         fc.constantFrom(...BASES),
@@ -224,10 +204,6 @@ describe.skipIf(why)(`files API and execution on real boxes, ${kind} driver`, ()
             const a = await api.send('GET', filesUrl(BOX, encodePathParam(p, g.v.how)));
             if (!a) continue;
             const [view] = valid ? await views([p]) : [undefined];
-            if (view && !(await modelled(p))) {
-              if (a.status !== 200) expect(errorProblems(a)).toEqual([]);
-              continue;
-            }
             const what = `GET ${JSON.stringify(p)} (${g.v.how}): ${a.status} ${a.text.slice(0, 300)}; box: ${JSON.stringify(view && { ...view, data: 'data' in view ? view.data.toString('base64') : undefined })}`;
             if (a.status !== 200) expect(errorProblems(a), what).toEqual([]);
             if (!view) expect(a.status, what).toBe(422);
@@ -270,7 +246,6 @@ describe.skipIf(why)(`files API and execution on real boxes, ${kind} driver`, ()
               expect(JSON.stringify(post), what).toBe(JSON.stringify(pre));
               // A refusal is one the box itself would meet: its own shell cannot put the file there.
               const self = await api.exec(BOX, ['/bin/sh', '-c', 'mkdir -p -- "${1%/*}" 2>/dev/null; [ ! -d "$1" ] && rm -f -- "$1" 2>/dev/null; printf x > "$1"', 'sh', p], { cwd: '/' });
-              if (self.exit_code === 0 && !(await modelled(p))) continue; // where the engine cannot see (docker)
               expect(self.exit_code, `${what}; yet the box itself wrote it (${self.stderr})`).not.toBe(0);
             }
           }
@@ -362,7 +337,7 @@ describe.skipIf(why)(`files API and execution on real boxes, ${kind} driver`, ()
 
   // /proc files announce size 0: GET answered 200 with an empty body where the box's own cat
   // prints their content (found by giving the property's links /proc targets).
-  it.skipIf(kind !== 'local')('a file that announces size 0 but holds content (/proc) reads as the box reads it, and never a 5xx', async () => {
+  it('a file that announces size 0 but holds content (/proc) reads as the box reads it, and never a 5xx', async () => {
     for (const p of ['/proc/version', '/proc/sys/kernel/ostype']) {
       const a = (await api.send('GET', filesUrl(BOX, encodeURIComponent(p))))!;
       const [view] = await views([p]);
@@ -420,6 +395,24 @@ describe.skipIf(why)(`files API and execution on real boxes, ${kind} driver`, ()
     );
   }, 120_000);
 
+  // The docker driver read and wrote through the engine's archive API, which sees the container's
+  // root file system: a file the box made in its tmpfs /tmp was a 404, /proc/version was a 404,
+  // and a PUT to /tmp was refused as read-only. Both drivers now answer what the box sees.
+  it("the files API sees the box's tmpfs /tmp and /proc as the box does", async () => {
+    const made = await api.exec(BOX, 'mkdir -p /tmp/seen && printf "made in the box" > /tmp/seen/by-box');
+    expect(made.exit_code, made.stderr).toBe(0);
+    const got = (await api.send('GET', filesUrl(BOX, encodeURIComponent('/tmp/seen/by-box'))))!;
+    expect(got.status, got.text).toBe(200);
+    expect(got.text).toBe('made in the box');
+    const put = (await api.send('PUT', filesUrl(BOX, encodeURIComponent('/tmp/seen/by-api')), 'put by the API'))!;
+    expect(put.status, put.text).toBe(201);
+    const read = await api.exec(BOX, 'cat /tmp/seen/by-api');
+    expect(read.stdout).toBe('put by the API');
+    const version = (await api.send('GET', filesUrl(BOX, encodeURIComponent('/proc/version'))))!;
+    expect(version.status, version.text).toBe(200);
+    expect(version.text).toBe((await api.exec(BOX, 'cat /proc/version')).stdout);
+  });
+
   it('execute caps each stream at 10 MiB and says truncated', async () => {
     const cap = 10 * 1024 * 1024;
     const r = await api.exec(BOX, `head -c ${cap + 3} /dev/zero | tr '\\0' a; printf 'é' >&2; exit 7`);
@@ -435,7 +428,7 @@ describe.skipIf(why)(`files API and execution on real boxes, ${kind} driver`, ()
       fc.asyncProperty(fc.uniqueArray(fc.record({ name: nameArb, data: fc.uint8Array({ maxLength: 3000 }) }), { minLength: 1, maxLength: 5, selector: (f) => f.name }), async (files) => {
         const dir = `/workspace/persist-${++caseNo}`;
         for (const f of files) {
-          for (const base of kind === 'local' ? [dir, `/tmp/persist-${caseNo}`] : [dir]) {
+          for (const base of [dir, `/tmp/persist-${caseNo}`]) {
             const a = (await api.send('PUT', filesUrl(BOX, encodeURIComponent(`${base}/${f.name}`)), Buffer.from(f.data)))!;
             expect(a.status, a.text).toBe(201);
           }
