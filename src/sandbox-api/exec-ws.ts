@@ -24,11 +24,20 @@ import type { SandboxService } from './service.js';
  * Server -> client: `{"type":"started"}`, `{"type":"stdout"|"stderr","data":"..."}` as output comes
  * (UTF-8 text; each stream capped like the JSON form), then `{"type":"exit","exit_code":N,"signal":...,
  * "timed_out":bool,"truncated":bool,"duration_ms":N}` and a normal close; or `{"type":"error","detail":...}`
- * (`detail` as in wire.md) and close 1008.
+ * (`detail` as in wire.md) and close 1008. The request must come within QUIET_HEARTBEATS heartbeats
+ * (an error frame, detail of a 408, and close 1008); a client that answers none of our pings for as
+ * long is cut, and its command killed.
  */
 const KILL_SIGNALS = new Set(['SIGTERM', 'SIGKILL', 'SIGINT', 'SIGHUP', 'SIGQUIT']);
 /** Output waits while this much is queued to a slow client (backpressure, never an unbounded buffer). */
 const HIGH_WATER = 1024 * 1024;
+/**
+ * Heartbeats a socket may stay quiet: with no execute request yet, or (while it is read) with no
+ * answer to our pings. Past them, the client is gone: an upgraded socket has no HTTP timeout left,
+ * and one that never sent its request, or went away without a close (a dead network path), held
+ * its socket, a heartbeat timer and a credential check per beat, and its command, for good.
+ */
+export const QUIET_HEARTBEATS = 3;
 
 type Request = { command: string | string[]; timeout_seconds?: number; env?: Record<string, string>; cwd?: string; stdin?: boolean };
 
@@ -91,7 +100,7 @@ export async function registerExecWebSocket(app: FastifyInstance, service: Sandb
       schema: {
         summary: 'Execute with streaming (WebSocket): output as it comes, stdin, kill, the exit code',
         description:
-          'Upgrade with X-Api-Key. Send the execute body as the first JSON text frame (stdin: true for a stdin pipe), then {"type":"stdin","data":"..."}, {"type":"stdin_close"} or {"type":"kill","signal":"SIGTERM"}. Receive {"type":"started"}, {"type":"stdout"|"stderr","data":"..."}, and last {"type":"exit","exit_code":N,"signal":null,"timed_out":false,"truncated":false,"duration_ms":N}. Errors: {"type":"error","detail":...} then close 1008. Closing the socket kills the command.',
+          'Upgrade with X-Api-Key. Send the execute body as the first JSON text frame (stdin: true for a stdin pipe), then {"type":"stdin","data":"..."}, {"type":"stdin_close"} or {"type":"kill","signal":"SIGTERM"}. Receive {"type":"started"}, {"type":"stdout"|"stderr","data":"..."}, and last {"type":"exit","exit_code":N,"signal":null,"timed_out":false,"truncated":false,"duration_ms":N}. Errors: {"type":"error","detail":...} then close 1008. Closing the socket kills the command. The request must come within 3 heartbeats (KEYGATE_STREAM_HEARTBEAT_MS) of the upgrade; a client that answers no ping for 3 heartbeats is cut and its command killed.',
         tags: ['Sandboxes'],
         params: nameParams,
       },
@@ -105,9 +114,20 @@ export async function registerExecWebSocket(app: FastifyInstance, service: Sandb
         ws.resume(); // the closing handshake reads the client's close frame
         ws.close(1008);
       };
+      let starting = false;
+      let beatsWithoutRequest = 0;
+      let unansweredPings = 0;
+      ws.on('pong', () => (unansweredPings = 0));
       const stopGuard = guardStream(req, opts.heartbeatMs, {
         beat: () => {
-          if (ws.readyState === ws.OPEN) ws.ping();
+          if (ws.readyState !== ws.OPEN) return;
+          if (!starting && ++beatsWithoutRequest > QUIET_HEARTBEATS) {
+            return fail(new HttpError(408, `No execute request arrived within ${QUIET_HEARTBEATS} heartbeats (${Math.round((QUIET_HEARTBEATS * opts.heartbeatMs) / 1000)} s) of the upgrade: send the execute body as the first frame.`));
+          }
+          // A socket we stopped reading (stdin backpressure, a start) cannot show us its pongs.
+          if (ws.isPaused) unansweredPings = 0;
+          else if (++unansweredPings > QUIET_HEARTBEATS) return void ws.terminate(); // the client is gone, and its command goes ('close')
+          ws.ping();
         },
         stillThere: () => service.get(workspaceId, req.params.name),
         end: (detail) => {
@@ -143,7 +163,6 @@ export async function registerExecWebSocket(app: FastifyInstance, service: Sandb
         else if (msg.type === 'kill') proc.kill(typeof msg.signal === 'string' && KILL_SIGNALS.has(msg.signal) ? (msg.signal as NodeJS.Signals) : 'SIGKILL');
         else fail(new HttpValidationError([{ loc: ['body', 'type'], msg: "Expected 'stdin', 'stdin_close' or 'kill'", type: 'value_error' }]));
       };
-      let starting = false;
       ws.on('message', (raw: Buffer, isBinary: boolean) => {
         let msg: Record<string, unknown>;
         try {

@@ -65,4 +65,45 @@ describe.skipIf(UNAVAILABLE !== null)(`execute/ws re-checks its caller${UNAVAILA
     expect(ps.status, ps.text).toBe(200);
     expect(ps.body.stdout.trim()).toBe('0');
   });
+
+  /** A socket to execute/ws with the test's key; resolves once upgraded. */
+  async function openExec(opts: WebSocket.ClientOptions = {}) {
+    const ws = new WebSocket(`${server.url.replace('http', 'ws')}/api/v2/sandboxes/boxes/sa1/execute/ws`, { headers: { 'x-api-key': KEY }, ...opts });
+    const msgs: any[] = [];
+    ws.on('message', (m) => msgs.push(JSON.parse(m.toString())));
+    ws.on('error', () => undefined);
+    const closed = new Promise<number>((r) => ws.on('close', (code) => r(code)));
+    await new Promise<void>((r) => ws.on('open', () => r()));
+    return { ws, msgs, closed };
+  }
+  /** `p`, or 'still open' once `ms` have passed. */
+  const within = <T>(p: Promise<T>, ms: number) => Promise.race([p, new Promise<string>((r) => setTimeout(() => r('still open'), ms))]);
+
+  // An upgraded socket has no HTTP timeout left: one that never sent its request was held for
+  // good (its socket, a heartbeat timer, a credential check per beat).
+  it('a socket that sends no execute request is ended after three heartbeats, with an error frame', async () => {
+    const { msgs, closed } = await openExec();
+    expect(await within(closed, 20_000)).toBe(1008);
+    expect(msgs).toEqual([{ type: 'error', detail: expect.stringContaining('No execute request arrived within 3 heartbeats') }]);
+  });
+
+  // A client gone without a close (a dead network path; here one that never answers a ping) kept
+  // its command running until the command's own timeout.
+  it('a client that answers no ping for three heartbeats is cut, and its command killed', async () => {
+    const marker = `sleep 611`;
+    const { ws, msgs, closed } = await openExec({ autoPong: false });
+    ws.send(JSON.stringify({ command: marker, timeout_seconds: 600 }));
+    expect(await within(closed, 20_000)).toBe(1006);
+    expect(msgs).toEqual([{ type: 'started' }]);
+    const ps = await api(server.url, KEY, 'POST', '/api/v2/sandboxes/boxes/sa1/execute', { command: ['sh', '-c', `ps -eo args | grep -c "^${marker}" || true`], timeout_seconds: 10 });
+    expect(ps.body.stdout.trim()).toBe('0');
+  });
+
+  it('a client that answers its pings keeps a quiet command running past three heartbeats', async () => {
+    const { ws, msgs, closed } = await openExec();
+    ws.send(JSON.stringify({ command: 'sleep 2; echo done', timeout_seconds: 60 }));
+    expect(await within(closed, 30_000)).toBe(1000);
+    expect(msgs.map((m) => m.type)).toEqual(['started', 'stdout', 'exit']);
+    expect(msgs.at(-1)).toMatchObject({ exit_code: 0 });
+  });
 });
