@@ -62,7 +62,7 @@ export const OAUTH_MIGRATIONS = [
    ALTER TABLE oauth_tokens ADD COLUMN revocation_url TEXT;
    ALTER TABLE oauth_tokens ADD COLUMN endpoints_bound INTEGER NOT NULL DEFAULT 0`,
   // At most one default token per user and provider. Concurrent sign-ins (or default changes) on
-  // PostgreSQL could each set theirs (fixed by lockDefaults in tokens.ts): keep the oldest default
+  // PostgreSQL could each set theirs (fixed by lockProvider in tokens.ts): keep the oldest default
   // of each group, then let the database refuse a second one.
   `UPDATE oauth_tokens SET is_default = 0
      WHERE is_default = 1 AND EXISTS (SELECT 1 FROM oauth_tokens o

@@ -3,12 +3,12 @@ import { principalOf } from '../server/auth.js';
 import type { ServerContext } from '../server/context.js';
 import { notFound } from '../server/errors.js';
 import { claimFlow, createFlow, finishFlow, getOwnedFlow, type FlowWaiters } from './flows.js';
-import { exchangeCode, ProviderCallError } from './oauth-client.js';
+import { exchangeCode, ProviderCallError, revokeTokens } from './oauth-client.js';
 import { authorizeUrl, newState, newVerifier, normaliseScopes, s256Challenge, UUID_PATTERN } from './pkce.js';
 import { boundRevocationUrl, flowTokenUrl } from './endpoints.js';
 import { clientOf, getProvider } from './providers.js';
 import { authenticateBody, authenticateResponse, errorResponse, waitResponse } from './schemas.js';
-import { findReusableToken, storeToken } from './tokens.js';
+import { findReusableToken, ProviderGoneError, storeToken } from './tokens.js';
 
 const TAGS = ['Auth Service (v2)'];
 export const MAX_WAIT_SECONDS = 60;
@@ -122,6 +122,9 @@ export function registerFlowRoutes(app: FastifyInstance, ctx: ServerContext, dep
         log.warn({ auth_id: flow.auth_id, provider_id: flow.provider_id, error: error && /^[a-z_]{1,64}$/.test(error) ? error : error ? 'non-standard' : 'no code' }, 'OAuth sign-in refused by the provider');
         return page(reply, 400, 'The provider did not complete the sign-in. You can close this window.');
       }
+      // What the provider issued, until it is stored: a sign-in that fails after the exchange
+      // revokes it at once (nothing of ours holds it, and nobody could revoke it later).
+      let revokeIssued: (() => Promise<void>) | undefined;
       try {
         const provider = await getProvider(ctx.db, flow.workspace_id, flow.provider_id);
         if (!provider) throw new ProviderCallError('the provider was deleted during the sign-in', 'invalid_response');
@@ -133,9 +136,13 @@ export function registerFlowRoutes(app: FastifyInstance, ctx: ServerContext, dep
           codeVerifier: flow.verifier_sealed ? ctx.envelope.open(flow.verifier_sealed) : undefined,
           timeoutMs: deps.httpTimeoutMs,
         });
+        const revocationUrl = boundRevocationUrl(flow, provider);
+        revokeIssued = async () => {
+          if (revocationUrl) await revokeTokens({ revocationUrl, client: clientOf(provider, ctx.envelope), accessToken: set.accessToken, refreshToken: set.refreshToken, timeoutMs: deps.httpTimeoutMs });
+        };
         const granted = set.scope !== undefined ? normaliseScopes(set.scope.split(' ')) : (JSON.parse(flow.scopes) as string[]);
         const tokenId = await ctx.db.tx(async (tx) => {
-          const id = await storeToken(tx, ctx.envelope, { workspaceId: flow.workspace_id, userId: flow.user_id }, flow.provider_id, set, granted, boundRevocationUrl(flow, provider));
+          const id = await storeToken(tx, ctx.envelope, { workspaceId: flow.workspace_id, userId: flow.user_id }, flow.provider_id, set, granted, revocationUrl);
           await finishFlow(tx, flow.auth_id, { tokenId: id });
           return id;
         });
@@ -143,10 +150,16 @@ export function registerFlowRoutes(app: FastifyInstance, ctx: ServerContext, dep
         log.info({ auth_id: flow.auth_id, provider_id: flow.provider_id, token_id: tokenId }, 'OAuth token stored');
         return page(reply, 200, 'Signed in. You can close this window.');
       } catch (err) {
+        const message = err instanceof ProviderCallError || err instanceof ProviderGoneError ? err.message : (err as Error).name;
+        log.warn({ auth_id: flow.auth_id, provider_id: flow.provider_id, reason: message }, 'OAuth code exchange failed');
+        if (revokeIssued) {
+          await revokeIssued().then(
+            () => log.info({ auth_id: flow.auth_id, provider_id: flow.provider_id }, 'the tokens issued to the failed sign-in were revoked at the provider'),
+            (e: Error) => log.warn({ auth_id: flow.auth_id, provider_id: flow.provider_id, reason: e instanceof ProviderCallError ? e.message : e.name }, 'the tokens issued to the failed sign-in could not be revoked at the provider'),
+          );
+        }
         await finishFlow(ctx.db, flow.auth_id, 'failed');
         deps.waiters.notify(flow.auth_id);
-        const message = err instanceof ProviderCallError ? err.message : (err as Error).name;
-        log.warn({ auth_id: flow.auth_id, provider_id: flow.provider_id, reason: message }, 'OAuth code exchange failed');
         return page(reply, 502, 'The sign-in could not be completed with the provider. You can close this window and try again.');
       }
     },

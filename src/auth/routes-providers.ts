@@ -6,6 +6,7 @@ import { secretRebindProblem } from './endpoints.js';
 import { normaliseScopes } from './pkce.js';
 import { getProvider, insertProvider, listProviders, patchProvider, plainHttpProblems, secretProblem, toRecord, type ProviderInput } from './providers.js';
 import { errorResponse, providerCreateBody, providerParams, providerPatchBody, providerRecord } from './schemas.js';
+import { lockProvider } from './tokens.js';
 
 const TAGS = ['Auth Service (v2)'];
 
@@ -79,7 +80,9 @@ export function registerProviderRoutes(app: FastifyInstance, ctx: ServerContext)
       const { workspaceId } = principalOf(req);
       const id = req.params.provider_id;
       await ctx.db.tx(async (tx) => {
-        if (!(await getProvider(tx, workspaceId, id))) throw providerNotFound(id);
+        // Locked first: a sign-in storing its token meanwhile either finishes before the count
+        // below (409) or finds the provider gone (and revokes what it was issued).
+        if (!(await lockProvider(tx, workspaceId, id))) throw providerNotFound(id);
         // Forgetting the provider would strand its tokens unrevocable: they go first, each revoked.
         const n = await tx.get<{ n: number }>('SELECT COUNT(*) AS n FROM oauth_tokens WHERE workspace_id = ? AND provider_id = ?', [workspaceId, id]);
         if (Number(n?.n ?? 0) > 0) throw conflict(`Provider '${id}' still has ${Number(n!.n)} stored token(s); delete them first.`);

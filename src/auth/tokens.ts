@@ -85,22 +85,33 @@ export async function findReusableToken(db: Db, owner: Owner, providerId: string
 }
 
 /**
- * Serialises the changes of the default flag among one workspace's tokens of one provider until
- * the transaction ends: on PostgreSQL (READ COMMITTED) two transactions would each see no other
- * default and both set theirs. A row lock on the provider does it; SQLite runs one transaction at
- * a time already. The unique index oauth_tokens_one_default backs the rule up.
+ * Locks one workspace's provider row until the transaction ends, and says whether it exists. It
+ * serialises, on PostgreSQL (READ COMMITTED), what would otherwise interleave: two changes of the
+ * default flag among the provider's tokens (each saw no other default and set its own; the
+ * unique index oauth_tokens_one_default backs the rule up), and a token stored while the provider
+ * is deleted (the deletion counted no token, then met the new token's foreign key: a 500). SQLite
+ * runs one transaction at a time already.
  */
-async function lockDefaults(tx: Db, workspaceId: string, providerId: string): Promise<void> {
-  if (tx.kind === 'postgres') await tx.get('SELECT provider_id FROM oauth_providers WHERE workspace_id = ? AND provider_id = ? FOR UPDATE', [workspaceId, providerId]);
+export async function lockProvider(tx: Db, workspaceId: string, providerId: string): Promise<boolean> {
+  const row = await tx.get(`SELECT provider_id FROM oauth_providers WHERE workspace_id = ? AND provider_id = ?${tx.kind === 'postgres' ? ' FOR UPDATE' : ''}`, [workspaceId, providerId]);
+  return row !== undefined;
 }
 
-/** Stores a new token; the user's first token for a provider becomes the default. */
+/** A token could not be stored: its provider was deleted while the provider issued it. */
+export class ProviderGoneError extends Error {
+  constructor() {
+    super('the provider was deleted during the sign-in');
+    this.name = 'ProviderGoneError';
+  }
+}
+
+/** Stores a new token; the user's first token for a provider becomes the default. ProviderGoneError when the provider is gone. */
 export async function storeToken(db: Db, envelope: Envelope, owner: Owner, providerId: string, set: TokenSet, scopes: string[], revocationUrl: string | null): Promise<string> {
   const id = randomUUID();
   const now = nowIso();
   const expiresAt = set.expiresIn !== undefined ? new Date(Date.now() + set.expiresIn * 1000).toISOString() : null;
   await db.tx(async (tx) => {
-    await lockDefaults(tx, owner.workspaceId, providerId);
+    if (!(await lockProvider(tx, owner.workspaceId, providerId))) throw new ProviderGoneError();
     const hasDefault = await tx.get('SELECT id FROM oauth_tokens WHERE workspace_id = ? AND user_id = ? AND provider_id = ? AND is_default = 1', [owner.workspaceId, owner.userId, providerId]);
     await tx.run(
       `INSERT INTO oauth_tokens (id, workspace_id, user_id, provider_id, access_token_sealed, refresh_token_sealed, token_type, scopes, expires_at, provider_account_label, is_default, deleting_at, revocation_url, endpoints_bound, created_at, updated_at)
@@ -123,7 +134,7 @@ export async function updateMetadata(db: Db, owner: Owner, id: string, patch: Me
     if (!row) return undefined;
     const now = nowIso();
     if (patch.is_default === true) {
-      await lockDefaults(tx, owner.workspaceId, row.provider_id);
+      await lockProvider(tx, owner.workspaceId, row.provider_id);
       await tx.run('UPDATE oauth_tokens SET is_default = 0, updated_at = ? WHERE workspace_id = ? AND user_id = ? AND provider_id = ? AND is_default = 1 AND id <> ?', [now, owner.workspaceId, owner.userId, row.provider_id, row.id]);
     }
     const sets: string[] = ['updated_at = ?'];

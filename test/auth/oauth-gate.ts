@@ -47,6 +47,8 @@ export class OAuthGate {
   tokenMode: TokenMode = 'pass';
   /** One mode per revocation request, in order; 'pass' when empty. */
   revokeModes: RevokeMode[] = [];
+  /** Runs once the real token endpoint has issued tokens, before keygate gets them (then cleared). */
+  onTokensIssued: (() => Promise<void>) | null = null;
   private server: http.Server;
   private hanging = new Set<http.ServerResponse>();
 
@@ -156,6 +158,11 @@ export class OAuthGate {
         if (mode === 'garbage-expiry') parsed.expires_in = 'soon';
       }
       seen.json = parsed;
+      if (isToken && up.status === 200 && this.onTokensIssued) {
+        const hook = this.onTokensIssued;
+        this.onTokensIssued = null;
+        await hook();
+      }
       return void json(up.status, parsed);
     }
     res.writeHead(up.status, { 'content-type': up.headers.get('content-type') ?? 'text/plain' }).end(text);

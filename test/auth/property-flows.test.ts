@@ -876,6 +876,39 @@ function defineSuite(name: string, databaseUrl: () => Promise<string>, runs: num
       }
     });
 
+    // The deletion counted no token while the exchange was under way (the flow claimed, the
+    // provider answering) and answered 204; the sign-in's token could then not be stored (the
+    // foreign key), and the tokens the provider had just issued stayed live there, held by no one.
+    it('a provider deleted while the provider issues a sign-in its tokens: no token is stored, and the issued ones are revoked', async () => {
+      const c = w.clients.basic;
+      const created = await api(w, 'admin', 'POST', '/v2/auth/providers', {
+        provider_id: 'p-tmp', name: 'p-tmp', client_id: c.client_id, client_secret: c.client_secret,
+        auth_url: `${w.as.authUrl}?prompt=consent`, token_url: w.gate.tokenUrl, revocation_url: w.gate.revocationUrl, scopes: DEFAULT_SCOPES,
+      });
+      expect(created.status, created.text).toBe(201);
+      const r = await api(w, 'admin', 'POST', '/v2/auth/authenticate', { provider: 'p-tmp', scopes: ['openid', 'offline_access'] });
+      expect(r.json.status).toBe('pending');
+      const landed = await authorizeAt(r.json.url, callbackPrefix());
+      let deleted: Res | undefined;
+      w.gate.onTokensIssued = async () => {
+        deleted = await api(w, 'admin', 'DELETE', '/v2/auth/providers/p-tmp');
+      };
+      const revokesBefore = w.gate.revokeRequests.length;
+      const cb = await send(landed.toString());
+      expect(deleted?.status, deleted?.text).toBe(204);
+      expect(cb.status, cb.text).toBe(502);
+      const issued = w.gate.tokenRequests.at(-1)!.json!;
+      expect(typeof issued.access_token).toBe('string');
+      expect(typeof issued.refresh_token).toBe('string');
+      const all = (await api(w, 'admin', 'GET', '/v2/auth/tokens')).json as { provider_id: string }[];
+      expect(all.filter((t) => t.provider_id === 'p-tmp')).toEqual([]);
+      const revoked = w.gate.revokeRequests.slice(revokesBefore).map((q) => q.form.get('token'));
+      expect(revoked).toEqual([issued.refresh_token, issued.access_token]);
+      expect(w.gate.revokeRequests.slice(revokesBefore).every((q) => q.status === 200)).toBe(true);
+      const waited = await api(w, 'admin', 'GET', `/v2/auth/wait/${r.json.auth_id}?timeout=0`);
+      expect(waited.json.status).toBe('not_found'); // its flow went with the provider
+    });
+
     it('a provider deleted while its sign-ins complete: the deletion is 204 or 409, never a 5xx, and no token outlives its provider', async () => {
       const c = w.clients.basic;
       for (let round = 0; round < 3; round++) {
