@@ -1,11 +1,15 @@
 // Fail closed: a store that cannot be read as a whole, or whose key is gone, is a clear error
 // naming the file or the entry, never an empty or partial store silently used, and never the value.
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { DirectorySecretStore, JsonFileSecretStore, MAX_SECRET_BYTES, SecretStoreError } from '../../src/secrets/store.js';
+import { loadKeyring } from '../../src/secrets/keyring.js';
+import { DbSecretStore, DirectorySecretStore, JsonFileSecretStore, MAX_SECRET_BYTES, SecretStoreError, migrateSecrets, openSecretStore } from '../../src/secrets/store.js';
+import { openDb, type Db } from '../../src/store/db.js';
+import { freshPgDatabase, pgAvailable } from '../helpers/pg.js';
 
 let dir: string;
 beforeEach(() => {
@@ -104,5 +108,76 @@ describe('plain JSON file store', () => {
     const err = await failure(new JsonFileSecretStore(file).snapshot());
     expect(err).toBeInstanceOf(SecretStoreError);
     expect(err.message).toMatch(/BIG.*larger than/);
+  });
+});
+
+describe('a missing master key', () => {
+  const VALUE = 'sealed-before-the-key-went-7c1e';
+
+  it('is an error when the secrets file holds values, and no new key is made over them', async () => {
+    const s = await openSecretStore({ dataDir: dir, env: {} });
+    await s.set('TOKEN', VALUE);
+    const keyFile = path.join(dir, 'master.key');
+    rmSync(keyFile);
+    const err = await failure(openSecretStore({ dataDir: dir, env: {} }));
+    expect(err.message).toMatch(/master\.key/);
+    expect(err.message).toMatch(/missing/);
+    expect(err.message).not.toContain(VALUE);
+    expect(existsSync(keyFile)).toBe(false);
+    // Every other reader of the key refuses the same way.
+    expect(() => loadKeyring(dir, {})).toThrow(/missing/);
+    expect(existsSync(keyFile)).toBe(false);
+  });
+
+  it('is an error while a rotation left a key file behind', async () => {
+    await (await openSecretStore({ dataDir: dir, env: {} })).set('TOKEN', VALUE);
+    writeFileSync(path.join(dir, 'master.key.next'), randomBytes(32).toString('base64') + '\n');
+    writeFileSync(path.join(dir, 'secrets.json'), '{"version":1,"workspaces":{}}\n');
+    rmSync(path.join(dir, 'master.key'));
+    expect(() => loadKeyring(dir, {})).toThrow(/missing/);
+    expect(existsSync(path.join(dir, 'master.key'))).toBe(false);
+  });
+
+  it('a first start with an empty secrets file still creates the key', async () => {
+    writeFileSync(path.join(dir, 'secrets.json'), '{"version":1,"workspaces":{}}\n');
+    const s = await openSecretStore({ dataDir: dir, env: {} });
+    await s.set('A', 'a');
+    expect(await s.get('A')).toBe('a');
+    expect(readFileSync(path.join(dir, 'master.key'), 'utf8')).toMatch(/^[A-Za-z0-9+/=]{44}\n$/);
+  });
+});
+
+describe('database store with a different master key', () => {
+  let db: Db | undefined;
+  afterEach(async () => {
+    await db?.close();
+    db = undefined;
+  });
+
+  const refusesMixedKeys = async (open: () => Promise<Db>) => {
+    db = await open();
+    await migrateSecrets(db);
+    const keysA = { KEYGATE_MASTER_KEY: randomBytes(32).toString('base64') };
+    const keysB = { KEYGATE_MASTER_KEY: randomBytes(32).toString('base64') };
+    await new DbSecretStore({ db, workspaceId: 'ws1', keys: () => loadKeyring(dir, keysA).envelope }).set('A', 'first-value');
+    // Another workspace, another key: a write under B would leave the table under two keys, which
+    // no key can then open whole (and rotate-key refuses forever).
+    const other = new DbSecretStore({ db, workspaceId: 'ws2', keys: () => loadKeyring(dir, keysB).envelope });
+    const err = await failure(other.set('B', 'second-value'));
+    expect(err).toBeInstanceOf(SecretStoreError);
+    expect(err.message).toMatch(/another master key/);
+    expect(err.message).not.toContain('second-value');
+    expect(await other.list()).toEqual([]);
+    // The right key still writes.
+    await new DbSecretStore({ db, workspaceId: 'ws2', keys: () => loadKeyring(dir, keysA).envelope }).set('B', 'second-value');
+  };
+
+  it('refuses to write on SQLite', async () => {
+    await refusesMixedKeys(() => openDb({ dataDir: dir, databaseUrl: '' }));
+  });
+
+  it.skipIf(!pgAvailable())('refuses to write on PostgreSQL', async () => {
+    const url = await freshPgDatabase();
+    await refusesMixedKeys(() => openDb({ dataDir: dir, databaseUrl: url }));
   });
 });
