@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { closeSync, linkSync, openSync, readFileSync, renameSync, statSync, unlinkSync, utimesSync, writeSync } from '../builtins/fs.js';
 import os from 'node:os';
+import { removeLeftoverTemps } from './envelope.js';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 /**
@@ -135,6 +136,7 @@ export async function withFileLock<T>(lockFile: string, fn: () => Promise<T> | T
   // The content file was written before the wait: the lock is as fresh as its taking.
   const taken = new Date();
   utimesSync(lockFile, taken, taken);
+  removeLeftoverTemps(lockFile, false); // content files of lockers killed while waiting
   // A long critical section (a key rotation over a large database) keeps its lock fresh, so
   // a process on another host sharing the volume does not take it for abandoned.
   const heartbeat = setInterval(() => {
