@@ -15,7 +15,9 @@ export type { FSWatcher } from 'node:fs';
 export const {
   chmodSync,
   closeSync,
+  constants,
   existsSync,
+  fstatSync,
   fsyncSync,
   linkSync,
   lstatSync,
@@ -23,6 +25,7 @@ export const {
   openSync,
   readdirSync,
   readFileSync,
+  readSync,
   realpathSync,
   renameSync,
   statSync,

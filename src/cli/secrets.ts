@@ -85,7 +85,13 @@ async function readStdin(): Promise<string> {
     if (size > MAX_SECRET_BYTES + 2) throw new CliError(`the value on stdin is larger than ${MAX_SECRET_BYTES} bytes`);
     chunks.push(chunk as Buffer);
   }
-  const text = Buffer.concat(chunks).toString('utf8');
+  let text: string;
+  try {
+    // Fatal: replacing bytes that are not UTF-8 with U+FFFD would store a value other than the one given.
+    text = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true }).decode(Buffer.concat(chunks));
+  } catch {
+    throw new CliError('the value on stdin is not valid UTF-8; nothing was stored');
+  }
   // `echo value | keygate secrets set KEY` adds one newline that is not part of the value.
   return text.endsWith('\r\n') ? text.slice(0, -2) : text.endsWith('\n') ? text.slice(0, -1) : text;
 }

@@ -77,14 +77,29 @@ export class DbSecretStore implements SecretStore {
     return new Map(rows.map((r) => [r.key, this.open(envelope, r.key, r.value_sealed)]));
   }
 
+  /**
+   * Refuses to add a value under a key that cannot open what the table already holds (a wrong
+   * KEYGATE_MASTER_KEY): the table would be left under two keys, which no single key opens whole
+   * and which rotate-key then refuses to re-seal. The encrypted file store checks the same.
+   */
+  private async assertSameKey(envelope: Envelope): Promise<void> {
+    const rows = await this.db.all<{ key_id: string }>('SELECT DISTINCT substr(value_sealed, 5, 8) AS key_id FROM workspace_secrets');
+    const foreign = rows.map((r) => r.key_id).filter((id) => !envelope.hasKey(id));
+    if (foreign.length) {
+      throw new SecretStoreError(`table workspace_secrets holds values encrypted with another master key (key id ${foreign.sort().join(', ')}); this key is ${envelope.keyId}. Nothing was written`);
+    }
+  }
+
   async set(key: string, value: string): Promise<void> {
     assertSecretKey(key);
     assertSecretValue(key, value);
     const now = nowIso();
+    const envelope = this.keys();
+    await this.assertSameKey(envelope);
     await this.db.run(
       `INSERT INTO workspace_secrets (workspace_id, key, value_sealed, created_at, updated_at) VALUES (?, ?, ?, ?, ?)
        ON CONFLICT (workspace_id, key) DO UPDATE SET value_sealed = excluded.value_sealed, updated_at = excluded.updated_at`,
-      [this.workspaceId, key, this.keys().seal(value), now, now],
+      [this.workspaceId, key, envelope.seal(value), now, now],
     );
   }
 

@@ -1,5 +1,5 @@
 import { createCipheriv, createDecipheriv, createHash, randomBytes } from 'node:crypto';
-import { chmodSync, closeSync, existsSync, fsyncSync, linkSync, mkdirSync, openSync, readFileSync, renameSync, unlinkSync, writeSync } from '../builtins/fs.js';
+import { chmodSync, closeSync, existsSync, fsyncSync, linkSync, mkdirSync, openSync, readFileSync, readdirSync, renameSync, unlinkSync, writeSync } from '../builtins/fs.js';
 import path from 'node:path';
 
 /**
@@ -106,6 +106,43 @@ function writeTemp(file: string, data: string | Buffer, mode: number): string {
   }
   chmodSync(tmp, mode);
   return tmp;
+}
+
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/**
+ * Removes the temp files a writer of `file` killed mid-write left beside it (`file.<pid>.<hex>.tmp`).
+ * They hold what was being written: a master key (a retired one, after a rotation), or a secrets
+ * document with values sealed under a retired key or since deleted, none of which may outlive
+ * the operation that replaced them. `everyWriterLocked`: the caller holds the lock every writer
+ * of `file` takes, so any temp file is a leftover; otherwise only those of dead processes go.
+ */
+export function removeLeftoverTemps(file: string, everyWriterLocked: boolean): void {
+  const dir = path.dirname(file);
+  const base = path.basename(file);
+  let names: string[];
+  try {
+    names = readdirSync(dir);
+  } catch {
+    return;
+  }
+  for (const name of names) {
+    if (!name.startsWith(`${base}.`) || !name.endsWith('.tmp')) continue;
+    const m = /^\.(\d+)\.[0-9a-f]+\.tmp$/.exec(name.slice(base.length));
+    if (!m || (!everyWriterLocked && (Number(m[1]) === process.pid || pidAlive(Number(m[1]))))) continue;
+    try {
+      unlinkSync(path.join(dir, name));
+    } catch {
+      /* another cleaner got there first */
+    }
+  }
 }
 
 /** Writes a file atomically: temp file in the same directory, fsync, rename. */

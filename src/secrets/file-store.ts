@@ -1,6 +1,6 @@
 import { readFileSync } from '../builtins/fs.js';
 import path from 'node:path';
-import { Envelope, EnvelopeError, writeFileAtomic } from './envelope.js';
+import { Envelope, EnvelopeError, removeLeftoverTemps, writeFileAtomic } from './envelope.js';
 import { withFileLock, type LockOptions } from './lock.js';
 import {
   DEFAULT_WORKSPACE,
@@ -65,6 +65,7 @@ export function readSecretsDoc(file: string): SecretsDoc {
   return { version: 1, workspaces: ws as SecretsDoc['workspaces'] };
 }
 
+/** Writes the document atomically; the caller holds the file's lock (every writer takes it). */
 export function writeSecretsDoc(file: string, doc: SecretsDoc): void {
   // Sorted keys keep diffs and backups stable.
   const sorted: SecretsDoc = { version: 1, workspaces: {} };
@@ -74,6 +75,9 @@ export function writeSecretsDoc(file: string, doc: SecretsDoc): void {
     sorted.workspaces[id] = Object.fromEntries(Object.keys(entries).sort().map((k) => [k, entries[k]]));
   }
   writeFileAtomic(file, JSON.stringify(sorted, null, 2) + '\n', 0o600);
+  // A writer killed mid-write left its temp file: values since deleted, or sealed under a key
+  // since retired. Under the lock every temp file is such a leftover.
+  removeLeftoverTemps(file, true);
 }
 
 export interface EncryptedFileStoreOptions {

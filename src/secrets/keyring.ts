@@ -1,6 +1,7 @@
 import { existsSync, readFileSync } from '../builtins/fs.js';
 import path from 'node:path';
 import { Envelope, EnvelopeError, MASTER_KEY_FILE, keyIdOf, loadMasterKey, parseMasterKey, type MasterKey } from './envelope.js';
+import { readSecretsDoc, secretsFilePath } from './file-store.js';
 
 /**
  * Key files around a rotation (see rotate.ts):
@@ -26,11 +27,35 @@ function readKeyFile(file: string): Buffer | undefined {
 }
 
 /**
+ * A new master key is only ever created for a data directory that holds nothing sealed with an
+ * old one: a `master.key` deleted, lost in a restore, or not mounted next to a secrets file that
+ * has values would otherwise be replaced silently, and every value sealed before would be
+ * unreadable while new ones were sealed with the new key. Refuses then, naming the key ids.
+ */
+function assertNoKeyIsLost(dataDir: string): void {
+  const masterFile = path.join(dataDir, MASTER_KEY_FILE);
+  if (existsSync(masterFile)) return;
+  const left = [PREV_KEY_FILE, NEXT_KEY_FILE].filter((f) => existsSync(path.join(dataDir, f)));
+  if (left.length) {
+    throw new EnvelopeError(`${masterFile} is missing but a key rotation left ${left.join(' and ')} in ${dataDir}; restore master.key (or set KEYGATE_MASTER_KEY) before keygate uses this data directory`);
+  }
+  const file = secretsFilePath(dataDir);
+  const keyIds = new Set<string>();
+  for (const entries of Object.values(readSecretsDoc(file).workspaces)) for (const sealed of Object.values(entries)) keyIds.add(sealed.split('.')[1] ?? '?');
+  if (keyIds.size) {
+    throw new EnvelopeError(
+      `${masterFile} is missing but ${file} holds values sealed with master key ${[...keyIds].sort().join(', ')}; restore that key to ${masterFile} (or set KEYGATE_MASTER_KEY). A new key is only created for a data directory without secrets`,
+    );
+  }
+}
+
+/**
  * The envelope every keygate process uses: seals with the master key (`KEYGATE_MASTER_KEY`, else
  * `<data>/master.key`, created 0600 on first use), opens with it plus any key of a rotation in
  * progress, so a crash half-way through `keygate secrets rotate-key` never makes a value unreadable.
  */
 export function loadKeyring(dataDir: string, env: NodeJS.ProcessEnv = process.env): Keyring {
+  if (!env.KEYGATE_MASTER_KEY) assertNoKeyIsLost(dataDir);
   const master = loadMasterKey(dataDir, env);
   const extra: Buffer[] = [];
   if (env.KEYGATE_NEW_MASTER_KEY) extra.push(parseMasterKey(env.KEYGATE_NEW_MASTER_KEY, 'KEYGATE_NEW_MASTER_KEY'));

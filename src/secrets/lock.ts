@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { closeSync, linkSync, openSync, readFileSync, renameSync, statSync, unlinkSync, utimesSync, writeSync } from '../builtins/fs.js';
 import os from 'node:os';
+import { removeLeftoverTemps } from './envelope.js';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 /**
@@ -45,12 +46,20 @@ function readLock(lockFile: string): { content: string; mtimeMs: number } | unde
   }
 }
 
+/**
+ * How old a lock file without a `host pid nonce` content must be to be broken: keygate writes a
+ * lock whole (tryAcquire), so such a file was left by an older keygate killed between creating
+ * and writing it, or by something else; nobody is in the middle of writing it.
+ */
+const UNREADABLE_LOCK_GRACE_MS = 2_000;
+
 function isStale(lock: { content: string; mtimeMs: number }, staleMs: number): boolean {
-  const [host, pidText] = lock.content.split(' ');
+  const [host, pidText, nonce] = lock.content.split(' ');
+  if (!host || !pidText || !nonce) return Date.now() - lock.mtimeMs > Math.min(staleMs, UNREADABLE_LOCK_GRACE_MS);
   const pid = Number(pidText);
   // Same host: the holder's liveness is the answer, however long it has held the lock.
   if (host === os.hostname() && Number.isInteger(pid) && pid > 0) return !pidAlive(pid);
-  // Another host (or a lock still being written): only age can tell; holders refresh the mtime.
+  // Another host: only age can tell; holders refresh the mtime.
   return Date.now() - lock.mtimeMs > staleMs;
 }
 
@@ -76,20 +85,30 @@ function breakStale(lockFile: string, staleContent: string): void {
   }
 }
 
-function tryAcquire(lockFile: string, content: string): boolean {
-  let fd: number;
+/**
+ * Takes the lock by hard-linking a file that already holds our content: the lock file exists
+ * whole or not at all. (Creating it with O_EXCL and then writing left an empty lock behind a
+ * process killed between the two, which nobody could attribute: every writer waited `staleMs`.)
+ */
+function tryAcquire(lockFile: string, contentFile: string): boolean {
   try {
-    fd = openSync(lockFile, 'wx', 0o600);
+    linkSync(contentFile, lockFile);
+    return true;
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'EEXIST') return false;
     throw err;
   }
+}
+
+function writeContentFile(lockFile: string, content: string): string {
+  const file = `${lockFile}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`;
+  const fd = openSync(file, 'wx', 0o600);
   try {
     writeSync(fd, content);
   } finally {
     closeSync(fd);
   }
-  return true;
+  return file;
 }
 
 export async function withFileLock<T>(lockFile: string, fn: () => Promise<T> | T, opts: LockOptions = {}): Promise<T> {
@@ -98,17 +117,26 @@ export async function withFileLock<T>(lockFile: string, fn: () => Promise<T> | T
   const content = `${os.hostname()} ${process.pid} ${randomBytes(8).toString('hex')}`;
   const deadline = Date.now() + timeoutMs;
   let delay = 2;
-  for (;;) {
-    if (tryAcquire(lockFile, content)) break;
-    const held = readLock(lockFile);
-    if (held && isStale(held, staleMs)) {
-      breakStale(lockFile, held.content);
-      continue;
+  const contentFile = writeContentFile(lockFile, content);
+  try {
+    for (;;) {
+      if (tryAcquire(lockFile, contentFile)) break;
+      const held = readLock(lockFile);
+      if (held && isStale(held, staleMs)) {
+        breakStale(lockFile, held.content);
+        continue;
+      }
+      if (Date.now() >= deadline) throw new LockTimeoutError(lockFile, held ? held.content.split(' ').slice(0, 2).join(' pid ') : '');
+      await sleep(delay + Math.random() * delay);
+      delay = Math.min(delay * 2, 50);
     }
-    if (Date.now() >= deadline) throw new LockTimeoutError(lockFile, held ? held.content.split(' ').slice(0, 2).join(' pid ') : '');
-    await sleep(delay + Math.random() * delay);
-    delay = Math.min(delay * 2, 50);
+  } finally {
+    unlinkSync(contentFile);
   }
+  // The content file was written before the wait: the lock is as fresh as its taking.
+  const taken = new Date();
+  utimesSync(lockFile, taken, taken);
+  removeLeftoverTemps(lockFile, false); // content files of lockers killed while waiting
   // A long critical section (a key rotation over a large database) keeps its lock fresh, so
   // a process on another host sharing the volume does not take it for abandoned.
   const heartbeat = setInterval(() => {

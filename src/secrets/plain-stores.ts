@@ -1,7 +1,42 @@
-import { existsSync, readFileSync, readdirSync, realpathSync, statSync } from '../builtins/fs.js';
+import { closeSync, constants, existsSync, fstatSync, openSync, readSync, readdirSync, realpathSync } from '../builtins/fs.js';
 import path from 'node:path';
 import { isSecretKey } from './keys.js';
-import { ReadOnlyStoreError, SecretStoreError, assertSecretKey, type SecretStore } from './types.js';
+import { MAX_SECRET_BYTES, ReadOnlyStoreError, SecretStoreError, assertSecretKey, type SecretStore } from './types.js';
+
+/** Largest plain JSON secrets file read (bytes): a thousand secrets of a few KiB, far from a memory problem. */
+export const MAX_PLAIN_FILE_BYTES = 16 * 1024 * 1024;
+
+/**
+ * Reads at most `limit` bytes of a regular file: 'not-a-file' for anything else (a directory, a
+ * FIFO, a device: opened non-blocking, so a FIFO without a writer cannot hang the reader),
+ * 'too-large' when it holds more, so a huge or endless file is never read into memory whole.
+ */
+function readBounded(file: string, limit: number): Buffer | 'not-a-file' | 'too-large' {
+  const fd = openSync(file, constants.O_RDONLY | constants.O_NONBLOCK);
+  try {
+    if (!fstatSync(fd).isFile()) return 'not-a-file';
+    const buf = Buffer.alloc(limit + 1);
+    let n = 0;
+    for (;;) {
+      const got = readSync(fd, buf, n, buf.length - n, null);
+      if (got === 0) break;
+      n += got;
+      if (n > limit) return 'too-large';
+    }
+    return buf.subarray(0, n);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** Whether `p` (a real path) is `root` or inside it. */
+function within(root: string, p: string): boolean {
+  const rel = path.relative(root, p);
+  // Not `startsWith('..')`: Kubernetes' own `..2024_01_01...` directories are inside.
+  return rel === '' || (rel.split(path.sep)[0] !== '..' && !path.isAbsolute(rel));
+}
+
+const codeOf = (err: unknown) => (err as NodeJS.ErrnoException).code ?? (err as Error).message;
 
 /**
  * Read-only stores whose values are plain text managed outside keygate: a JSON file
@@ -43,12 +78,15 @@ export class JsonFileSecretStore extends ReadOnlyStore {
   }
 
   async snapshot(): Promise<Map<string, string>> {
-    let text: string;
+    let read: ReturnType<typeof readBounded>;
     try {
-      text = readFileSync(this.file, 'utf8');
+      read = readBounded(this.file, MAX_PLAIN_FILE_BYTES);
     } catch (err) {
-      throw new SecretStoreError(`cannot read the secrets file ${this.file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+      throw new SecretStoreError(`cannot read the secrets file ${this.file}: ${codeOf(err)}`);
     }
+    if (read === 'not-a-file') throw new SecretStoreError(`cannot read the secrets file ${this.file}: not a regular file`);
+    if (read === 'too-large') throw new SecretStoreError(`the secrets file ${this.file} is larger than ${MAX_PLAIN_FILE_BYTES} bytes`);
+    const text = read.toString('utf8');
     let doc: unknown;
     try {
       doc = JSON.parse(text);
@@ -63,6 +101,7 @@ export class JsonFileSecretStore extends ReadOnlyStore {
     for (const [key, value] of Object.entries(doc as Record<string, unknown>)) {
       if (!isSecretKey(key)) throw new SecretStoreError(`the secrets file ${this.file}: invalid secret name ${JSON.stringify(key.slice(0, 140))}`);
       if (typeof value !== 'string') throw new SecretStoreError(`the secrets file ${this.file}: the value of ${key} must be a string`);
+      if (Buffer.byteLength(value, 'utf8') > MAX_SECRET_BYTES) throw new SecretStoreError(`the secrets file ${this.file}: the value of ${key} is larger than ${MAX_SECRET_BYTES} bytes`);
       out.set(key, value);
     }
     return new Map([...out.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
@@ -81,6 +120,11 @@ export function trimOneNewline(value: string): string {
  * is itself a symlink to a timestamped directory swapped atomically on update: entries starting
  * with a dot are its machinery and are skipped, the key entries are followed. Names that are not
  * valid secret names (e.g. `tls.crt`) cannot be referenced by a `{KEY}` template and are skipped.
+ *
+ * Fails closed, never answering with part of the directory: a key entry that leads out of the
+ * directory (a symlink to elsewhere, or `..data` pointing out), that is not a regular file (a
+ * directory, a FIFO, a device), that cannot be read, or that is larger than a secret may be
+ * ({@link MAX_SECRET_BYTES}, plus one trailing newline) is an error naming the entry.
  */
 export class DirectorySecretStore extends ReadOnlyStore {
   constructor(readonly dir: string) {
@@ -93,27 +137,38 @@ export class DirectorySecretStore extends ReadOnlyStore {
 
   async snapshot(): Promise<Map<string, string>> {
     let names: string[];
-    let base = this.dir;
+    let root: string;
+    let base: string;
     try {
+      root = realpathSync(this.dir);
+      base = root;
       // Read every key from the one timestamped directory `..data` points at right now, so a
       // snapshot never mixes values from before and after an update of the volume.
-      if (existsSync(path.join(this.dir, '..data'))) base = realpathSync(path.join(this.dir, '..data'));
+      if (existsSync(path.join(root, '..data'))) base = realpathSync(path.join(root, '..data'));
       names = readdirSync(base);
     } catch (err) {
-      throw new SecretStoreError(`cannot read the secrets directory ${this.dir}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+      throw new SecretStoreError(`cannot read the secrets directory ${this.dir}: ${codeOf(err)}`);
     }
+    if (!within(root, base)) throw new SecretStoreError(`the secrets directory ${this.dir}: ..data points outside the directory`);
     const out = new Map<string, string>();
     for (const name of names.sort()) {
       if (name.startsWith('.') || !isSecretKey(name)) continue;
-      const file = path.join(base, name);
+      const bad = (why: string) => new SecretStoreError(`secret ${name} in ${this.dir}: ${why}`);
+      let read: ReturnType<typeof readBounded>;
       try {
-        if (!statSync(file).isFile()) continue;
-        out.set(name, trimOneNewline(readFileSync(file, 'utf8')));
+        const real = realpathSync(path.join(base, name));
+        if (!within(root, real)) throw bad('a symbolic link to a file outside the directory');
+        read = readBounded(real, MAX_SECRET_BYTES + 2);
       } catch (err) {
+        if (err instanceof SecretStoreError) throw err;
         // A dangling link during an update of the volume: the next reload sees the new state.
         if ((err as NodeJS.ErrnoException).code === 'ENOENT') continue;
-        throw new SecretStoreError(`cannot read secret ${name} in ${this.dir}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+        throw bad(`cannot read it: ${codeOf(err)}`);
       }
+      if (read === 'not-a-file') throw bad('not a regular file (a directory, a FIFO or a device)');
+      const value = read === 'too-large' ? undefined : trimOneNewline(read.toString('utf8'));
+      if (value === undefined || Buffer.byteLength(value, 'utf8') > MAX_SECRET_BYTES) throw bad(`larger than ${MAX_SECRET_BYTES} bytes`);
+      out.set(name, value);
     }
     return out;
   }

@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { existsSync, readFileSync, renameSync, unlinkSync } from 'node:fs';
 import path from 'node:path';
 import type { Db } from '../store/db.js';
-import { Envelope, EnvelopeError, MASTER_KEY_FILE, SEALED_PATTERN, keyIdOf, parseMasterKey, writeFileAtomic } from './envelope.js';
+import { Envelope, EnvelopeError, MASTER_KEY_FILE, SEALED_PATTERN, keyIdOf, parseMasterKey, removeLeftoverTemps, writeFileAtomic } from './envelope.js';
 import { lockFileFor, readSecretsDoc, secretsFilePath, writeSecretsDoc, type SecretsDoc } from './file-store.js';
 import { NEXT_KEY_FILE, PREV_KEY_FILE } from './keyring.js';
 import { withFileLock } from './lock.js';
@@ -247,6 +247,9 @@ export async function rotateMasterKey(opts: RotateOptions): Promise<RotateReport
       else dbValues.push(c);
     }
     unlinkSync(prevFile);
+    // A rotation killed while writing a key file left a copy of it beside: the retired key must
+    // not outlive the rotation there either.
+    for (const f of [masterFile, prevFile, nextFile]) removeLeftoverTemps(f, false);
     return { source: 'file', oldKeyId: keyIdOf(oldKey), newKeyId: keyIdOf(newKey), resumed, secretsFileValues: carried.fileValues + fileValues + late.fileValues, dbValues };
   }, { timeoutMs: 30_000, staleMs: 10 * 60_000 });
 }

@@ -63,6 +63,21 @@ describe('keygate secrets', () => {
     expect(existsSync(path.join(dir, 'secrets.json'))).toBe(false);
   });
 
+  it('set refuses stdin that is not UTF-8 instead of storing a different value', async () => {
+    // Latin-1 bytes (a header may carry obs-text, so an operator might pipe them): decoded as
+    // UTF-8 they became U+FFFD, and a value other than the one given was stored without a word.
+    for (const bytes of [Buffer.from('tok\xe9n-latin1', 'latin1'), Buffer.from([0x61, 0xff, 0xfe, 0x62]), Buffer.from([0xe2, 0x82])]) {
+      const r = spawnSync(process.execPath, [CLI, 'secrets', 'set', 'LATIN', '--data', dir], { env: { ...process.env, ...env }, input: bytes, encoding: 'utf8' });
+      expect(r.status).toBe(1);
+      expect(r.stderr).toMatch(/not valid UTF-8/);
+      expect(r.stderr).not.toContain('latin1');
+    }
+    expect(await store().list()).toEqual([]);
+    // Valid UTF-8 with a trailing newline still works.
+    expect(cli(['set', 'LATIN'], 'tokén\n').status).toBe(0);
+    expect(await store().get('LATIN')).toBe('tokén');
+  });
+
   it('rejects an empty value and a bad name', () => {
     const empty = cli(['set', 'TOKEN'], '\n');
     expect(empty.status).toBe(1);

@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync, renameSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync, renameSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -156,6 +156,21 @@ describe('lock file', () => {
     expect(await withFileLock(lock, () => 'ran', { staleMs: 30_000 })).toBe('ran');
   });
 
+  it('an empty lock left by a holder killed between creating and writing it is broken, not waited on', async () => {
+    // keygate now writes a lock whole (a hard link of a written file), but an older one killed
+    // right after O_EXCL left an empty file that every writer waited on for staleMs (30 s): past
+    // the 10 s a `secrets set` waits, so writes failed with "could not lock".
+    const lock = path.join(dir, 'e.lock');
+    writeFileSync(lock, '');
+    const fs = await import('node:fs');
+    const past = new Date(Date.now() - 5_000);
+    fs.utimesSync(lock, past, past);
+    expect(await withFileLock(lock, () => 'ran')).toBe('ran');
+    // One just created might still be in the middle of being written by such a process: kept.
+    writeFileSync(lock, '');
+    await expect(withFileLock(lock, () => 'never', { timeoutMs: 100 })).rejects.toThrow(/could not lock/);
+  });
+
   it('a long holder refreshes its lock so another host does not break it', async () => {
     const lock = path.join(dir, 'z.lock');
     const fs = await import('node:fs');
@@ -185,6 +200,9 @@ describe('lock file', () => {
       ),
     );
     expect(max).toBe(1);
+    // Whole from the moment it exists: what a waiter reads is always `host pid nonce`; and the
+    // files it is linked from do not pile up.
+    expect(readdirSync(dir)).toEqual([]);
   });
 });
 
@@ -226,7 +244,9 @@ describe('directory store', () => {
     writeFileSync(path.join(d, 'CRLF'), 'x\r\n');
     writeFileSync(path.join(d, '.hidden'), 'no');
     writeFileSync(path.join(d, 'tls.crt'), 'not a key name');
-    mkdirSync(path.join(d, 'SUBDIR'));
+    // A directory under a name that is not a key is skipped too (one under a key name is an
+    // error: fail-closed.test.ts).
+    mkdirSync(path.join(d, 'sub.d'));
     const s = new DirectorySecretStore(d);
     expect(await s.snapshot()).toEqual(new Map([['CRLF', 'x'], ['TOKEN', 'abc'], ['TWO_NL', 'abc\n']]));
     await expect(s.set('TOKEN', 'x')).rejects.toBeInstanceOf(ReadOnlyStoreError);
