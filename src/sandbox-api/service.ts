@@ -389,7 +389,13 @@ export class SandboxService {
   /** Kills every process of the box and stops its proxy; /workspace is kept for a later start. */
   async stop(workspaceId: string, name: string): Promise<SandboxView> {
     const rec = await this.mustGet(workspaceId, name);
-    await this.perSandbox.run(rec.id, () => this.stopNow(rec.id, null));
+    await this.perSandbox.run(rec.id, async () => {
+      // A box already stopped stays as it is: its status_reason (the idle TTL, its disk, its own
+      // end) still says why it stopped, and a second stop must not erase it.
+      const cur = await this.deps.store.getById(rec.id);
+      if (!cur || (cur.status === 'stopped' && !this.isUp(cur))) return;
+      await this.stopNow(rec.id, null);
+    });
     return this.viewById(rec.id, name);
   }
 
