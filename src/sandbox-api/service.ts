@@ -377,6 +377,8 @@ export class SandboxService {
   async delete(workspaceId: string, name: string): Promise<void> {
     const rec = await this.mustGet(workspaceId, name);
     await this.perSandbox.run(rec.id, async () => {
+      // A DELETE queued behind another one finds the box gone: 404, as for any unknown box.
+      if (!(await this.deps.store.getById(rec.id))) throw notFound(`Sandbox '${name}' not found.`);
       await this.stopBox(rec.id);
       if (rec.driver !== 'none') await this.deps.driver.destroy(rec.id, this.boxStateDir(rec.id));
       await this.stopProxy(rec.id);

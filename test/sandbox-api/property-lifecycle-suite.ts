@@ -38,7 +38,7 @@ const BOXES = '/api/v2/sandboxes/boxes';
 
 interface BoxModel {
   id: string;
-  status: 'ready' | 'stopped';
+  status: 'ready' | 'stopped' | 'failed';
   /** What status_reason must match (null: must be null). */
   reason: RegExp | null;
   /** File name in /workspace -> content. */
@@ -196,25 +196,32 @@ function killMarkers(r: Real, b: BoxModel): void {
 // Commands
 
 type Cmd = fc.AsyncCommand<Model, Real, false>;
-const NAMES = ['a', 'b'] as const;
+/** `c` is made from a template no driver can build (a missing root, a missing image): it goes `failed`. */
+const NAMES = ['a', 'b', 'c'] as const;
+const templateOf = (n: string) => (n === 'c' ? 'broken' : 'box');
+const FAILED_REASON = /^Box failed to start: /;
+/** What a box of this name is once made. */
+const made = (n: string, id: string): BoxModel =>
+  n === 'c' ? { id, status: 'failed', reason: FAILED_REASON, files: new Map(), bg: [] } : { id, status: 'ready', reason: null, files: new Map(), bg: [] };
+const createBody = (r: Real, n: string, wait: boolean) => ({ template_name: templateOf(n), name: r.prefix + n, wait_for_ready: wait, resources: { disk_mb: 32 } });
 
 class Create implements Cmd {
   constructor(readonly n: string, readonly wait: boolean) {}
   check = () => true;
   async run(m: Model, r: Real) {
     const before = m.boxes.get(this.n);
-    const res = await call(r, 'POST', BOXES, { template_name: 'box', name: r.prefix + this.n, wait_for_ready: this.wait, resources: { disk_mb: 32 } });
+    const res = await call(r, 'POST', BOXES, createBody(r, this.n, this.wait));
     if (before) {
       expectError(res, 409, 'create of a taken name');
       return checkAll(m, r, this.toString());
     }
     expect(res.status, res.text).toBe(201);
-    if (this.wait) expect(res.body.status, res.text).toBe('ready');
+    if (this.wait) expect(res.body.status, res.text).toBe(made(this.n, '').status);
     else {
       expect(['provisioning', 'ready'], res.text).toContain(res.body.status);
       await waitFor(async () => (await call(r, 'GET', boxUrl(r, this.n))).body?.status !== 'provisioning', 'the box to leave provisioning', 60_000);
     }
-    m.boxes.set(this.n, { id: res.body.id, status: 'ready', reason: null, files: new Map(), bg: [] });
+    m.boxes.set(this.n, made(this.n, res.body.id));
     await checkAll(m, r, this.toString());
   }
   toString = () => `Create(${this.n}, wait=${this.wait})`;
@@ -224,13 +231,13 @@ class TwoCreates implements Cmd {
   constructor(readonly n: string) {}
   check = (m: Readonly<Model>) => !m.boxes.has(this.n);
   async run(m: Model, r: Real) {
-    const body = { template_name: 'box', name: r.prefix + this.n, wait_for_ready: true, resources: { disk_mb: 32 } };
+    const body = createBody(r, this.n, true);
     const both = await Promise.all([call(r, 'POST', BOXES, body), call(r, 'POST', BOXES, body)]);
-    const made = both.filter((x) => x.status === 201);
-    expect(made.length, both.map((x) => x.text).join(' | ')).toBe(1);
+    const created = both.filter((x) => x.status === 201);
+    expect(created.length, both.map((x) => x.text).join(' | ')).toBe(1);
     expectError(both.find((x) => x.status !== 201)!, 409, 'the second create');
-    expect(made[0].body.status, made[0].text).toBe('ready');
-    m.boxes.set(this.n, { id: made[0].body.id, status: 'ready', reason: null, files: new Map(), bg: [] });
+    expect(created[0].body.status, created[0].text).toBe(made(this.n, '').status);
+    m.boxes.set(this.n, made(this.n, created[0].body.id));
     await checkAll(m, r, this.toString());
   }
   toString = () => `TwoCreates(${this.n})`;
@@ -242,10 +249,10 @@ async function absent(r: Real, n: string, method: string, suffix: string, body?:
   expectError(res, 404, `${method} ${suffix} of an unknown box`);
 }
 
-/** An operation that needs a ready box on a stopped one: 409 that says so; nothing changes. */
-async function notReady(res: ApiResult, what: string): Promise<void> {
+/** An operation that needs a ready box on one that is not: 409 that says what it is; nothing changes. */
+async function notReady(res: ApiResult, b: BoxModel, what: string): Promise<void> {
   expectError(res, 409, what);
-  expect(res.body.detail, what).toMatch(/stopped/);
+  expect(res.body.detail, what).toContain(` is ${b.status}`);
 }
 
 class ExecWrite implements Cmd {
@@ -255,7 +262,7 @@ class ExecWrite implements Cmd {
     const b = m.boxes.get(this.n);
     const res = await call(r, 'POST', `${boxUrl(r, this.n)}/execute`, { command: ['/bin/sh', '-c', 'printf %s "$1" > "/workspace/$2"', 'sh', this.content, this.file], timeout_seconds: 30 });
     if (!b) expectError(res, 404, 'execute in an unknown box');
-    else if (b.status !== 'ready') await notReady(res, 'execute in a stopped box');
+    else if (b.status !== 'ready') await notReady(res, b, 'execute in a box not ready');
     else {
       expect(res.status, res.text).toBe(200);
       expect(res.body.exit_code, res.text).toBe(0);
@@ -309,7 +316,7 @@ class Stop implements Cmd {
       expect(res.status, res.text).toBe(200);
       expect(res.body.status, res.text).toBe('stopped');
       // A stop of a box already stopped changes nothing (its reason stays).
-      if (b.status === 'ready') b.reason = null;
+      if (b.status !== 'stopped') b.reason = null;
       b.status = 'stopped';
       killMarkers(r, b);
     }
@@ -327,10 +334,11 @@ class Start implements Cmd {
     else {
       const res = await call(r, 'POST', `${boxUrl(r, this.n)}/start`);
       expect(res.status, res.text).toBe(200);
-      expect(res.body.status, res.text).toBe('ready');
+      const want = made(this.n, b.id);
+      expect(res.body.status, res.text).toBe(want.status);
       // A ready box is left as it is: its processes go on.
-      b.status = 'ready';
-      b.reason = null;
+      b.status = want.status;
+      b.reason = want.reason;
     }
     await checkAll(m, r, this.toString(), { files: true });
   }
@@ -479,6 +487,90 @@ class Restart implements Cmd {
   toString = () => 'Restart';
 }
 
+class DoubleDelete implements Cmd {
+  constructor(readonly n: string) {}
+  check = (m: Readonly<Model>) => m.boxes.has(this.n);
+  async run(m: Model, r: Real) {
+    const b = m.boxes.get(this.n)!;
+    const uid = r.kind === 'local' ? uidOf(r, b.id) : null;
+    const both = await Promise.all([call(r, 'DELETE', boxUrl(r, this.n)), call(r, 'DELETE', boxUrl(r, this.n))]);
+    // One deletes it; the other finds it gone (wire.md: 404 for an unknown resource).
+    expect(both.map((x) => x.status).sort(), both.map((x) => x.text).join(' | ')).toEqual([204, 404]);
+    expectError(both.find((x) => x.status === 404)!, 404, 'the second DELETE');
+    killMarkers(r, b);
+    m.boxes.delete(this.n);
+    await checkGone(r, b.id, uid);
+    await checkAll(m, r, this.toString());
+  }
+  toString = () => `DoubleDelete(${this.n})`;
+}
+
+/** A create that does not wait, then `then` at once, while the box is still being started. */
+abstract class WhileProvisioning implements Cmd {
+  constructor(readonly n: string) {}
+  check = (m: Readonly<Model>) => !m.boxes.has(this.n);
+  async create(r: Real): Promise<string> {
+    const res = await call(r, 'POST', BOXES, createBody(r, this.n, false));
+    expect(res.status, res.text).toBe(201);
+    return res.body.id as string;
+  }
+  abstract run(m: Model, r: Real): Promise<void>;
+}
+
+class CreateThenStop extends WhileProvisioning {
+  override async run(m: Model, r: Real) {
+    const id = await this.create(r);
+    // An execution now: refused while it is provisioning (409 that says so), or run if it is ready already.
+    const ex = await call(r, 'POST', `${boxUrl(r, this.n)}/execute`, { command: 'true', timeout_seconds: 10 });
+    if (ex.status !== 200) expectError(ex, 409, 'execute in a provisioning box');
+    const res = await call(r, 'POST', `${boxUrl(r, this.n)}/stop`);
+    expect(res.status, res.text).toBe(200);
+    expect(res.body.status, res.text).toBe('stopped');
+    m.boxes.set(this.n, { ...made(this.n, id), status: 'stopped', reason: null });
+    await checkAll(m, r, this.toString());
+  }
+  override toString = () => `CreateThenStop(${this.n})`;
+}
+
+class CreateThenDelete extends WhileProvisioning {
+  override async run(m: Model, r: Real) {
+    const id = await this.create(r);
+    const res = await call(r, 'DELETE', boxUrl(r, this.n));
+    expect(res.status, res.text).toBe(204);
+    await checkGone(r, id, null);
+    await checkAll(m, r, this.toString());
+  }
+  override toString = () => `CreateThenDelete(${this.n})`;
+}
+
+class CreateThenRestart extends WhileProvisioning {
+  override async run(m: Model, r: Real) {
+    const id = await this.create(r);
+    m.boxes.set(this.n, made(this.n, id));
+    await new Restart().run(m, r);
+  }
+  override toString = () => `CreateThenRestart(${this.n})`;
+}
+
+class FilePut implements Cmd {
+  constructor(readonly n: string, readonly file: string, readonly content: string) {}
+  check = () => true;
+  async run(m: Model, r: Real) {
+    const b = m.boxes.get(this.n);
+    const res = await fetch(`${r.server.url}${boxUrl(r, this.n)}/files?path=${encodeURIComponent(`/workspace/${this.file}`)}`, { method: 'PUT', headers: { 'x-api-key': KEY }, body: this.content });
+    const text = await res.text();
+    const a: ApiResult = { status: res.status, text, body: text ? JSON.parse(text) : undefined };
+    if (!b) expectError(a, 404, 'upload to an unknown box');
+    else if (b.status !== 'ready') await notReady(a, b, 'upload to a box not ready');
+    else {
+      expect(a.status, text).toBeLessThan(300);
+      b.files.set(this.file, this.content);
+    }
+    await checkAll(m, r, this.toString(), { files: b?.status === 'ready' });
+  }
+  toString = () => `FilePut(${this.n}, ${this.file}, ${JSON.stringify(this.content)})`;
+}
+
 const name = fc.constantFrom(...NAMES);
 export const commandArbs = [
   fc.tuple(name, fc.boolean()).map(([n, w]) => new Create(n, w)),
@@ -495,12 +587,19 @@ export const commandArbs = [
   name.map((n) => new DeleteDuringExec(n)),
   name.map((n) => new StartDuringStop(n)),
   fc.constant(new Restart()),
+  name.map((n) => new DoubleDelete(n)),
+  name.map((n) => new CreateThenStop(n)),
+  name.map((n) => new CreateThenDelete(n)),
+  name.map((n) => new CreateThenRestart(n)),
+  fc.tuple(name, fc.constantFrom('lc-1', 'lc-3'), fc.stringMatching(/^[a-z0-9 ]{0,12}$/)).map(([n, f, c]) => new FilePut(n, f, c)),
 ];
 
 /** Sequences that once failed, run before the generated ones (each names what failed). */
 const EXAMPLES: [Cmd[]][] = [
   // A stop of a box the idle TTL had stopped erased its status_reason.
   [[new IdleTtl('a'), new Stop('a')]],
+  // Two DELETEs at once both answered 204.
+  [[new DoubleDelete('a')]],
 ];
 
 async function startServer(kind: Kind, args: string[], env: NodeJS.ProcessEnv): Promise<RunningCli> {
@@ -520,7 +619,14 @@ export async function lifecycleSuite(kind: Kind): Promise<void> {
       const cfg = tmp();
       const engine = kind === 'docker' ? new DockerEngine(dockerSocket()!) : null;
       const image = engine ? await ensureBoxImage(engine) : undefined;
-      writeFileSync(path.join(cfg, 'templates.json'), JSON.stringify([{ name: 'box', description: 'lifecycle', ...(image ? { image } : { rootfs: 'host' }), environment: {} }]));
+      writeFileSync(
+        path.join(cfg, 'templates.json'),
+        JSON.stringify([
+          { name: 'box', description: 'lifecycle', ...(image ? { image } : { rootfs: 'host' }), environment: {} },
+          // Nothing can build it: its boxes go failed, with why.
+          { name: 'broken', description: 'lifecycle, failing', ...(image ? { image: 'keygate-lifecycle-missing:none' } : { rootfs: '/nonexistent-keygate-lifecycle-root' }), environment: {} },
+        ]),
+      );
       const setup = await setUpServe(KEY, 'api.example.test');
       origin = setup.origin;
       const args = ['serve', '--listen', '127.0.0.1:0', '--data', setup.dataDir, '--sandbox-driver', kind, '--config-dir', cfg];
@@ -538,6 +644,8 @@ export async function lifecycleSuite(kind: Kind): Promise<void> {
     });
 
     it('random sequences of lifecycle operations keep the API, the host and the model in agreement', async () => {
+      // Few short sequences by default (each step is real boxes, and a restart is a new server).
+      const params = propertyParams<[Cmd[]]>(kind === 'docker' ? 2 : 3, { endOnFailure: true, examples: EXAMPLES });
       await fc.assert(
         fc.asyncProperty(fc.array(fc.oneof(...commandArbs), { minLength: 4, maxLength: 9 }), async (cmds) => {
           real.prefix = `r${run++}-`;
@@ -557,7 +665,8 @@ export async function lifecycleSuite(kind: Kind): Promise<void> {
             }
           }
         }),
-        propertyParams(3, { endOnFailure: true, examples: EXAMPLES }),
+        // The examples count among fast-check's runs: added to the generated ones, not taken from them.
+        { ...params, numRuns: params.numRuns! + EXAMPLES.length },
       );
     }, 600_000);
   });
