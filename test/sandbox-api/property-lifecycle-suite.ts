@@ -34,6 +34,7 @@ import { api, cleanTmp, tmp, waitFor, type ApiResult } from './helpers.js';
 
 type Kind = 'local' | 'docker';
 const KEY = 'lifecycle-key-0123456789abcdef';
+const ORIGIN = 'api.example.test';
 const BOXES = '/api/v2/sandboxes/boxes';
 
 interface BoxModel {
@@ -45,6 +46,9 @@ interface BoxModel {
   files: Map<string, string>;
   /** Markers of background children that must be alive. */
   bg: string[];
+  idleTtl: number;
+  /** The value of the header its proxy injects (set at create, changed by PATCH of proxy_config). */
+  header: string;
 }
 
 interface Model {
@@ -62,6 +66,8 @@ interface Real {
   prefix: string;
   /** Markers that must be gone (their box stopped, deleted, restarted, or their execution timed out). */
   dead: Set<string>;
+  /** The HTTPS origin the boxes' proxies reach as api.example.test (it echoes what it got). */
+  originPort: number;
 }
 
 let markerNo = 0;
@@ -148,7 +154,15 @@ async function checkAll(m: Model, r: Real, what: string, opts: { files?: boolean
       await waitFor(async () => !(await boxRuns(r, b)), `${what}: stopped box ${n} has no process`, 15_000);
     }
     for (const mk of b.bg) expect(hostProcesses(mk).length, `${what}: ${n}'s background '${mk}' alive`).toBeGreaterThanOrEqual(1);
-    if (opts.files && b.status === 'ready') expect(await workspaceFiles(r, n), `${what}: ${n}'s /workspace`).toEqual(b.files);
+    expect(g.body.idle_ttl_seconds, `${what}: ${n}`).toBe(b.idleTtl);
+    expect(g.body.proxy_config?.rules?.[0]?.headers?.[0]?.value, `${what}: ${n}'s proxy_config`).toBe(b.header);
+    if (opts.files && b.status === 'ready') {
+      expect(await workspaceFiles(r, n), `${what}: ${n}'s /workspace`).toEqual(b.files);
+      // Its proxy runs, with the configuration on record (PATCH is applied to the running proxy).
+      const res = await call(r, 'POST', `${boxUrl(r, n)}/execute`, { command: `curl -sS --max-time 10 https://${ORIGIN}:${r.originPort}/lc`, timeout_seconds: 30 });
+      expect(res.body?.exit_code, `${what}: ${n} reaches its origin: ${res.text}`).toBe(0);
+      expect(JSON.parse(res.body.stdout).headers['x-lc'], `${what}: ${n}'s proxy injects`).toBe(b.header);
+    }
   }
   const list = await call(r, 'GET', `${BOXES}?limit=100`);
   const names = (list.body.resources as { name: string }[]).map((x) => x.name).filter((x) => x.startsWith(r.prefix)).sort();
@@ -202,8 +216,10 @@ const templateOf = (n: string) => (n === 'c' ? 'broken' : 'box');
 const FAILED_REASON = /^Box failed to start: /;
 /** What a box of this name is once made. */
 const made = (n: string, id: string): BoxModel =>
-  n === 'c' ? { id, status: 'failed', reason: FAILED_REASON, files: new Map(), bg: [] } : { id, status: 'ready', reason: null, files: new Map(), bg: [] };
-const createBody = (r: Real, n: string, wait: boolean) => ({ template_name: templateOf(n), name: r.prefix + n, wait_for_ready: wait, resources: { disk_mb: 32 } });
+  n === 'c' ? { id, status: 'failed', reason: FAILED_REASON, files: new Map(), bg: [], idleTtl: 600, header: 'h0' } : { id, status: 'ready', reason: null, files: new Map(), bg: [], idleTtl: 600, header: 'h0' };
+/** A configuration whose one rule injects `x-lc: value` into requests to the origin. */
+const proxyConfig = (value: string) => ({ rules: [{ name: 'r', match_hosts: [ORIGIN], headers: [{ name: 'x-lc', type: 'plaintext', value }] }] });
+const createBody = (r: Real, n: string, wait: boolean) => ({ template_name: templateOf(n), name: r.prefix + n, wait_for_ready: wait, resources: { disk_mb: 32 }, proxy_config: proxyConfig('h0') });
 
 class Create implements Cmd {
   constructor(readonly n: string, readonly wait: boolean) {}
@@ -351,16 +367,17 @@ class Patch implements Cmd {
   async run(m: Model, r: Real) {
     const body: Record<string, unknown> = {};
     if (this.ttl !== undefined) body.idle_ttl_seconds = this.ttl;
-    if (this.header !== undefined) body.proxy_config = { rules: [{ name: 'r', match_hosts: ['api.example.test'], headers: [{ name: 'x-lc', type: 'plaintext', value: this.header }] }] };
+    if (this.header !== undefined) body.proxy_config = proxyConfig(this.header);
     const b = m.boxes.get(this.n);
     if (!b) await absent(r, this.n, 'PATCH', '', body);
     else {
       const res = await call(r, 'PATCH', boxUrl(r, this.n), body);
       expect(res.status, res.text).toBe(200);
       expect(res.body.status, res.text).toBe(b.status);
-      if (this.ttl !== undefined) expect(res.body.idle_ttl_seconds).toBe(this.ttl);
+      if (this.ttl !== undefined) b.idleTtl = this.ttl;
+      if (this.header !== undefined) b.header = this.header;
     }
-    await checkAll(m, r, this.toString());
+    await checkAll(m, r, this.toString(), { files: true });
   }
   toString = () => `Patch(${this.n}, ttl=${this.ttl}, header=${this.header})`;
 }
@@ -392,13 +409,33 @@ class IdleTtl implements Cmd {
     const b = m.boxes.get(this.n)!;
     expect((await call(r, 'PATCH', boxUrl(r, this.n), { idle_ttl_seconds: 1 })).status).toBe(200);
     await waitFor(async () => (await call(r, 'GET', boxUrl(r, this.n))).body?.status === 'stopped', 'the idle TTL to stop the box', 20_000);
-    expect((await call(r, 'PATCH', boxUrl(r, this.n), { idle_ttl_seconds: 600 })).status).toBe(200);
+    expect((await call(r, 'PATCH', boxUrl(r, this.n), { idle_ttl_seconds: b.idleTtl })).status).toBe(200);
     b.status = 'stopped';
     b.reason = /idle_ttl_seconds/;
     killMarkers(r, b);
     await checkAll(m, r, this.toString());
   }
   toString = () => `IdleTtl(${this.n})`;
+}
+
+/** An execution longer than the idle TTL runs to its end: the TTL counts from the last execution's end. */
+class IdleTtlDuringExec implements Cmd {
+  constructor(readonly n: string) {}
+  check = (m: Readonly<Model>) => m.boxes.get(this.n)?.status === 'ready';
+  async run(m: Model, r: Real) {
+    const b = m.boxes.get(this.n)!;
+    expect((await call(r, 'PATCH', boxUrl(r, this.n), { idle_ttl_seconds: 1 })).status).toBe(200);
+    const res = await call(r, 'POST', `${boxUrl(r, this.n)}/execute`, { command: 'sleep 3; echo done', timeout_seconds: 30 });
+    expect(res.status, res.text).toBe(200);
+    expect([res.body.exit_code, res.body.stdout], res.text).toEqual([0, 'done\n']);
+    await waitFor(async () => (await call(r, 'GET', boxUrl(r, this.n))).body?.status === 'stopped', 'the idle TTL to stop the box', 20_000);
+    expect((await call(r, 'PATCH', boxUrl(r, this.n), { idle_ttl_seconds: b.idleTtl })).status).toBe(200);
+    b.status = 'stopped';
+    b.reason = /idle_ttl_seconds/;
+    killMarkers(r, b);
+    await checkAll(m, r, this.toString());
+  }
+  toString = () => `IdleTtlDuringExec(${this.n})`;
 }
 
 /** An execution under way (its marker running), then `op` on its box; the execution answers in wire.md's shape. */
@@ -572,6 +609,7 @@ class FilePut implements Cmd {
 }
 
 const name = fc.constantFrom(...NAMES);
+// An idle TTL a PATCH sets is never short enough to run out during a sequence (IdleTtl tests that).
 export const commandArbs = [
   fc.tuple(name, fc.boolean()).map(([n, w]) => new Create(n, w)),
   name.map((n) => new TwoCreates(n)),
@@ -580,9 +618,10 @@ export const commandArbs = [
   name.map((n) => new ExecTimeout(n)),
   name.map((n) => new Stop(n)),
   name.map((n) => new Start(n)),
-  fc.tuple(name, fc.option(fc.integer({ min: 0, max: 3600 }), { nil: undefined }), fc.option(fc.stringMatching(/^[a-z]{1,8}$/), { nil: undefined })).map(([n, t, h]) => new Patch(n, t, h)),
+  fc.tuple(name, fc.option(fc.oneof(fc.constant(0), fc.integer({ min: 300, max: 3600 })), { nil: undefined }), fc.option(fc.stringMatching(/^[a-z]{1,8}$/), { nil: undefined })).map(([n, t, h]) => new Patch(n, t, h)),
   name.map((n) => new Delete(n)),
   name.map((n) => new IdleTtl(n)),
+  name.map((n) => new IdleTtlDuringExec(n)),
   name.map((n) => new StopDuringExec(n)),
   name.map((n) => new DeleteDuringExec(n)),
   name.map((n) => new StartDuringStop(n)),
@@ -627,10 +666,10 @@ export async function lifecycleSuite(kind: Kind): Promise<void> {
           { name: 'broken', description: 'lifecycle, failing', ...(image ? { image: 'keygate-lifecycle-missing:none' } : { rootfs: '/nonexistent-keygate-lifecycle-root' }), environment: {} },
         ]),
       );
-      const setup = await setUpServe(KEY, 'api.example.test');
+      const setup = await setUpServe(KEY, ORIGIN);
       origin = setup.origin;
       const args = ['serve', '--listen', '127.0.0.1:0', '--data', setup.dataDir, '--sandbox-driver', kind, '--config-dir', cfg];
-      real = { kind, server: await startServer(kind, args, setup.env), dataDir: setup.dataDir, args, env: setup.env, engine, prefix: '', dead: new Set() };
+      real = { kind, server: await startServer(kind, args, setup.env), dataDir: setup.dataDir, args, env: setup.env, engine, prefix: '', dead: new Set(), originPort: setup.origin.port };
     }, 120_000);
 
     afterAll(async () => {
