@@ -615,8 +615,14 @@ export class SandboxService {
     const worker = async () => {
       for (let rec = queue.shift(); rec; rec = queue.shift()) {
         const id = rec.id;
-        this.writeCaFiles(id);
-        await this.perSandbox.run(id, () => this.reapply(id, true));
+        await this.perSandbox.run(id, async () => {
+          // As it is now: the API answered while the list above was reaped. A box stopped
+          // meanwhile stays stopped; one deleted meanwhile gets nothing written again.
+          const cur = await this.deps.store.getById(id);
+          if (!cur || cur.status === 'stopped') return;
+          this.writeCaFiles(id);
+          await this.reapply(id, true);
+        });
         // The API answers meanwhile: requests waiting in the event loop go before the next box.
         await new Promise((r) => setImmediate(r));
       }

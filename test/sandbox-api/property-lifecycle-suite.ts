@@ -509,10 +509,11 @@ class StartDuringStop implements Cmd {
 }
 
 class Restart implements Cmd {
-  check = () => true;
+  check = (_m: Readonly<Model>) => true;
   async run(m: Model, r: Real) {
     await r.server.stop('SIGKILL');
     r.server = await startServer(r.kind, r.args, r.env);
+    await this.meanwhile(m, r);
     await waitFor(async () => {
       const l = await call(r, 'GET', `${BOXES}?limit=100`);
       return l.status === 200 && (l.body.resources as { status: string }[]).every((x) => x.status !== 'provisioning');
@@ -521,7 +522,43 @@ class Restart implements Cmd {
     for (const b of m.boxes.values()) killMarkers(r, b);
     await checkAll(m, r, this.toString(), { files: true });
   }
+  /** What is done while the new server brings the boxes back. */
+  async meanwhile(_m: Model, _r: Real): Promise<void> {}
   toString = () => 'Restart';
+}
+
+/** A restart, and at once (the boxes still being brought back) an operation on one of them. */
+class RestartThen extends Restart {
+  constructor(readonly n: string, readonly op: 'stop' | 'delete' | 'execute') {
+    super();
+  }
+  override check = (m: Readonly<Model>) => m.boxes.has(this.n);
+  override async meanwhile(m: Model, r: Real): Promise<void> {
+    const b = m.boxes.get(this.n)!;
+    if (this.op === 'stop') {
+      const res = await call(r, 'POST', `${boxUrl(r, this.n)}/stop`);
+      expect(res.status, res.text).toBe(200);
+      expect(res.body.status, res.text).toBe('stopped');
+      if (b.status !== 'stopped') b.reason = null;
+      b.status = 'stopped';
+    } else if (this.op === 'delete') {
+      const uid = r.kind === 'local' ? uidOf(r, b.id) : null;
+      const res = await call(r, 'DELETE', boxUrl(r, this.n));
+      expect(res.status, res.text).toBe(204);
+      m.boxes.delete(this.n);
+      // Once the restore is over: nothing of it came back.
+      await waitFor(async () => (await call(r, 'GET', `${BOXES}?limit=100`)).body.resources.every((x: { status: string }) => x.status !== 'provisioning'), 'every box restored', 60_000);
+      await checkGone(r, b.id, uid);
+    } else {
+      const res = await call(r, 'POST', `${boxUrl(r, this.n)}/execute`, { command: 'echo hi', timeout_seconds: 10 });
+      if (res.status === 200) expect(res.body.stdout, res.text).toBe('hi\n');
+      else {
+        expectError(res, 409, 'execute while the box is brought back');
+        expect(res.body.detail, res.text).toMatch(/ is (provisioning|stopped|failed)/);
+      }
+    }
+  }
+  override toString = () => `RestartThen(${this.n}, ${this.op})`;
 }
 
 class DoubleDelete implements Cmd {
@@ -626,6 +663,7 @@ export const commandArbs = [
   name.map((n) => new DeleteDuringExec(n)),
   name.map((n) => new StartDuringStop(n)),
   fc.constant(new Restart()),
+  fc.tuple(name, fc.constantFrom('stop' as const, 'delete' as const, 'execute' as const)).map(([n, op]) => new RestartThen(n, op)),
   name.map((n) => new DoubleDelete(n)),
   name.map((n) => new CreateThenStop(n)),
   name.map((n) => new CreateThenDelete(n)),
@@ -639,6 +677,10 @@ const EXAMPLES: [Cmd[]][] = [
   [[new IdleTtl('a'), new Stop('a')]],
   // Two DELETEs at once both answered 204.
   [[new DoubleDelete('a')]],
+  // A stop while the restarted server was bringing the box back was undone: the box came back ready.
+  [[new RestartThen('a', 'stop')]],
+  // A DELETE while the restarted server was bringing the box back left its directory behind.
+  [[new RestartThen('a', 'delete')]],
 ];
 
 async function startServer(kind: Kind, args: string[], env: NodeJS.ProcessEnv): Promise<RunningCli> {
