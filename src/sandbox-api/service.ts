@@ -377,6 +377,8 @@ export class SandboxService {
   async delete(workspaceId: string, name: string): Promise<void> {
     const rec = await this.mustGet(workspaceId, name);
     await this.perSandbox.run(rec.id, async () => {
+      // A DELETE queued behind another one finds the box gone: 404, as for any unknown box.
+      if (!(await this.deps.store.getById(rec.id))) throw notFound(`Sandbox '${name}' not found.`);
       await this.stopBox(rec.id);
       if (rec.driver !== 'none') await this.deps.driver.destroy(rec.id, this.boxStateDir(rec.id));
       await this.stopProxy(rec.id);
@@ -389,7 +391,13 @@ export class SandboxService {
   /** Kills every process of the box and stops its proxy; /workspace is kept for a later start. */
   async stop(workspaceId: string, name: string): Promise<SandboxView> {
     const rec = await this.mustGet(workspaceId, name);
-    await this.perSandbox.run(rec.id, () => this.stopNow(rec.id, null));
+    await this.perSandbox.run(rec.id, async () => {
+      // A box already stopped stays as it is: its status_reason (the idle TTL, its disk, its own
+      // end) still says why it stopped, and a second stop must not erase it.
+      const cur = await this.deps.store.getById(rec.id);
+      if (!cur || (cur.status === 'stopped' && !this.isUp(cur))) return;
+      await this.stopNow(rec.id, null);
+    });
     return this.viewById(rec.id, name);
   }
 
@@ -607,8 +615,14 @@ export class SandboxService {
     const worker = async () => {
       for (let rec = queue.shift(); rec; rec = queue.shift()) {
         const id = rec.id;
-        this.writeCaFiles(id);
-        await this.perSandbox.run(id, () => this.reapply(id, true));
+        await this.perSandbox.run(id, async () => {
+          // As it is now: the API answered while the list above was reaped. A box stopped
+          // meanwhile stays stopped; one deleted meanwhile gets nothing written again.
+          const cur = await this.deps.store.getById(id);
+          if (!cur || cur.status === 'stopped') return;
+          this.writeCaFiles(id);
+          await this.reapply(id, true);
+        });
         // The API answers meanwhile: requests waiting in the event loop go before the next box.
         await new Promise((r) => setImmediate(r));
       }

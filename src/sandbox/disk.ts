@@ -113,13 +113,18 @@ export async function mountWorkspace(stateDir: string, diskMb: number, owner: { 
   const dir = path.join(stateDir, WORKSPACE_DIR);
   const image = path.join(stateDir, WORKSPACE_IMAGE);
   const legacy = path.join(stateDir, LEGACY_DIR);
+  // A new image is made under another name and takes its own only once whole (made, mounted, and
+  // what it must hold copied in): a server killed meanwhile (mkfs takes a moment) left an image of
+  // zeros under the real name, which no later start could mount: the box failed for good.
+  const made = path.join(stateDir, `${WORKSPACE_IMAGE}.new`);
   await unmountWorkspace(stateDir);
   let fresh = false;
   if (!existsSync(image)) {
     fresh = true;
     // A workspace of an earlier version (a plain directory, unbounded) is copied into the new file system.
     if (existsSync(dir) && !isEmptyDir(dir)) renameSync(dir, legacy);
-    const fd = openSync(image, 'wx', 0o600);
+    rmSync(made, { force: true });
+    const fd = openSync(made, 'wx', 0o600);
     try {
       ftruncateSync(fd, diskMb * 1024 * 1024);
     } finally {
@@ -127,15 +132,16 @@ export async function mountWorkspace(stateDir: string, diskMb: number, owner: { 
     }
     try {
       // No blocks reserved for root (the box's user gets all of it); lazy init keeps creation quick.
-      await run('mkfs.ext4', ['-q', '-F', '-m', '0', '-L', 'workspace', '-E', `root_owner=${owner?.uid ?? 0}:${owner?.gid ?? 0},lazy_itable_init=1,nodiscard`, image], { env: TOOL_ENV, timeout: TOOL_TIMEOUT_MS });
+      await run('mkfs.ext4', ['-q', '-F', '-m', '0', '-L', 'workspace', '-E', `root_owner=${owner?.uid ?? 0}:${owner?.gid ?? 0},lazy_itable_init=1,nodiscard`, made], { env: TOOL_ENV, timeout: TOOL_TIMEOUT_MS });
     } catch (e) {
-      rmSync(image, { force: true });
+      rmSync(made, { force: true });
       throw new Error(`cannot make the /workspace file system: ${toolError(e)}`);
     }
   }
+  const source = fresh ? made : image;
   mkdirSync(dir, { recursive: true, mode: 0o755 });
   try {
-    await run('mount', ['-t', 'ext4', '-o', 'loop,nosuid,nodev,noatime,discard', image, dir], { env: TOOL_ENV, timeout: TOOL_TIMEOUT_MS });
+    await run('mount', ['-t', 'ext4', '-o', 'loop,nosuid,nodev,noatime,discard', source, dir], { env: TOOL_ENV, timeout: TOOL_TIMEOUT_MS });
   } catch (e) {
     throw new Error(`cannot mount the /workspace file system: ${toolError(e)}`);
   }
@@ -148,20 +154,18 @@ export async function mountWorkspace(stateDir: string, diskMb: number, owner: { 
       const st = statSync(dir);
       if (st.uid !== owner.uid || st.gid !== owner.gid) chownSync(dir, owner.uid, owner.gid);
     }
-    if (existsSync(legacy)) {
+    const fromLegacy = existsSync(legacy);
+    if (fromLegacy) {
       try {
         await run('cp', ['-a', '--', `${legacy}/.`, `${dir}/`], { env: TOOL_ENV, timeout: 10 * TOOL_TIMEOUT_MS });
       } catch (e) {
         // Back as it was (the old directory, no image): a later start tries again.
         await unmountWorkspace(stateDir);
-        rmSync(image, { force: true });
+        rmSync(source, { force: true });
         rmSync(dir, { recursive: true, force: true });
         renameSync(legacy, dir);
         throw new Error(`the existing /workspace does not fit in disk_mb = ${diskMb} MiB (${toolError(e)})`);
       }
-      rmSync(legacy, { recursive: true, force: true });
-      // `cp -a` kept the old owner (the server's uid, as boxes once ran): the box's now.
-      if (adopt && owner) await adoptWorkspace(dir, owner, true);
     }
     // The docker driver's earlier /workspace (a volume of the engine) is copied, not moved: the
     // caller removes it once the box runs.
@@ -170,9 +174,17 @@ export async function mountWorkspace(stateDir: string, diskMb: number, owner: { 
         await run('cp', ['-a', '--', `${copyFrom}/.`, `${dir}/`], { env: TOOL_ENV, timeout: 10 * TOOL_TIMEOUT_MS });
       } catch (e) {
         await unmountWorkspace(stateDir);
-        rmSync(image, { force: true });
+        rmSync(made, { force: true });
         throw new Error(`the existing /workspace does not fit in disk_mb = ${diskMb} MiB (${toolError(e)})`);
       }
+    }
+    // Whole: the image takes its name (a loop device follows its file, not the name), and only
+    // then is the old directory dropped (killed between the two, the next start copies it again).
+    if (fresh) renameSync(made, image);
+    if (fromLegacy) {
+      rmSync(legacy, { recursive: true, force: true });
+      // `cp -a` kept the old owner (the server's uid, as boxes once ran): the box's now.
+      if (adopt && owner) await adoptWorkspace(dir, owner, true);
     }
   } catch (e) {
     await unmountWorkspace(stateDir);
