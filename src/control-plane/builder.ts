@@ -126,7 +126,8 @@ export async function buildLocal(o: LocalBuildOptions): Promise<void> {
     o.log('info', `unpacked ${scan.entries} entries (${scan.unpackedBytes} bytes)`);
   } catch (err) {
     if (err instanceof TarballError) throw new BuildError(`refused source archive: ${err.message}`);
-    throw new BuildError(`cannot unpack the source archive: ${(err as Error).message.split('\n')[0]}`);
+    // The message of a system call names the server's own path: the user sees theirs.
+    throw new BuildError(`cannot unpack the source archive: ${(err as Error).message.split('\n')[0].split(o.appDir).join('<app>')}`);
   }
   if (o.signal.aborted) throw new BuildError('cancelled');
 

@@ -3,11 +3,24 @@ import * as tar from 'tar';
 import type { FileSelection } from './files.js';
 
 /**
- * Writes the selected files as a gzip tarball to `outFile`, streaming from disk (nothing is held
- * in memory). Links are stored as links (`follow: false`; selectFiles only lets in-tree relative
- * ones through); `portable` drops owner names and ids that mean nothing on the control plane.
+ * tar writes the second name of a hard-linked file as a hard-link entry, which the control plane
+ * refuses (hard links are never unpacked): a project with two names for one file could never be
+ * deployed. A link cache that remembers nothing makes every name a plain file with its content.
+ */
+class NoHardLinks extends Map<`${number}:${number}`, string> {
+  override set(): this {
+    return this;
+  }
+}
+
+/**
+ * Writes the selected files as a gzip tarball to `outFile`. Links are stored as links
+ * (`follow: false`; selectFiles only lets in-tree relative ones through); `portable` drops owner
+ * names and ids that mean nothing on the control plane. Synchronous: tar's asynchronous packer
+ * defers a hard-linked file until its first name is cached, and with this cache it would wait
+ * forever.
  */
 export async function packToFile(sel: FileSelection, outFile: string): Promise<number> {
-  await tar.c({ gzip: true, cwd: sel.root, portable: true, follow: false, noDirRecurse: true, file: outFile }, sel.files);
+  tar.c({ sync: true, gzip: true, cwd: sel.root, portable: true, follow: false, noDirRecurse: true, file: outFile, linkCache: new NoHardLinks() }, sel.files);
   return statSync(outFile).size;
 }
