@@ -84,3 +84,13 @@ export function isSameProcess(pid: number, startTime: string, procs?: Map<number
   const st = procs ? procs.get(pid) : readProcStat(pid);
   return Boolean(st && st.startTime === startTime && st.state !== 'Z');
 }
+
+/** Whether a process of this pid exists (EPERM: it does, and is another user's). */
+export function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}

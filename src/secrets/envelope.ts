@@ -1,6 +1,7 @@
 import { createCipheriv, createDecipheriv, createHash, randomBytes } from 'node:crypto';
 import { chmodSync, closeSync, existsSync, fsyncSync, linkSync, mkdirSync, openSync, readFileSync, readdirSync, renameSync, unlinkSync, writeSync } from '../builtins/fs.js';
 import path from 'node:path';
+import { pidAlive } from '../proc.js';
 
 /**
  * The one encryption envelope keygate uses for everything it stores encrypted: secret values,
@@ -106,15 +107,6 @@ function writeTemp(file: string, data: string | Buffer, mode: number): string {
   }
   chmodSync(tmp, mode);
   return tmp;
-}
-
-function pidAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
-  }
 }
 
 /**

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { closeSync, linkSync, openSync, readFileSync, renameSync, statSync, unlinkSync, utimesSync, writeSync } from '../builtins/fs.js';
 import os from 'node:os';
+import { pidAlive } from '../proc.js';
 import { removeLeftoverTemps } from './envelope.js';
 import { setTimeout as sleep } from 'node:timers/promises';
 
@@ -24,15 +25,6 @@ export class LockTimeoutError extends Error {
   constructor(lockFile: string, holder: string) {
     super(`could not lock ${lockFile} (held by ${holder || 'another process'}); if no keygate process is running, remove the file`);
     this.name = 'LockTimeoutError';
-  }
-}
-
-function pidAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
   }
 }
 
