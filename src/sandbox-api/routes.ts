@@ -46,6 +46,7 @@ function fileError(err: unknown): never {
     case 'too_large':
       throw new HttpError(413, err.message);
     case 'not_running':
+    case 'box_full':
       throw conflict(err.message);
     default:
       throw new HttpValidationError([{ loc: ['query', 'path'], msg: err.message, type: 'value_error' }]);

@@ -96,6 +96,25 @@ export async function makeParents(exec: Exec, boxPath: string): Promise<() => Pr
   };
 }
 
+/**
+ * The box is at its process (or memory) limit: the reader or writer could not even start in it
+ * (its fork failed, or the engine could not start the execution). That is the box's state, for its
+ * owner to change, not a failure of the server: it was a 500.
+ */
+const BOX_FULL = /fork failed|can't fork|Cannot fork|fork: retry|Resource temporarily unavailable|Cannot allocate memory/i;
+const boxFull = (what: string) =>
+  new BoxFileError('box_full', `${what}: the box is at its process or memory limit (resources), so the files API could not start in it; end some of its processes and retry`);
+
+/** Starts the files API's helper in the box; a box too full to start it is `box_full`. */
+async function startIn(exec: Exec, opts: ExecOptions, what: string): Promise<ExecProcess> {
+  try {
+    return await exec(opts);
+  } catch (err) {
+    if (!(err instanceof BoxFileError) && err instanceof Error && BOX_FULL.test(err.message)) throw boxFull(what);
+    throw err;
+  }
+}
+
 function failure(code: number | null, stderr: string, what: string): BoxFileError | Error {
   if (code === NOT_FOUND) return new BoxFileError('not_found', `${what}: no such file or directory in the box`);
   if (code === NOT_A_FILE) return new BoxFileError('not_a_file', `${what}: not a regular file`);
@@ -103,13 +122,16 @@ function failure(code: number | null, stderr: string, what: string): BoxFileErro
   // path, a smaller file), as the docker driver says it too: never a bare server failure.
   if (code === NOT_ALLOWED) return new BoxFileError('bad_path', what === 'read' ? 'read: the file is not readable in the box' : 'write: the path is not writable in the box');
   if (/No space left on device|Disk quota exceeded/.test(stderr)) return new BoxFileError('too_large', `${what}: no space left in the box for the file`);
+  // 126 with nothing said: the engine could not start the helper at all (a docker box with not
+  // one process left to give: the runtime's own fork failed, and its message is not the box's).
+  if (BOX_FULL.test(stderr) || (code === 126 && !stderr.trim())) return boxFull(what);
   // A path the box's own file system refuses for what it is (a name past NAME_MAX, a link loop, a
   // place turned read-only) is the caller's path, not a server failure: it was a 500.
   if (/File name too long/.test(stderr)) return new BoxFileError('bad_path', `${what}: a name in the path is too long for the box's file system`);
   if (/Too many levels of symbolic links/.test(stderr)) return new BoxFileError('bad_path', `${what}: too many levels of symbolic links in the path`);
   if (/Read-only file system|Permission denied|Operation not permitted/.test(stderr)) return new BoxFileError('bad_path', what === 'read' ? 'read: the file is not readable in the box' : 'write: the path is not writable in the box');
   // The message is the box's own shell speaking about a box path; it never names a host path.
-  return new Error(`${what} failed in the box${stderr ? `: ${stderr.trim().slice(0, 300)}` : ''}`);
+  return new Error(`${what} failed in the box (exit ${code})${stderr ? `: ${stderr.trim().slice(0, 300)}` : ''}`);
 }
 
 function collect(s: Readable, limit = 2000): () => string {
@@ -123,7 +145,7 @@ function collect(s: Readable, limit = 2000): () => string {
 /** Streams a box file of at most `maxBytes`; the stream errors if the file grows past the size it had. */
 export async function readBoxFile(exec: Exec, boxPath: string, maxBytes: number): Promise<{ size: number; stream: Readable }> {
   checkBoxPath(boxPath);
-  const p = await exec({ command: ['/bin/sh', '-c', READ, 'sh', boxPath], cwd: '/', timeoutMs: FILE_TIMEOUT_MS });
+  const p = await startIn(exec, { command: ['/bin/sh', '-c', READ, 'sh', boxPath], cwd: '/', timeoutMs: FILE_TIMEOUT_MS }, 'read');
   const stderr = collect(p.stderr);
   // Read the size line without consuming more of the body than the chunk it came with.
   const head = await new Promise<{ size: number; rest: Buffer } | null>((resolve) => {
@@ -224,7 +246,7 @@ async function readPseudoFile(p: ExecProcess, first: Buffer, stderr: () => strin
 export async function writeBoxFile(exec: Exec, boxPath: string, body: Readable, maxBytes: number): Promise<{ size: number }> {
   checkBoxPath(boxPath);
   const tmp = `.kg-upload-${randomBytes(8).toString('hex')}`;
-  const p = await exec({ command: ['/bin/sh', '-c', WRITE, 'sh', boxPath, tmp], cwd: '/', stdin: true, timeoutMs: FILE_TIMEOUT_MS });
+  const p = await startIn(exec, { command: ['/bin/sh', '-c', WRITE, 'sh', boxPath, tmp], cwd: '/', stdin: true, timeoutMs: FILE_TIMEOUT_MS }, 'write');
   const stderr = collect(p.stderr);
   p.stdout.resume();
   let size = 0;
@@ -261,7 +283,7 @@ export async function writeBoxFile(exec: Exec, boxPath: string, body: Readable, 
  * enough for a path, which is at most 4096 bytes) and the start of its stderr.
  */
 export async function runInBox(exec: Exec, command: string[]): Promise<{ exitCode: number | null; stdout: string; stderr: string }> {
-  const p = await exec({ command, cwd: '/', timeoutMs: 30_000 });
+  const p = await startIn(exec, { command, cwd: '/', timeoutMs: 30_000 }, 'files');
   const stdout = collect(p.stdout, 8192);
   const stderr = collect(p.stderr);
   const r = await p.done;

@@ -95,7 +95,7 @@ export interface ExecProcess {
 /** Why a file operation was refused. `path` errors are the caller's (422/404); never a host path in the message. */
 export class BoxFileError extends Error {
   constructor(
-    readonly kind: 'not_found' | 'not_a_file' | 'too_large' | 'bad_path' | 'not_running',
+    readonly kind: 'not_found' | 'not_a_file' | 'too_large' | 'bad_path' | 'not_running' | 'box_full',
     message: string,
   ) {
     super(message);

@@ -413,6 +413,39 @@ describe.skipIf(why)(`files API and execution on real boxes, ${kind} driver`, ()
     expect(version.text).toBe((await api.exec(BOX, 'cat /proc/version')).stdout);
   });
 
+  // At its process limit the box cannot start the files API's reader or writer: that was a 500
+  // ("read failed in the box: [FATAL tini] fork failed").
+  it('a box at its process limit answers the files API 409 saying so, never a 5xx; nothing changes', async () => {
+    const FULL = `${BOX}-full`;
+    const r = await api.json('POST', '/api/v2/sandboxes/boxes', { template_name: 'host', name: FULL, wait_for_ready: true, resources: { pids: 40, disk_mb: 16 } });
+    expect(r.status, r.text).toBe(201);
+    expect((await api.exec(FULL, 'echo kept > /workspace/kept')).exit_code).toBe(0);
+    // On a connection of its own (one Api connection carries one request at a time).
+    const side = new Api(s.url, s.key);
+    // It fills the box, then says so without a fork (a builtin's redirect); nothing else runs in
+    // the box meanwhile, so that no process of ours ends and leaves room (it is seen from the host:
+    // the box's /workspace is a mounted file system under the data directory).
+    const filler = side.exec(FULL, '(i=0; while [ $i -lt 200 ]; do sleep 1009 & i=$((i+1)); done); echo full > /workspace/full-marker; exec sleep 1010', { timeout_seconds: 12 }).finally(() => side.close());
+    let fillerEnded: unknown;
+    filler.then((res) => (fillerEnded = res), (e: Error) => (fillerEnded = e.message));
+    const stateDir = path.join(s.dataDir, 'sandboxes', (r.json as { id: string }).id);
+    const full = () => [...listTree(stateDir).keys()].some((p) => path.basename(p) === 'full-marker');
+    for (const until = Date.now() + 20_000; !full() && fillerEnded === undefined && Date.now() < until; ) await new Promise((res) => setTimeout(res, 100));
+    const url = filesUrl(FULL, encodeURIComponent('/workspace/kept'));
+    const a = (await api.send('GET', url))!;
+    expect(a.status, `${a.text}; the filler: ${JSON.stringify(fillerEnded)}; ${s.lines.slice(-3).join('\n')}`).toBe(409);
+    expect(errorProblems(a)).toEqual([]);
+    expect(a.text).toMatch(/process or memory limit/);
+    // A process of the box may end meanwhile (the writer then fits): either way, never a 5xx.
+    const put = (await api.send('PUT', url, 'changed'))!;
+    expect([201, 409], put.text + s.lines.slice(-3).join('\n')).toContain(put.status);
+    if (put.status === 409) expect(put.text).toMatch(/process or memory limit/);
+    await filler;
+    const back = (await api.send('GET', url))!;
+    expect([back.status, back.text]).toEqual([200, put.status === 201 ? 'changed' : 'kept\n']);
+    expect((await api.json('DELETE', `/api/v2/sandboxes/boxes/${FULL}`)).status).toBe(204);
+  }, 120_000);
+
   it('execute caps each stream at 10 MiB and says truncated', async () => {
     const cap = 10 * 1024 * 1024;
     const r = await api.exec(BOX, `head -c ${cap + 3} /dev/zero | tr '\\0' a; printf 'é' >&2; exit 7`);
