@@ -16,7 +16,11 @@ const NOT_A_FILE = 11;
 const FAILED = 12;
 /** The box itself may not open it (a read-only mount, /proc, a mode that refuses its user). */
 const NOT_ALLOWED = 13;
+/** Larger than the caller takes: said before any byte is sent, so no reader is left to kill. */
+const TOO_LARGE = 14;
 const FILE_TIMEOUT_MS = 10 * 60_000;
+/** How long a writer whose upload was refused may take to finish before it is killed. */
+const WRITER_GRACE_MS = 5_000;
 /**
  * Most bytes read of a file that says it is empty: /proc and /sys files announce size 0 and hold
  * content all the same (the box's `cat /proc/version` prints it). Such a file is read whole, up to
@@ -24,15 +28,16 @@ const FILE_TIMEOUT_MS = 10 * 60_000;
  */
 export const PSEUDO_FILE_MAX_BYTES = 1024 * 1024;
 
-// $1 path. Opens the file once, prints its size on the first line, then that many of its bytes:
-// a file still being written (a log) is served as it was when opened, so the Content-Length sent
-// from that size stays true.
+// $1 path, $2 the most bytes taken. Opens the file once, prints its size on the first line, then
+// that many of its bytes: a file still being written (a log) is served as it was when opened, so
+// the Content-Length sent from that size stays true.
 const READ = `f=$1
 [ -e "$f" ] || exit ${NOT_FOUND}
 [ -f "$f" ] || exit ${NOT_A_FILE}
 [ -r "$f" ] || exit ${NOT_ALLOWED}
 exec 3<"$f" || exit ${FAILED}
 s=$(stat -L -c %s /dev/fd/3) || exit ${FAILED}
+[ "$s" -le "$2" ] || exit ${TOO_LARGE}
 echo "$s"
 [ "$s" != 0 ] || exec head -c ${PSEUDO_FILE_MAX_BYTES + 1} <&3
 exec head -c "$s" <&3`;
@@ -145,8 +150,9 @@ function collect(s: Readable, limit = 2000): () => string {
 /** Streams a box file of at most `maxBytes`; the stream errors if the file grows past the size it had. */
 export async function readBoxFile(exec: Exec, boxPath: string, maxBytes: number): Promise<{ size: number; stream: Readable }> {
   checkBoxPath(boxPath);
-  const p = await startIn(exec, { command: ['/bin/sh', '-c', READ, 'sh', boxPath], cwd: '/', timeoutMs: FILE_TIMEOUT_MS }, 'read');
+  const p = await startIn(exec, { command: ['/bin/sh', '-c', READ, 'sh', boxPath, String(maxBytes)], cwd: '/', timeoutMs: FILE_TIMEOUT_MS }, 'read');
   const stderr = collect(p.stderr);
+  let outputEnded = false;
   // Read the size line without consuming more of the body than the chunk it came with.
   const head = await new Promise<{ size: number; rest: Buffer } | null>((resolve) => {
     let buf = Buffer.alloc(0);
@@ -162,14 +168,20 @@ export async function readBoxFile(exec: Exec, boxPath: string, maxBytes: number)
         resolve(null);
       }
     };
-    const onEnd = () => resolve(null);
+    const onEnd = () => {
+      outputEnded = true;
+      resolve(null);
+    };
     p.stdout.on('data', onData).on('end', onEnd);
   });
   // From here on, a refusal drains what is left (the execution ends only once its output is read).
   if (!head || !Number.isSafeInteger(head.size)) {
     p.stdout.resume();
-    p.kill('SIGKILL');
+    // A reader that said why and ended (no such file, too large...) is not killed: on the docker
+    // driver a kill is one more process started in the box, for nothing.
+    if (!outputEnded) p.kill('SIGKILL');
     const r = await p.done;
+    if (r.exitCode === TOO_LARGE) throw new BoxFileError('too_large', `file is larger than ${maxBytes} bytes`);
     throw failure(r.exitCode, stderr(), 'read');
   }
   if (head.size === 0) return readPseudoFile(p, head.rest, stderr, maxBytes);
@@ -265,7 +277,12 @@ export async function writeBoxFile(exec: Exec, boxPath: string, body: Readable, 
     await pipeline(body, count, p.stdin!);
   } catch (e) {
     streamErr = e;
-    p.kill('SIGKILL');
+    // Its input ended (the pipeline destroyed it): the writer finishes what it got, into the
+    // temporary only, which is removed below. Killed only if it does not end soon: on the docker
+    // driver a kill is one more process started in the box.
+    p.stdin?.destroy();
+    const ended = await Promise.race([p.done.then(() => true), new Promise<boolean>((r) => setTimeout(r, WRITER_GRACE_MS, false).unref())]);
+    if (!ended) p.kill('SIGKILL');
   }
   const r = await p.done;
   const committed = !streamErr && r.exitCode === 0 ? await runInBox(exec, ['/bin/sh', '-c', COMMIT, 'sh', boxPath, tmp]) : null;

@@ -183,6 +183,12 @@ export async function startExec(ctx: ExecContext, opts: ExecOptions): Promise<Ex
         socket.end();
         cb();
       },
+      // Destroyed (a pipeline into it failed): the process still gets its end of input, as a
+      // closed pipe would give it, so it can finish instead of waiting to be killed.
+      destroy(err, cb) {
+        if (!socket.destroyed) socket.end();
+        cb(err);
+      },
     });
     stdin.on('error', () => undefined);
   }
