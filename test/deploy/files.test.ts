@@ -6,6 +6,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { checkAppDir } from '../../src/deploy/appdir.js';
 import { alwaysExcluded, selectFiles } from '../../src/deploy/files.js';
 import { packToFile } from '../../src/deploy/pack.js';
+import { tarEntries } from './helpers.js';
 
 const dirs: string[] = [];
 function tmp(prefix = 'keygate-deploy-files-'): string {
@@ -25,19 +26,6 @@ function tree(root: string, files: Record<string, string>): string {
     writeFileSync(f, content);
   }
   return root;
-}
-
-async function tarEntries(file: string): Promise<Map<string, { type: string; linkpath?: string; body: string }>> {
-  const out = new Map<string, { type: string; linkpath?: string; body: string }>();
-  await tar.t({
-    file,
-    onReadEntry: (e) => {
-      const chunks: Buffer[] = [];
-      e.on('data', (c: Buffer) => chunks.push(c));
-      e.on('end', () => out.set(e.path, { type: e.type, linkpath: e.linkpath, body: Buffer.concat(chunks).toString('utf8') }));
-    },
-  });
-  return out;
 }
 
 describe('what is packed', () => {

@@ -3,6 +3,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { cpSync, existsSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
+import * as tar from 'tar';
 import { CLI, REPO_ROOT } from '../helpers/cli.js';
 
 export interface CliResult {
@@ -107,4 +108,18 @@ process.exit(1);
             .map((l) => JSON.parse(l))
         : [],
   };
+}
+
+/** Each entry of a (gzip) tarball by path: its type, link target and content as text. */
+export async function tarEntries(file: string): Promise<Map<string, { type: string; linkpath?: string; body: string }>> {
+  const out = new Map<string, { type: string; linkpath?: string; body: string }>();
+  await tar.t({
+    file,
+    onReadEntry: (e) => {
+      const chunks: Buffer[] = [];
+      e.on('data', (c: Buffer) => chunks.push(c));
+      e.on('end', () => out.set(e.path, { type: e.type, linkpath: e.linkpath, body: Buffer.concat(chunks).toString('utf8') }));
+    },
+  });
+  return out;
 }

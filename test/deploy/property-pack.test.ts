@@ -15,23 +15,11 @@ import { selectFiles } from '../../src/deploy/files.js';
 import { packToFile } from '../../src/deploy/pack.js';
 import { CliError } from '../../src/command-error.js';
 import { propertyParams } from '../helpers/property.js';
+import { tarEntries } from './helpers.js';
 
 const CANARY = 'CANARY-outside-the-project-5c1e';
 const top = mkdtempSync(path.join(os.tmpdir(), 'keygate-pack-prop-'));
 afterAll(() => rmSync(top, { recursive: true, force: true }));
-
-async function entries(file: string): Promise<Map<string, { type: string; linkpath?: string; body: string }>> {
-  const out = new Map<string, { type: string; linkpath?: string; body: string }>();
-  await tar.t({
-    file,
-    onReadEntry: (e) => {
-      const chunks: Buffer[] = [];
-      e.on('data', (c: Buffer) => chunks.push(c));
-      e.on('end', () => out.set(e.path, { type: e.type, linkpath: e.linkpath, body: Buffer.concat(chunks).toString('utf8') }));
-    },
-  });
-  return out;
-}
 
 const dirName = fc.constantFrom('src', 'lib', 'build', 'node_modules', '.git', 'sub', 'a b');
 const fileName = fc.constantFrom('index.js', 'x.ts', '.env', '.env.local', '.envrc', 'README.md', 'data.json', 'secret.key');
@@ -95,7 +83,7 @@ describe('packing a project directory', () => {
         }
         const file = path.join(outer, 'app.tar.gz');
         await packToFile(sel, file);
-        const got = await entries(file);
+        const got = await tarEntries(file);
         expect([...got.keys()].sort()).toEqual([...sel.files].sort());
         for (const [p, e] of got) {
           const parts = p.split('/');
